@@ -1,0 +1,140 @@
+package ledger
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// The Apply functions are the state rules of the ledger steps, as pure functions over an
+// in-memory residual. Backends that load a residual, apply a step and write it back inside
+// one transaction use them, so every backend enforces the same rules. now is the ledger's
+// clock; token is the next fencing token for the key (one more than the highest issued).
+
+// ApplyReserve applies Reserve to r (nil when no residual exists). When the decision is
+// Acquired it returns the new or updated residual (r itself is modified when non-nil) and
+// the new lease; otherwise it returns r unchanged with its effective state.
+func ApplyReserve(r *residual.Residual, p ReserveParams, token uint64, now time.Time) (Decision, *residual.Residual, lease.Lease) {
+	d := Decide(r, p.RequestDigest, p.Redispatch, now)
+	if d != Acquired {
+		r.State = r.EffectiveState(now)
+		return d, r, lease.Lease{}
+	}
+	if r == nil {
+		r = &residual.Residual{
+			Key: p.Key, Namespace: p.Namespace, Task: p.Task, Operation: p.Operation,
+			Target: p.Target, CreatedAt: now,
+		}
+	}
+	l := lease.Lease{Resource: p.Key, Holder: p.Holder, Token: token, Expires: now.Add(p.TTL)}
+	if cur := r.Current(); cur != nil && cur.Outcome == residual.None {
+		// An expired pending attempt being re-dispatched: it ended without an outcome.
+		cur.Outcome, cur.Ended = residual.Unknown, now
+	}
+	r.State = residual.Pending
+	r.RequestDigest = p.RequestDigest
+	r.Token = token
+	r.UpdatedAt = now
+	r.Attempts = append(r.Attempts, residual.Attempt{
+		N: len(r.Attempts) + 1, Holder: p.Holder, Token: token, LeaseExpires: l.Expires,
+		Started: now, RequestDigest: p.RequestDigest,
+	})
+	return Acquired, r, l
+}
+
+// fenceErr checks that the current attempt of r is pending under holder and token with more
+// than margin left at now. It returns nil, or an error wrapping residual.ErrLeaseLost.
+func fenceErr(r *residual.Residual, holder string, token uint64, margin time.Duration, now time.Time) error {
+	cur := r.Current()
+	switch {
+	case cur == nil || r.State != residual.Pending || cur.Outcome != residual.None || cur.Released:
+		return fmt.Errorf("%w: key %s is %s, not pending under token %d", residual.ErrLeaseLost, r.Key, r.EffectiveState(now), token)
+	case cur.Token != token || r.Token != token:
+		return fmt.Errorf("%w: key %s: token %d is stale, the current token is %d (held by %s)", residual.ErrLeaseLost, r.Key, token, r.Token, cur.Holder)
+	case cur.Holder != holder:
+		return fmt.Errorf("%w: key %s: token %d is held by %s, not %s", residual.ErrLeaseLost, r.Key, token, cur.Holder, holder)
+	}
+	l := lease.Lease{Resource: r.Key, Holder: holder, Token: token, Expires: cur.LeaseExpires}
+	if err := l.CheckMargin(now, margin); err != nil {
+		return fmt.Errorf("%w: %w", residual.ErrLeaseLost, err)
+	}
+	return nil
+}
+
+// ApplyCommit applies Commit to r. Under a valid fence it writes the terminal outcome and
+// releases the lease and returns nil. Otherwise it appends the caller's observation as
+// evidence (leaving the state alone) and returns an error wrapping residual.ErrLeaseLost.
+func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
+	if err := fenceErr(r, p.Holder, p.Token, p.Margin, now); err != nil {
+		r.Evidence = append(r.Evidence, residual.Evidence{
+			At: now, Holder: p.Holder, Token: p.Token, Outcome: p.Outcome,
+			ResponseDigest: p.ResponseDigest, Result: p.Result, Handle: p.Handle,
+			Note: "late commit refused: " + err.Error(),
+		})
+		r.State = r.EffectiveState(now)
+		r.UpdatedAt = now
+		return err
+	}
+	cur := r.Current()
+	cur.Outcome, cur.Ended, cur.Released = p.Outcome, now, true
+	cur.ResponseDigest, cur.Error = p.ResponseDigest, p.Error
+	r.State = p.Outcome
+	r.UpdatedAt = now
+	switch p.Outcome {
+	case residual.Succeeded:
+		r.Result, r.ResultDigest, r.ResultTruncated, r.Handle = p.Result, p.ResultDigest, p.ResultTruncated, p.Handle
+	case residual.Accepted:
+		r.Handle = p.Handle
+		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, p.ResultDigest, p.ResultTruncated
+	}
+	return nil
+}
+
+// ApplyRenew applies Renew to r: it extends the live lease of the attempt holding p.Token to
+// now+p.TTL, or returns an error wrapping residual.ErrLeaseLost.
+func ApplyRenew(r *residual.Residual, p RenewParams, now time.Time) (lease.Lease, error) {
+	if err := fenceErr(r, p.Holder, p.Token, 0, now); err != nil {
+		return lease.Lease{}, err
+	}
+	cur := r.Current()
+	cur.LeaseExpires = now.Add(p.TTL)
+	r.UpdatedAt = now
+	return lease.Lease{Resource: r.Key, Holder: p.Holder, Token: p.Token, Expires: cur.LeaseExpires}, nil
+}
+
+// ApplyResolve applies Resolve to r with the new fencing token.
+func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.Time) error {
+	from := r.EffectiveState(now)
+	switch from {
+	case residual.Pending:
+		cur := r.Current()
+		return fmt.Errorf("%w: key %s is pending under a live lease (holder %s, token %d, expires %s); wait or let it expire",
+			residual.ErrInProgress, r.Key, cur.Holder, cur.Token, cur.LeaseExpires.UTC().Format(time.RFC3339Nano))
+	case residual.Unknown, residual.Accepted:
+	default:
+		return fmt.Errorf("%w: key %s is already %s; only unknown or accepted residuals can be resolved", residual.ErrInvalidTransition, r.Key, from)
+	}
+	if err := residual.Transition(from, p.As); err != nil {
+		return err
+	}
+	if cur := r.Current(); cur != nil {
+		if cur.Outcome == residual.None {
+			cur.Outcome, cur.Ended = residual.Unknown, now
+		}
+		cur.Released = true
+	}
+	r.Resolutions = append(r.Resolutions, residual.Resolution{
+		At: now, By: p.By, Token: token, From: from, To: p.As, Note: p.Note, Evidence: p.Evidence,
+	})
+	r.State = p.As
+	r.Token = token
+	r.UpdatedAt = now
+	if p.As == residual.Succeeded && p.Result != nil {
+		r.Result = p.Result
+		r.ResultDigest = ""
+		r.ResultTruncated = false
+	}
+	return nil
+}

@@ -1,0 +1,362 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// Ledger stores residuals and their leases. Implementations are safe for concurrent use by
+// many goroutines (and, for shared backends, many processes). Every method is one atomic
+// step: it either happens whole and durably (a write has been synced to stable storage
+// before the method returns nil) or not at all.
+//
+// Business outcomes (a key in progress, a replay, a stale fence) are reported in results or
+// as errors wrapping residual's sentinels; other errors mean the step did not happen and,
+// for Reserve, that nothing may be dispatched (fail closed).
+//
+// Lease expiry is decided by the ledger's clock: the injected clock for embedded backends,
+// the database server's clock for shared ones.
+type Ledger interface {
+	// Reserve atomically inspects the key and, when the key is free (no residual, or the
+	// last attempt failed, or it is unknown and p.Redispatch is set), bumps the fencing
+	// token, writes a lease and a pending residual with a new attempt, and returns
+	// Decision Acquired with the lease. Otherwise it writes nothing and returns the
+	// existing residual with the Decision that applies (Replay, InProgress,
+	// UnknownOutcome, AwaitingUpstream, PayloadMismatch).
+	Reserve(ctx context.Context, p ReserveParams) (*ReserveResult, error)
+
+	// Commit writes the terminal outcome of the attempt holding p.Token and releases its
+	// lease, in one step, only if the residual is pending, its current attempt carries
+	// p.Holder and p.Token, and more than p.Margin is left on the lease at the ledger's
+	// clock. Otherwise it appends what the caller observed as evidence and returns an
+	// error wrapping residual.ErrLeaseLost (and the stored residual); it releases nothing.
+	// Outcome may be Succeeded, Accepted, Failed or Unknown.
+	Commit(ctx context.Context, p CommitParams) (*residual.Residual, error)
+
+	// Renew extends the lease of the attempt holding p.Token to now+p.TTL if it is still
+	// live and held by p.Holder; otherwise it returns an error wrapping
+	// residual.ErrLeaseLost.
+	Renew(ctx context.Context, p RenewParams) (lease.Lease, error)
+
+	// Resolve settles an unknown or accepted residual as succeeded or failed: it takes a new
+	// fencing token (so a zombie holder's late commit is refused), records the resolution
+	// and releases any lease. A pending residual under a live lease gets an error wrapping
+	// residual.ErrInProgress; a settled one an error wrapping residual.ErrInvalidTransition;
+	// a missing one residual.ErrNotFound.
+	Resolve(ctx context.Context, p ResolveParams) (*residual.Residual, error)
+
+	// AppendEvidence adds an observation to a residual without changing its state. A
+	// missing residual gives an error wrapping residual.ErrNotFound.
+	AppendEvidence(ctx context.Context, p EvidenceParams) (*residual.Residual, error)
+
+	// Get returns the residual with its effective state (an expired pending reads as
+	// unknown), or an error wrapping residual.ErrNotFound.
+	Get(ctx context.Context, p GetParams) (*residual.Residual, error)
+
+	// List returns residuals of one namespace that match every set filter, ordered by key,
+	// one page at a time. States filter on the effective state.
+	List(ctx context.Context, p ListParams) (*Page, error)
+
+	// GC deletes settled (succeeded or failed) residuals last updated before p.Before. It
+	// never deletes pending, unknown or accepted residuals, and never resets a fencing
+	// token: a key reserved again after GC gets a higher token than before.
+	GC(ctx context.Context, p GCParams) (GCResult, error)
+
+	// Close releases the backend's resources. Calls after Close return errors.
+	Close() error
+}
+
+// Decision is what Reserve decided.
+type Decision int
+
+// Reserve decisions.
+const (
+	// Acquired: a new attempt is pending under the returned lease; the caller may dispatch.
+	Acquired Decision = iota + 1
+	// Replay: the key succeeded with the same request digest; return the cached result.
+	Replay
+	// InProgress: another holder's lease is live.
+	InProgress
+	// UnknownOutcome: a prior attempt may have reached upstream; reconcile first.
+	UnknownOutcome
+	// AwaitingUpstream: upstream accepted the call; poll its handle.
+	AwaitingUpstream
+	// PayloadMismatch: the key succeeded with other arguments.
+	PayloadMismatch
+)
+
+var decisionNames = map[Decision]string{
+	Acquired: "acquired", Replay: "replay", InProgress: "in_progress",
+	UnknownOutcome: "unknown_outcome", AwaitingUpstream: "awaiting_upstream",
+	PayloadMismatch: "payload_mismatch",
+}
+
+// String returns the decision's snake_case name.
+func (d Decision) String() string {
+	if s, ok := decisionNames[d]; ok {
+		return s
+	}
+	return fmt.Sprintf("decision(%d)", int(d))
+}
+
+// Err returns the residual sentinel for a blocking decision, and nil for Acquired and Replay.
+func (d Decision) Err() error {
+	switch d {
+	case InProgress:
+		return residual.ErrInProgress
+	case UnknownOutcome:
+		return residual.ErrUnknownOutcome
+	case AwaitingUpstream:
+		return residual.ErrAwaitingUpstream
+	case PayloadMismatch:
+		return residual.ErrPayloadMismatch
+	}
+	return nil
+}
+
+// Decide is the reservation rule every backend applies to an existing residual (r may be
+// nil when none exists), so backends agree on it exactly. now is the ledger's clock.
+func Decide(r *residual.Residual, requestDigest string, redispatch bool, now time.Time) Decision {
+	if r == nil {
+		return Acquired
+	}
+	switch r.EffectiveState(now) {
+	case residual.Pending:
+		return InProgress
+	case residual.Unknown:
+		if redispatch && r.RequestDigest == requestDigest {
+			return Acquired
+		}
+		return UnknownOutcome
+	case residual.Accepted:
+		return AwaitingUpstream
+	case residual.Succeeded:
+		if r.RequestDigest == requestDigest {
+			return Replay
+		}
+		return PayloadMismatch
+	default: // Failed
+		return Acquired
+	}
+}
+
+// ReserveParams are the inputs of Reserve.
+type ReserveParams struct {
+	Namespace     string
+	Key           string
+	Task          string
+	Operation     string
+	Target        string
+	Holder        string
+	RequestDigest string
+	// TTL is the lease length; it must be positive.
+	TTL time.Duration
+	// Redispatch allows a new attempt over an unknown residual with the same request
+	// digest: only for operations declared upstream-idempotent, which re-dispatch under
+	// the same upstream idempotency key.
+	Redispatch bool
+}
+
+// Validate returns an error naming the first missing or malformed field.
+func (p ReserveParams) Validate() error {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return err
+	}
+	return firstMissing("reserve", map[string]string{
+		"namespace": p.Namespace, "task": p.Task, "operation": p.Operation,
+		"holder": p.Holder, "request digest": p.RequestDigest,
+	}, p.TTL)
+}
+
+// ReserveResult is what Reserve decided and the residual it decided on.
+type ReserveResult struct {
+	Decision Decision
+	// Residual is the stored record after the step: the new pending residual when
+	// Acquired, the existing one otherwise (with its effective state).
+	Residual *residual.Residual
+	// Lease is set when Decision is Acquired.
+	Lease lease.Lease
+}
+
+// CommitParams are the inputs of Commit.
+type CommitParams struct {
+	Namespace string
+	Key       string
+	Holder    string
+	Token     uint64
+	// Outcome is Succeeded, Accepted, Failed or Unknown.
+	Outcome        residual.State
+	ResponseDigest string
+	// Result is the (redacted, capped) result to cache; ResultDigest the digest of the full
+	// result before redaction and capping.
+	Result          []byte
+	ResultDigest    string
+	ResultTruncated bool
+	Handle          string
+	Error           string
+	// Margin that must be left on the lease at the ledger's clock when the commit lands.
+	Margin time.Duration
+}
+
+// Validate returns an error naming the first missing or malformed field.
+func (p CommitParams) Validate() error {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return err
+	}
+	switch p.Outcome {
+	case residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown:
+	default:
+		return fmt.Errorf("%w: commit outcome %q (want succeeded, accepted, failed or unknown)", ErrInvalidParams, p.Outcome)
+	}
+	if p.Token == 0 {
+		return fmt.Errorf("%w: commit: token is zero", ErrInvalidParams)
+	}
+	return firstMissing("commit", map[string]string{"namespace": p.Namespace, "holder": p.Holder}, 1)
+}
+
+// RenewParams are the inputs of Renew.
+type RenewParams struct {
+	Namespace string
+	Key       string
+	Holder    string
+	Token     uint64
+	TTL       time.Duration
+}
+
+// Validate returns an error naming the first missing or malformed field.
+func (p RenewParams) Validate() error {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return err
+	}
+	if p.Token == 0 {
+		return fmt.Errorf("%w: renew: token is zero", ErrInvalidParams)
+	}
+	return firstMissing("renew", map[string]string{"namespace": p.Namespace, "holder": p.Holder}, p.TTL)
+}
+
+// ResolveParams are the inputs of Resolve.
+type ResolveParams struct {
+	Namespace string
+	Key       string
+	// As is Succeeded or Failed.
+	As residual.State
+	// By names who resolved (a person, a reconciler, an agent).
+	By       string
+	Note     string
+	Evidence string
+	// Result optionally sets the cached result when resolving as succeeded.
+	Result []byte
+}
+
+// Validate returns an error naming the first missing or malformed field.
+func (p ResolveParams) Validate() error {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return err
+	}
+	if p.As != residual.Succeeded && p.As != residual.Failed {
+		return fmt.Errorf("%w: resolve as %q (want succeeded or failed)", ErrInvalidParams, p.As)
+	}
+	return firstMissing("resolve", map[string]string{"namespace": p.Namespace, "by": p.By}, 1)
+}
+
+// EvidenceParams are the inputs of AppendEvidence.
+type EvidenceParams struct {
+	Namespace string
+	Key       string
+	Evidence  residual.Evidence
+}
+
+// GetParams are the inputs of Get.
+type GetParams struct {
+	Namespace string
+	Key       string
+}
+
+// ListParams filter and page List. Empty filters match everything.
+type ListParams struct {
+	Namespace string
+	States    []residual.State
+	Task      string
+	Operation string
+	Target    string
+	// Limit caps the page size. Defaults to 100; at most 1000.
+	Limit int
+	// Cursor is the NextCursor of the previous page; empty starts at the beginning.
+	Cursor string
+}
+
+// Page is one page of List.
+type Page struct {
+	Residuals []*residual.Residual
+	// NextCursor continues the listing; empty when this was the last page.
+	NextCursor string
+}
+
+// GCParams select what GC deletes.
+type GCParams struct {
+	// Namespace limits GC to one namespace; empty means every namespace.
+	Namespace string
+	// Before: settled residuals last updated before this instant are deleted.
+	Before time.Time
+}
+
+// GCResult says what GC did.
+type GCResult struct {
+	Deleted int
+}
+
+// ErrInvalidParams is wrapped by errors for malformed parameters; nothing was written.
+var ErrInvalidParams = errors.New("ledger: invalid parameters")
+
+// ErrClosed is returned by calls on a closed ledger.
+var ErrClosed = errors.New("ledger: closed")
+
+// DefaultListLimit and MaxListLimit bound List pages.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// PageLimit returns the effective page size for a requested limit.
+func PageLimit(n int) int {
+	if n <= 0 {
+		return DefaultListLimit
+	}
+	return min(n, MaxListLimit)
+}
+
+func firstMissing(op string, fields map[string]string, ttl time.Duration) error {
+	for _, name := range []string{"namespace", "task", "operation", "holder", "request digest", "by"} {
+		if v, ok := fields[name]; ok && v == "" {
+			return fmt.Errorf("%w: %s: %s is empty", ErrInvalidParams, op, name)
+		}
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("%w: %s: lease ttl %v is not positive", ErrInvalidParams, op, ttl)
+	}
+	return nil
+}
+
+// Matches reports whether r passes the filters of p (namespace excluded), using r's
+// effective State. Backends that filter in memory use it.
+func (p ListParams) Matches(r *residual.Residual) bool {
+	if p.Task != "" && r.Task != p.Task ||
+		p.Operation != "" && r.Operation != p.Operation ||
+		p.Target != "" && r.Target != p.Target {
+		return false
+	}
+	if len(p.States) == 0 {
+		return true
+	}
+	for _, s := range p.States {
+		if r.State == s {
+			return true
+		}
+	}
+	return false
+}
