@@ -1,0 +1,110 @@
+package interceptor
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/toolfence/toolfence/lease"
+)
+
+// Defaults of Config.
+const (
+	DefaultNamespace = "default"
+	DefaultLeaseTTL  = 30 * time.Second
+	DefaultMaxArgs   = 1 << 20   // 1 MiB
+	DefaultMaxResult = 256 << 10 // 256 KiB
+)
+
+// Config configures an Interceptor. Every field has a useful zero value.
+type Config struct {
+	// Namespace scopes keys and residuals (a tenant, an environment). Defaults to "default".
+	Namespace string
+	// Holder names this process in leases and audits. Defaults to host:pid:random.
+	Holder string
+	// LeaseTTL is the lease length of each attempt; long calls renew it. Defaults to 30s.
+	LeaseTTL time.Duration
+	// Margin that must be left on the lease at dispatch and at commit. Defaults to 50ms.
+	Margin time.Duration
+	// RenewEvery is how often a running call renews its lease. Defaults to LeaseTTL/3;
+	// negative disables renewal (the call is then cut off before the lease expires).
+	RenewEvery time.Duration
+	// MaxArgs caps the size of a call's arguments in bytes. Defaults to 1 MiB.
+	MaxArgs int
+	// MaxResult caps the cached result in bytes; longer results are cut, keep the digest of
+	// the whole and are marked truncated. Defaults to 256 KiB.
+	MaxResult int
+	// Clock is the process clock (dispatch deadlines, margins). Defaults to lease.Real.
+	Clock lease.Clock
+	// Classifier classifies outcomes of operations without their own. Defaults to
+	// DefaultClassifier.
+	Classifier Classifier
+	// Redact, when set, rewrites a result before it is cached (to drop secrets); the digest
+	// is still of the full result. The caller of the first execution gets the full result.
+	Redact func(operation string, result []byte) []byte
+	// Operations holds per-operation policies by operation name.
+	Operations map[string]Operation
+}
+
+// Operation is the per-operation policy.
+type Operation struct {
+	// Classify overrides the interceptor's classifier for this operation.
+	Classify Classifier
+	// Probe asks upstream what happened to an attempt; the reconciler uses it to settle
+	// unknown and accepted residuals.
+	Probe Probe
+	// UpstreamIdempotent declares that upstream deduplicates by our key (the key is sent as
+	// the Idempotency-Key), so an unknown attempt may be re-dispatched under the same key.
+	UpstreamIdempotent bool
+	// LeaseTTL overrides Config.LeaseTTL for this operation.
+	LeaseTTL time.Duration
+}
+
+// ErrInvalidConfig is wrapped by New's errors for bad settings.
+var ErrInvalidConfig = errors.New("interceptor: invalid config")
+
+func (c *Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case c.LeaseTTL < 0:
+		return bad("LeaseTTL %v is negative", c.LeaseTTL)
+	case c.Margin < 0:
+		return bad("Margin %v is negative", c.Margin)
+	case c.MaxArgs < 0:
+		return bad("MaxArgs %d is negative", c.MaxArgs)
+	case c.MaxResult < 0:
+		return bad("MaxResult %d is negative", c.MaxResult)
+	}
+	for name, op := range c.Operations {
+		if name == "" {
+			return bad("an operation has an empty name")
+		}
+		ttl := op.LeaseTTL
+		if ttl == 0 {
+			ttl = c.LeaseTTL
+		}
+		if ttl <= c.Margin {
+			return bad("operation %q: lease %v is not longer than the margin %v", name, ttl, c.Margin)
+		}
+	}
+	if c.LeaseTTL <= c.Margin {
+		return bad("LeaseTTL %v is not longer than the margin %v", c.LeaseTTL, c.Margin)
+	}
+	return nil
+}
+
+// DefaultHolder returns host:pid:random, unique per process start.
+func DefaultHolder() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

@@ -1,0 +1,118 @@
+package interceptor
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/toolfence/toolfence/residual"
+)
+
+// Kind names the case of a Violation.
+type Kind string
+
+// Violation kinds.
+const (
+	// InProgress: another holder's live lease covers the key; the call may be in flight.
+	InProgress Kind = "in_progress"
+	// UnknownOutcome: a prior attempt may have reached upstream; nobody knows the outcome.
+	UnknownOutcome Kind = "unknown_outcome"
+	// AwaitingUpstream: upstream accepted the call (202 / queued); it is not a success yet.
+	AwaitingUpstream Kind = "awaiting_upstream"
+	// PayloadMismatch: the key already succeeded with other arguments.
+	PayloadMismatch Kind = "payload_mismatch"
+	// LeasePreempted: the lease was lost before the outcome could be committed; the outcome
+	// was kept as evidence only.
+	LeasePreempted Kind = "lease_preempted"
+	// MarginTooSmall: too little lease time was left to dispatch safely; nothing was sent.
+	MarginTooSmall Kind = "margin_too_small"
+)
+
+var kindSentinel = map[Kind]error{
+	InProgress:       residual.ErrInProgress,
+	UnknownOutcome:   residual.ErrUnknownOutcome,
+	AwaitingUpstream: residual.ErrAwaitingUpstream,
+	PayloadMismatch:  residual.ErrPayloadMismatch,
+	LeasePreempted:   residual.ErrLeaseLost,
+	MarginTooSmall:   residual.ErrMarginTooSmall,
+}
+
+// Sentinel returns the residual sentinel error the kind wraps.
+func (k Kind) Sentinel() error { return kindSentinel[k] }
+
+// Violation is returned by Do when a call must not (or could not safely) run to a recorded
+// outcome. It says which case applies and what recovery is due, names the key and the prior
+// attempt, and wraps the kind's residual sentinel (and the cause, if any) for errors.Is.
+type Violation struct {
+	Kind      Kind
+	Key       string
+	Task      string
+	Operation string
+	Target    string
+	// State is the residual's effective state when the violation was raised.
+	State residual.State
+	// Attempt, Holder and Token describe the prior (or, for LeasePreempted and
+	// MarginTooSmall, the caller's own) attempt.
+	Attempt int
+	Holder  string
+	Token   uint64
+	// Since is when that attempt started.
+	Since time.Time
+	// RetryAfter is how long until the lease expires (InProgress only).
+	RetryAfter time.Duration
+	// Handle is the upstream handle to poll (AwaitingUpstream).
+	Handle string
+	// Result is the recorded result of the key (PayloadMismatch: what the first call
+	// returned), or what this caller's tool returned when its outcome could not be
+	// recorded authoritatively (LeasePreempted, UnknownOutcome after a dispatch).
+	Result []byte
+	// Recovery says, in a sentence, what to do next.
+	Recovery string
+	// Cause is the underlying error, if any (the tool's error, the ledger's refusal).
+	Cause error
+}
+
+// Error describes the violation in one line: kind, key, prior attempt and recovery.
+func (v *Violation) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "toolfence: %s: %s %s on %q", v.Kind, v.Operation, v.Key, v.Target)
+	if v.Attempt > 0 {
+		fmt.Fprintf(&b, " (attempt %d by %s, token %d", v.Attempt, v.Holder, v.Token)
+		if !v.Since.IsZero() {
+			fmt.Fprintf(&b, ", since %s", v.Since.UTC().Format(time.RFC3339))
+		}
+		b.WriteString(")")
+	}
+	if v.Cause != nil {
+		fmt.Fprintf(&b, ": %v", v.Cause)
+	}
+	if v.Recovery != "" {
+		fmt.Fprintf(&b, "; recovery: %s", v.Recovery)
+	}
+	return b.String()
+}
+
+// Unwrap returns the kind's sentinel and the cause, so errors.Is matches either.
+func (v *Violation) Unwrap() []error {
+	errs := []error{v.Kind.Sentinel()}
+	if v.Cause != nil {
+		errs = append(errs, v.Cause)
+	}
+	return errs
+}
+
+// Recovery texts, one per kind. Seed 004: a pending hit is not a terminal hit.
+var recoveries = map[Kind]string{
+	InProgress: "another attempt holds the lease and may be in flight; do not dispatch again: " +
+		"retry after the lease expires, when the key reads as replayable, failed or unknown",
+	UnknownOutcome: "a previous attempt may have reached upstream and its outcome was never recorded; " +
+		"do not retry: reconcile first (a probe, or `toolfence resolve KEY --as succeeded|failed`)",
+	AwaitingUpstream: "upstream accepted the call but has not finished it; poll the handle, " +
+		"then resolve the residual (a probe does it automatically); it is not a success yet",
+	PayloadMismatch: "this (task, operation, target) already succeeded with different arguments; " +
+		"the first result stands; use another target or task for a genuinely new operation",
+	LeasePreempted: "the lease was lost before the outcome was committed; the outcome was kept as evidence " +
+		"for reconcilers; do not retry: the key belongs to a successor or is awaiting reconciliation",
+	MarginTooSmall: "too little lease time was left to dispatch safely; nothing was sent and the attempt " +
+		"is recorded as failed; retry with a longer lease",
+}
