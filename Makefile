@@ -1,0 +1,42 @@
+# toolfence — see README.md. Every target installs what it needs (Go modules) itself.
+GO       ?= go
+PKGS     ?= ./...
+P        ?= 2
+BENCHTIME ?= 2s
+COUNT    ?= 5
+export TOOLFENCE_TEST_PG ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+
+.PHONY: all build demo test test-short bench lint fuzz clean
+
+all: build
+
+build:
+	$(GO) build -p $(P) -o bin/toolfence ./cmd/toolfence
+
+## demo: the crash-and-hand-over story on the embedded badger store.
+demo: build
+	./bin/toolfence demo
+
+## test: every test, with the race detector. Needs PostgreSQL (see README).
+test:
+	$(GO) mod download
+	$(GO) vet -p $(P) $(PKGS)
+	$(GO) test -race -p $(P) -count=1 -timeout 20m $(PKGS)
+
+## bench: the benchmarks of docs/benchmarks.md, summarised with benchstat.
+bench:
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(COUNT) ./interceptor/ ./ledger/... | tee bench.out
+	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out
+
+## lint: formatting and vet.
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }
+	$(GO) vet -p $(P) $(PKGS)
+
+## fuzz: run each fuzz target for FUZZTIME (crashers land in testdata/fuzz and become regression seeds).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test ./residual/ -run '^$$' -fuzz FuzzCanonical -fuzztime $(FUZZTIME)
+
+clean:
+	rm -rf bin .toolfence bench.out
