@@ -67,12 +67,20 @@ func (f *Fake) After(d time.Duration) <-chan time.Time {
 }
 
 // Advance moves the fake time forward by d and fires every waiter that is due.
-func (f *Fake) Advance(d time.Duration) { f.Set(f.Now().Add(d)) }
+func (f *Fake) Advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.setLocked(f.now.Add(d))
+}
 
 // Set moves the fake time to t (never backwards) and fires every waiter that is due.
 func (f *Fake) Set(t time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.setLocked(t)
+}
+
+func (f *Fake) setLocked(t time.Time) {
 	if t.After(f.now) {
 		f.now = t
 	}

@@ -88,8 +88,9 @@ func (s *Session) Lease() Lease {
 // does not release the lease. It is safe to call more than once.
 func (s *Session) Close() {
 	s.once.Do(func() { close(s.stop) })
-	<-s.done
+	// Cancel first: a renewal blocked on its context must not keep Close waiting.
 	s.cancel(ErrSessionClosed)
+	<-s.done
 }
 
 func (s *Session) run(clock Clock, margin, interval time.Duration, renew RenewFunc) {
@@ -115,7 +116,9 @@ func (s *Session) run(clock Clock, margin, interval time.Duration, renew RenewFu
 			return
 		case <-clock.After(wait):
 		}
-		if interval <= 0 || clock.Now().Before(lastRenew.Add(interval)) {
+		// After a late wake-up (GC pause, suspended VM) the lease may already be inside the
+		// margin: never renew it then; the check at the top of the loop ends the session.
+		if now := clock.Now(); interval <= 0 || now.Before(lastRenew.Add(interval)) || cur.Remaining(now) <= margin {
 			continue
 		}
 		nl, err := renew(s.ctx, cur)

@@ -97,6 +97,9 @@ func (r *Residual) LeaseLive(now time.Time) bool {
 // EffectiveState returns the state a reader must act on at now: a pending residual whose
 // lease has expired is Unknown, since its call may have reached upstream.
 func (r *Residual) EffectiveState(now time.Time) State {
+	if r == nil {
+		return None
+	}
 	if r.State == Pending && !r.LeaseLive(now) {
 		return Unknown
 	}
@@ -112,6 +115,9 @@ func (r *Residual) Clone() *Residual {
 	c.Attempts = append([]Attempt(nil), r.Attempts...)
 	c.Result = append([]byte(nil), r.Result...)
 	c.Evidence = append([]Evidence(nil), r.Evidence...)
+	for i := range c.Evidence {
+		c.Evidence[i].Result = append([]byte(nil), c.Evidence[i].Result...)
+	}
 	c.Resolutions = append([]Resolution(nil), r.Resolutions...)
 	return &c
 }
