@@ -1,0 +1,352 @@
+package badger
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	dbadger "github.com/dgraph-io/badger/v4"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// SyncMode selects how a step's write reaches stable storage before the step returns.
+// Both modes acknowledge nothing before it is synced; they differ in throughput.
+type SyncMode int
+
+const (
+	// GroupCommit (the default) commits without syncing and then waits for a store-wide
+	// sync that started after the commit returned; concurrent steps share one sync.
+	GroupCommit SyncMode = iota
+	// SyncWrites opens badger with SyncWrites, so every commit syncs before it returns.
+	SyncWrites
+)
+
+// String returns "group-commit" or "sync-writes".
+func (m SyncMode) String() string {
+	switch m {
+	case GroupCommit:
+		return "group-commit"
+	case SyncWrites:
+		return "sync-writes"
+	}
+	return fmt.Sprintf("sync-mode(%d)", int(m))
+}
+
+// Options configure Open. The zero value is ready to use.
+type Options struct {
+	// Clock decides lease expiry and stamps records. Defaults to lease.Real{}.
+	Clock lease.Clock
+	// Sync selects the durability mechanism. Defaults to GroupCommit.
+	Sync SyncMode
+	// Logger receives badger's own log output. Defaults to nil: badger logs nothing.
+	Logger dbadger.Logger
+
+	// tiny shrinks memtables, value threshold and value-log files to badger's minimums, so
+	// tests exercise memtable and value-log rotation with little data.
+	tiny bool
+}
+
+// Memory budget: a ledger holds small JSON records, so badger's defaults (64 MiB memtables,
+// 256 MiB block cache) are far more than it needs.
+const (
+	defaultMemTableSize   = 16 << 20
+	defaultBlockCacheSize = 16 << 20
+	// maxConflictRetries bounds the optimistic retries of one step.
+	maxConflictRetries = 200
+)
+
+// ErrLocked is wrapped by Open when another process (or another Open in this process)
+// holds the store's directory lock.
+var ErrLocked = errors.New("ledger/badger: store is locked")
+
+// ErrSyncFailed is wrapped by every step after a sync of the store failed: writes that
+// returned from commit may not be durable, so the ledger fails closed until reopened.
+var ErrSyncFailed = errors.New("ledger/badger: sync failed, ledger refuses further steps")
+
+type lockedError struct{ dir string }
+
+func (e *lockedError) Error() string {
+	return "store " + e.dir + " is in use by another process (badger lock)"
+}
+
+func (e *lockedError) Is(target error) bool { return target == ErrLocked }
+
+// Ledger is the badger-backed ledger.Ledger. It is safe for concurrent use.
+type Ledger struct {
+	db    *dbadger.DB
+	dir   string
+	clock lease.Clock
+	mode  SyncMode
+	gs    *groupSync
+	fs    *fileSyncer
+	hub   *hub
+
+	mu     sync.RWMutex // held shared by every step, exclusively by Close
+	closed bool
+}
+
+var (
+	_ ledger.Ledger  = (*Ledger)(nil)
+	_ ledger.Watcher = (*Ledger)(nil)
+)
+
+// Open opens (creating if needed) the store in dir. It returns an error wrapping ErrLocked
+// when another process has the store open, and other errors when badger cannot open it.
+func Open(dir string, opts Options) (*Ledger, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("%w: badger ledger needs a directory", ledger.ErrInvalidParams)
+	}
+	switch opts.Sync {
+	case GroupCommit, SyncWrites:
+	default:
+		return nil, fmt.Errorf("%w: unknown sync mode %d", ledger.ErrInvalidParams, int(opts.Sync))
+	}
+	bo := dbadger.DefaultOptions(dir).
+		WithSyncWrites(opts.Sync == SyncWrites).
+		WithLogger(opts.Logger).
+		WithMemTableSize(defaultMemTableSize).
+		WithBlockCacheSize(defaultBlockCacheSize).
+		WithNumVersionsToKeep(1).
+		WithDetectConflicts(true)
+	if opts.tiny {
+		bo = bo.WithMemTableSize(1 << 20).WithValueThreshold(4 << 10).WithValueLogFileSize(1 << 20)
+	}
+	db, err := dbadger.Open(bo)
+	if err != nil {
+		if isLockErr(err) {
+			return nil, &lockedError{dir: dir}
+		}
+		return nil, fmt.Errorf("ledger/badger: open %s: %w", dir, err)
+	}
+	l := &Ledger{
+		db:    db,
+		dir:   dir,
+		clock: cmp.Or[lease.Clock](opts.Clock, lease.Real{}),
+		mode:  opts.Sync,
+		hub:   newHub(),
+	}
+	fs := newFileSyncer(dir)
+	l.fs = fs
+	if opts.Sync == SyncWrites {
+		// Every commit already msynced its WAL and value log; what remains is making the
+		// directory entries of newly created files durable (see fileSyncer).
+		l.gs = newGroupSync(fs.sync)
+	} else {
+		l.gs = newGroupSync(func() error {
+			if err := db.Sync(); err != nil {
+				return err
+			}
+			return fs.sync()
+		})
+	}
+	// Make everything badger wrote while opening durable before the first step relies on it.
+	if err := l.gs.wait(l.gs.committed()); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// isLockErr reports whether err is badger's directory-lock failure. badger formats the
+// flock error with %+v (not %w) unless built in debug mode, so the text is matched too.
+func isLockErr(err error) bool {
+	return errors.Is(err, syscall.EWOULDBLOCK) ||
+		strings.Contains(err.Error(), "Cannot acquire directory lock")
+}
+
+// Dir returns the directory the ledger was opened on.
+func (l *Ledger) Dir() string { return l.dir }
+
+// Close waits for in-flight steps, ends every Watch channel and closes the store. A second
+// Close returns ledger.ErrClosed.
+func (l *Ledger) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ledger.ErrClosed
+	}
+	l.closed = true
+	l.hub.close()
+	if err := l.db.Close(); err != nil {
+		return fmt.Errorf("ledger/badger: close %s: %w", l.dir, err)
+	}
+	return nil
+}
+
+// enter admits one step: it fails with ledger.ErrClosed after Close and with ErrSyncFailed
+// once a sync failed. On success the caller must call the returned release.
+func (l *Ledger) enter() (release func(), err error) {
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return nil, ledger.ErrClosed
+	}
+	if err := l.gs.poisoned(); err != nil {
+		l.mu.RUnlock()
+		return nil, err
+	}
+	return l.mu.RUnlock, nil
+}
+
+// now reads the ledger's clock in UTC, the form stored.
+func (l *Ledger) now() time.Time { return l.clock.Now().UTC() }
+
+// update runs fn in a read-write transaction, retrying on badger.ErrConflict. fn returns
+// whether its writes must be committed and the step's own error (which may accompany a
+// write, as a refused commit's evidence does). A committed write is acknowledged only
+// after it is durable; ctx is checked before each try but does not cut that wait short,
+// since a step that committed must not report that it did not happen.
+func (l *Ledger) update(ctx context.Context, op string, fn func(txn *dbadger.Txn, now time.Time) (write bool, err error)) error {
+	release, err := l.enter()
+	if err != nil {
+		return err
+	}
+	defer release()
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		txn := l.db.NewTransaction(true)
+		write, stepErr := fn(txn, l.now())
+		if !write {
+			txn.Discard()
+			return stepErr
+		}
+		err := txn.Commit()
+		if errors.Is(err, dbadger.ErrConflict) {
+			if attempt < maxConflictRetries {
+				continue
+			}
+			return fmt.Errorf("ledger/badger: %s: gave up after %d conflicting transactions: %w", op, attempt+1, err)
+		}
+		if err != nil {
+			return fmt.Errorf("ledger/badger: %s: commit: %w", op, err)
+		}
+		if err := l.gs.wait(l.gs.committed()); err != nil {
+			return fmt.Errorf("ledger/badger: %s: %w", op, err)
+		}
+		return stepErr
+	}
+}
+
+// view runs fn in a read-only transaction.
+func (l *Ledger) view(ctx context.Context, fn func(txn *dbadger.Txn, now time.Time) error) error {
+	release, err := l.enter()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	txn := l.db.NewTransaction(false)
+	defer txn.Discard()
+	return fn(txn, l.now())
+}
+
+// Storage layout: residual JSON under "r/<namespace>\x00<key>"; the highest fencing token
+// ever issued for the key, big-endian uint64, under "t/<namespace>\x00<key>". GC deletes
+// r/ entries only, so tokens keep growing across collection.
+const (
+	residualPrefix = "r/"
+	tokenPrefix    = "t/"
+)
+
+func storeKey(prefix, namespace, key string) []byte {
+	b := make([]byte, 0, len(prefix)+len(namespace)+1+len(key))
+	b = append(b, prefix...)
+	b = append(b, namespace...)
+	b = append(b, 0)
+	return append(b, key...)
+}
+
+func nsPrefix(namespace string) []byte { return storeKey(residualPrefix, namespace, "") }
+
+// validNamespace refuses an empty namespace and one containing NUL (the layout separator).
+func validNamespace(op, ns string) error {
+	if ns == "" {
+		return fmt.Errorf("%w: %s: namespace is empty", ledger.ErrInvalidParams, op)
+	}
+	if strings.IndexByte(ns, 0) >= 0 {
+		return fmt.Errorf("%w: %s: namespace %q contains NUL", ledger.ErrInvalidParams, op, ns)
+	}
+	return nil
+}
+
+// getResidual loads the residual of (ns, key), or returns an error wrapping
+// residual.ErrNotFound.
+func getResidual(txn *dbadger.Txn, ns, key string) (*residual.Residual, error) {
+	item, err := txn.Get(storeKey(residualPrefix, ns, key))
+	if errors.Is(err, dbadger.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: key %s in namespace %q", residual.ErrNotFound, key, ns)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger/badger: read %s: %w", key, err)
+	}
+	var r residual.Residual
+	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
+		return nil, fmt.Errorf("ledger/badger: decode residual %s: %w", key, err)
+	}
+	return &r, nil
+}
+
+// findResidual is getResidual with a missing residual as nil, nil.
+func findResidual(txn *dbadger.Txn, ns, key string) (*residual.Residual, error) {
+	r, err := getResidual(txn, ns, key)
+	if errors.Is(err, residual.ErrNotFound) {
+		return nil, nil
+	}
+	return r, err
+}
+
+func putResidual(txn *dbadger.Txn, r *residual.Residual) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("ledger/badger: encode residual %s: %w", r.Key, err)
+	}
+	if err := txn.Set(storeKey(residualPrefix, r.Namespace, r.Key), v); err != nil {
+		return fmt.Errorf("ledger/badger: write residual %s: %w", r.Key, err)
+	}
+	return nil
+}
+
+// nextToken returns one more than the highest token issued for (ns, key), counting the
+// stored counter and r's token, and stages the new counter in txn.
+func nextToken(txn *dbadger.Txn, ns, key string, r *residual.Residual) (uint64, error) {
+	k := storeKey(tokenPrefix, ns, key)
+	var last uint64
+	item, err := txn.Get(k)
+	switch {
+	case errors.Is(err, dbadger.ErrKeyNotFound):
+	case err != nil:
+		return 0, fmt.Errorf("ledger/badger: read token of %s: %w", key, err)
+	default:
+		if err := item.Value(func(v []byte) error {
+			if len(v) != 8 {
+				return fmt.Errorf("token counter of %s has %d bytes", key, len(v))
+			}
+			last = binary.BigEndian.Uint64(v)
+			return nil
+		}); err != nil {
+			return 0, fmt.Errorf("ledger/badger: %w", err)
+		}
+	}
+	if r != nil {
+		last = max(last, r.Token)
+	}
+	next := last + 1
+	if err := txn.Set(k, binary.BigEndian.AppendUint64(nil, next)); err != nil {
+		return 0, fmt.Errorf("ledger/badger: write token of %s: %w", key, err)
+	}
+	return next, nil
+}

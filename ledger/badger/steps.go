@@ -1,0 +1,321 @@
+package badger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	dbadger "github.com/dgraph-io/badger/v4"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// Reserve implements ledger.Ledger. Concurrent reserves of one key serialise through
+// badger's optimistic conflict detection: both read the key, one commits, the other
+// conflicts, retries and sees the winner's pending residual.
+func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if err := validNamespace("reserve", p.Namespace); err != nil {
+		return nil, err
+	}
+	var res *ledger.ReserveResult
+	err := l.update(ctx, "reserve", func(txn *dbadger.Txn, now time.Time) (bool, error) {
+		r, err := findResidual(txn, p.Namespace, p.Key)
+		if err != nil {
+			return false, err
+		}
+		token, err := nextToken(txn, p.Namespace, p.Key, r)
+		if err != nil {
+			return false, err
+		}
+		d, r, ls := ledger.ApplyReserve(r, p, token, now)
+		res = &ledger.ReserveResult{Decision: d, Residual: r, Lease: ls}
+		if d != ledger.Acquired {
+			return false, nil // writes nothing: the staged token is discarded
+		}
+		return true, putResidual(txn, r)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if res.Decision == ledger.Acquired {
+		l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: residual.Pending})
+	}
+	return res, nil
+}
+
+// Commit implements ledger.Ledger. A refused commit still writes its evidence, durably,
+// and returns the stored residual with an error wrapping residual.ErrLeaseLost.
+func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if err := validNamespace("commit", p.Namespace); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	var fenceErr error
+	err := l.update(ctx, "commit", func(txn *dbadger.Txn, now time.Time) (bool, error) {
+		out, fenceErr = nil, nil
+		r, err := getResidual(txn, p.Namespace, p.Key)
+		if err != nil {
+			return false, err
+		}
+		// ApplyCommit either settles r or appends evidence; both are written.
+		fenceErr = ledger.ApplyCommit(r, p, now)
+		if err := putResidual(txn, r); err != nil {
+			return false, err
+		}
+		out = r
+		out.State = r.EffectiveState(now)
+		return true, fenceErr
+	})
+	// Only a durable write returns the residual: err is then nil or the fence's own error.
+	if out == nil || err != fenceErr {
+		return nil, err
+	}
+	l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	return out, err
+}
+
+// Renew implements ledger.Ledger.
+func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, error) {
+	if err := p.Validate(); err != nil {
+		return lease.Lease{}, err
+	}
+	if err := validNamespace("renew", p.Namespace); err != nil {
+		return lease.Lease{}, err
+	}
+	var out lease.Lease
+	err := l.update(ctx, "renew", func(txn *dbadger.Txn, now time.Time) (bool, error) {
+		r, err := getResidual(txn, p.Namespace, p.Key)
+		if err != nil {
+			return false, err
+		}
+		if out, err = ledger.ApplyRenew(r, p, now); err != nil {
+			return false, err
+		}
+		return true, putResidual(txn, r)
+	})
+	if err != nil {
+		return lease.Lease{}, err
+	}
+	return out, nil
+}
+
+// Resolve implements ledger.Ledger. The new fencing token comes from the key's counter, so
+// it is higher than any token issued before, collected or not.
+func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if err := validNamespace("resolve", p.Namespace); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	err := l.update(ctx, "resolve", func(txn *dbadger.Txn, now time.Time) (bool, error) {
+		r, err := getResidual(txn, p.Namespace, p.Key)
+		if err != nil {
+			return false, err
+		}
+		token, err := nextToken(txn, p.Namespace, p.Key, r)
+		if err != nil {
+			return false, err
+		}
+		if err := ledger.ApplyResolve(r, p, token, now); err != nil {
+			return false, err
+		}
+		out = r
+		return true, putResidual(txn, r)
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	return out, nil
+}
+
+// AppendEvidence implements ledger.Ledger. An evidence without a time is stamped with the
+// ledger's clock.
+func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return nil, err
+	}
+	if err := validNamespace("append evidence", p.Namespace); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	err := l.update(ctx, "append evidence", func(txn *dbadger.Txn, now time.Time) (bool, error) {
+		r, err := getResidual(txn, p.Namespace, p.Key)
+		if err != nil {
+			return false, err
+		}
+		ev := p.Evidence
+		if ev.At.IsZero() {
+			ev.At = now
+		}
+		r.Evidence = append(r.Evidence, ev)
+		r.UpdatedAt = now
+		if err := putResidual(txn, r); err != nil {
+			return false, err
+		}
+		out = r
+		out.State = r.EffectiveState(now)
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	return out, nil
+}
+
+// Get implements ledger.Ledger.
+func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residual, error) {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return nil, err
+	}
+	if err := validNamespace("get", p.Namespace); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	err := l.view(ctx, func(txn *dbadger.Txn, now time.Time) error {
+		r, err := getResidual(txn, p.Namespace, p.Key)
+		if err != nil {
+			return err
+		}
+		r.State = r.EffectiveState(now)
+		out = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// List implements ledger.Ledger. It scans the namespace in key order from the cursor,
+// filtering on the effective state, and reads one match past the page to tell whether a
+// next page exists. The cursor is the last key of the page; a page never repeats it.
+func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
+	if err := validNamespace("list", p.Namespace); err != nil {
+		return nil, err
+	}
+	limit := ledger.PageLimit(p.Limit)
+	page := &ledger.Page{Residuals: []*residual.Residual{}}
+	err := l.view(ctx, func(txn *dbadger.Txn, now time.Time) error {
+		prefix := nsPrefix(p.Namespace)
+		it := txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: min(limit+1, 100)})
+		defer it.Close()
+		seek := append(append([]byte(nil), prefix...), p.Cursor...)
+		for it.Seek(seek); it.ValidForPrefix(prefix); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			item := it.Item()
+			key := string(item.Key()[len(prefix):])
+			if key <= p.Cursor {
+				continue
+			}
+			var r residual.Residual
+			if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
+				return fmt.Errorf("ledger/badger: decode residual %s: %w", key, err)
+			}
+			r.State = r.EffectiveState(now)
+			if !p.Matches(&r) {
+				continue
+			}
+			if len(page.Residuals) == limit {
+				page.NextCursor = page.Residuals[limit-1].Key
+				return nil
+			}
+			page.Residuals = append(page.Residuals, &r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return page, nil
+}
+
+// gcBatch bounds the deletions of one GC transaction.
+const gcBatch = 256
+
+// GC implements ledger.Ledger. It scans for candidates in a read transaction, then deletes
+// them in batches of read-write transactions that re-read and re-check each candidate, so
+// a residual reserved again meanwhile is kept (or the batch conflicts and is retried).
+func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
+	if p.Namespace != "" {
+		if err := validNamespace("gc", p.Namespace); err != nil {
+			return ledger.GCResult{}, err
+		}
+	}
+	collectable := func(r *residual.Residual) bool {
+		return r.State.Terminal() && r.UpdatedAt.Before(p.Before)
+	}
+	prefix := []byte(residualPrefix)
+	if p.Namespace != "" {
+		prefix = nsPrefix(p.Namespace)
+	}
+	var candidates [][]byte
+	err := l.view(ctx, func(txn *dbadger.Txn, _ time.Time) error {
+		it := txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 100})
+		defer it.Close()
+		for it.Rewind(); it.ValidForPrefix(prefix); it.Next() {
+			var r residual.Residual
+			item := it.Item()
+			if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
+				return fmt.Errorf("ledger/badger: decode %q: %w", item.Key(), err)
+			}
+			if collectable(&r) {
+				candidates = append(candidates, item.KeyCopy(nil))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return ledger.GCResult{}, err
+	}
+	var res ledger.GCResult
+	for len(candidates) > 0 {
+		batch := candidates[:min(gcBatch, len(candidates))]
+		candidates = candidates[len(batch):]
+		deleted := 0
+		err := l.update(ctx, "gc", func(txn *dbadger.Txn, _ time.Time) (bool, error) {
+			deleted = 0
+			for _, k := range batch {
+				item, err := txn.Get(k)
+				if errors.Is(err, dbadger.ErrKeyNotFound) {
+					continue
+				}
+				if err != nil {
+					return false, fmt.Errorf("ledger/badger: gc read %q: %w", k, err)
+				}
+				var r residual.Residual
+				if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
+					return false, fmt.Errorf("ledger/badger: decode %q: %w", k, err)
+				}
+				if !collectable(&r) {
+					continue
+				}
+				if err := txn.Delete(k); err != nil {
+					return false, fmt.Errorf("ledger/badger: gc delete %q: %w", k, err)
+				}
+				deleted++
+			}
+			return deleted > 0, nil
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Deleted += deleted
+	}
+	return res, nil
+}

@@ -1,0 +1,256 @@
+package ledgertest
+
+import (
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+var commitCases = []testCase{
+	{"CommitSucceededReplays", commitSucceededReplays},
+	{"CommitAcceptedAwaitsUpstream", commitAcceptedAwaitsUpstream},
+	{"CommitFailedAllowsNewAttempt", commitFailedAllowsNewAttempt},
+	{"CommitUnknownBlocks", commitUnknownBlocks},
+	{"CommitStaleTokenRefused", commitStaleTokenRefused},
+	{"CommitWrongHolderRefused", commitWrongHolderRefused},
+	{"CommitAfterExpiryRefused", commitAfterExpiryRefused},
+	{"CommitWithinMarginRefused", commitWithinMarginRefused},
+	{"RenewExtendsLease", renewExtendsLease},
+	{"RenewStaleTokenRefused", renewStaleTokenRefused},
+	{"RenewAfterExpiryRefused", renewAfterExpiryRefused},
+}
+
+// A commit of succeeded under the fence settles the residual, releases the lease and
+// caches the result; the same request then replays, another request is a mismatch.
+func commitSucceededReplays(e *env) {
+	c := e.call("charge:cus_1")
+	res := e.acquire(c.reserve("agent-a", "digest-1"))
+	p := c.commit("agent-a", res.Lease.Token, residual.Succeeded)
+	p.Result = []byte(`{"charge":"ch_1"}`)
+	p.ResultDigest = "result-digest"
+	p.ResponseDigest = "response-digest"
+	r := e.commit(p)
+
+	require.Equal(e.t, residual.Succeeded, r.State)
+	require.Equal(e.t, p.Result, r.Result)
+	require.Equal(e.t, "result-digest", r.ResultDigest)
+	cur := r.Current()
+	require.Equal(e.t, residual.Succeeded, cur.Outcome)
+	require.True(e.t, cur.Released, "commit releases the lease")
+	require.Equal(e.t, "response-digest", cur.ResponseDigest)
+
+	got := e.get(c)
+	require.Equal(e.t, residual.Succeeded, got.State)
+	require.Equal(e.t, p.Result, got.Result)
+	require.True(e.t, got.Current().Released)
+
+	replay := e.reserve(c.reserve("agent-b", "digest-1"))
+	require.Equal(e.t, ledger.Replay, replay.Decision)
+	require.NoError(e.t, replay.Decision.Err())
+	require.Equal(e.t, p.Result, replay.Residual.Result, "replay returns the cached result")
+	require.Zero(e.t, replay.Lease)
+	require.Len(e.t, replay.Residual.Attempts, 1, "a replay dispatches nothing")
+
+	other := e.reserve(c.reserve("agent-b", "digest-2"))
+	require.Equal(e.t, ledger.PayloadMismatch, other.Decision)
+	require.ErrorIs(e.t, other.Decision.Err(), residual.ErrPayloadMismatch)
+
+	// The released lease cannot be renewed any more.
+	_, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: res.Lease.Token, TTL: ttl})
+	requireErr(e.t, err, residual.ErrLeaseLost)
+	require.Len(e.t, e.get(c).Attempts, 1)
+}
+
+// A commit of accepted keeps the upstream handle; the next reserve awaits upstream.
+func commitAcceptedAwaitsUpstream(e *env) {
+	c := e.call("export:report-1")
+	res := e.acquire(c.reserve("agent-a", "digest-1"))
+	p := c.commit("agent-a", res.Lease.Token, residual.Accepted)
+	p.Handle = "https://upstream.example/jobs/17"
+	r := e.commit(p)
+	require.Equal(e.t, residual.Accepted, r.State)
+	require.Equal(e.t, p.Handle, r.Handle)
+
+	next := e.reserve(c.reserve("agent-b", "digest-1"))
+	require.Equal(e.t, ledger.AwaitingUpstream, next.Decision)
+	require.ErrorIs(e.t, next.Decision.Err(), residual.ErrAwaitingUpstream)
+	require.Equal(e.t, p.Handle, next.Residual.Handle, "the handle is kept for polling")
+	require.Equal(e.t, residual.Accepted, next.Residual.State)
+
+	// Accepted never turns into unknown by the passing of time.
+	e.advance(pastTTL)
+	require.Equal(e.t, residual.Accepted, e.get(c).State)
+}
+
+// A commit of failed lets the next reserve start attempt 2 under token 2.
+func commitFailedAllowsNewAttempt(e *env) {
+	c := e.call("email:carol@example.com")
+	res := e.acquire(c.reserve("agent-a", "digest-1"))
+	p := c.commit("agent-a", res.Lease.Token, residual.Failed)
+	p.Error = "upstream said 400"
+	r := e.commit(p)
+	require.Equal(e.t, residual.Failed, r.State)
+	require.Equal(e.t, "upstream said 400", r.Current().Error)
+
+	next := e.acquire(c.reserve("agent-b", "digest-2"))
+	require.Equal(e.t, uint64(2), next.Lease.Token)
+	require.Len(e.t, next.Residual.Attempts, 2)
+	require.Equal(e.t, 2, next.Residual.Attempts[1].N)
+	require.Equal(e.t, residual.Failed, next.Residual.Attempts[0].Outcome)
+	require.Equal(e.t, "digest-2", next.Residual.RequestDigest)
+}
+
+// A commit of unknown blocks the key until it is reconciled.
+func commitUnknownBlocks(e *env) {
+	c := e.call("sms:+15550100")
+	res := e.acquire(c.reserve("agent-a", "digest-1"))
+	r := e.commit(c.commit("agent-a", res.Lease.Token, residual.Unknown))
+	require.Equal(e.t, residual.Unknown, r.State)
+	require.True(e.t, r.Current().Released)
+
+	next := e.reserve(c.reserve("agent-b", "digest-1"))
+	require.Equal(e.t, ledger.UnknownOutcome, next.Decision)
+	require.Len(e.t, e.get(c).Attempts, 1)
+}
+
+// requireEvidence asserts that the last evidence on r is the refused commit p.
+func requireEvidence(e *env, r *residual.Residual, p ledger.CommitParams) {
+	e.t.Helper()
+	require.NotEmpty(e.t, r.Evidence, "a refused commit leaves evidence")
+	ev := r.Evidence[len(r.Evidence)-1]
+	require.Equal(e.t, p.Holder, ev.Holder)
+	require.Equal(e.t, p.Token, ev.Token)
+	require.Equal(e.t, p.Outcome, ev.Outcome)
+	require.Equal(e.t, p.Result, ev.Result)
+	require.NotEmpty(e.t, ev.Note)
+}
+
+// A commit carrying a stale token is refused, leaves evidence, and changes nothing else.
+func commitStaleTokenRefused(e *env) {
+	c := e.call("charge:cus_2")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.commit(c.commit("agent-a", a.Lease.Token, residual.Failed))
+	b := e.acquire(c.reserve("agent-b", "digest-1"))
+	require.Greater(e.t, b.Lease.Token, a.Lease.Token)
+
+	p := c.commit("agent-a", a.Lease.Token, residual.Succeeded)
+	p.Result = []byte(`"late"`)
+	_, err := e.l.Commit(e.ctx, p)
+	requireErr(e.t, err, residual.ErrLeaseLost)
+
+	got := e.get(c)
+	require.Equal(e.t, residual.Pending, got.State, "the live holder keeps the key")
+	require.Equal(e.t, b.Lease.Token, got.Token)
+	require.Equal(e.t, residual.None, got.Current().Outcome)
+	require.Equal(e.t, "agent-b", got.Current().Holder)
+	require.Empty(e.t, got.Result)
+	requireEvidence(e, got, p)
+
+	// The live holder still commits.
+	r := e.commit(c.commit("agent-b", b.Lease.Token, residual.Succeeded))
+	require.Equal(e.t, residual.Succeeded, r.State)
+}
+
+// A commit by another holder than the lease's is refused.
+func commitWrongHolderRefused(e *env) {
+	c := e.call("charge:cus_3")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	p := c.commit("mallory", a.Lease.Token, residual.Succeeded)
+	_, err := e.l.Commit(e.ctx, p)
+	requireErr(e.t, err, residual.ErrLeaseLost)
+
+	got := e.get(c)
+	require.Equal(e.t, residual.Pending, got.State)
+	require.Equal(e.t, residual.None, got.Current().Outcome)
+	require.False(e.t, got.Current().Released)
+	requireEvidence(e, got, p)
+}
+
+// A commit after the lease expired is refused, and the residual reads unknown with the
+// late observation as evidence.
+func commitAfterExpiryRefused(e *env) {
+	c := e.call("charge:cus_4")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.advance(pastTTL)
+
+	p := c.commit("agent-a", a.Lease.Token, residual.Succeeded)
+	p.Result = []byte(`{"charge":"ch_late"}`)
+	r, err := e.l.Commit(e.ctx, p)
+	requireErr(e.t, err, residual.ErrLeaseLost)
+	if r != nil {
+		require.Equal(e.t, residual.Unknown, r.State)
+	}
+
+	got := e.get(c)
+	require.Equal(e.t, residual.Unknown, got.State)
+	require.Empty(e.t, got.Result, "a late commit writes nothing authoritative")
+	require.Equal(e.t, residual.None, got.Current().Outcome)
+	requireEvidence(e, got, p)
+}
+
+// A commit with less than the margin left on the lease is refused with evidence.
+func commitWithinMarginRefused(e *env) {
+	c := e.call("charge:cus_5")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.advance(ttl - 20*time.Second) // 20s left
+
+	p := c.commit("agent-a", a.Lease.Token, residual.Succeeded)
+	p.Margin = 40 * time.Second
+	_, err := e.l.Commit(e.ctx, p)
+	requireErr(e.t, err, residual.ErrLeaseLost)
+
+	got := e.get(c)
+	require.Equal(e.t, residual.Pending, got.State, "the lease is still live, only too short")
+	require.Equal(e.t, residual.None, got.Current().Outcome)
+	requireEvidence(e, got, p)
+}
+
+// Renew extends the live lease to now+TTL; the renewed lease outlives the original expiry.
+func renewExtendsLease(e *env) {
+	c := e.call("deploy:web")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.advance(ttl / 2)
+
+	before := e.now()
+	l, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
+	after := e.now()
+	require.NoError(e.t, err)
+	require.Equal(e.t, a.Lease.Token, l.Token, "renewal keeps the token")
+	require.Equal(e.t, "agent-a", l.Holder)
+	e.requireTimeBetween(before.Add(ttl), after.Add(ttl), l.Expires, "renewed expiry is now+TTL")
+	require.True(e.t, l.Expires.After(a.Lease.Expires))
+	e.requireTime(l.Expires, e.get(c).Current().LeaseExpires, "stored renewed expiry")
+
+	// Past the original expiry, before the renewed one: still pending, commit works.
+	e.advance(ttl/2 + 10*time.Second)
+	require.Equal(e.t, residual.Pending, e.get(c).State)
+	r := e.commit(c.commit("agent-a", a.Lease.Token, residual.Succeeded))
+	require.Equal(e.t, residual.Succeeded, r.State)
+}
+
+// Renew with a stale token is refused.
+func renewStaleTokenRefused(e *env) {
+	c := e.call("deploy:worker")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.commit(c.commit("agent-a", a.Lease.Token, residual.Failed))
+	b := e.acquire(c.reserve("agent-b", "digest-1"))
+
+	_, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
+	requireErr(e.t, err, residual.ErrLeaseLost)
+	_, err = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: b.Lease.Token, TTL: ttl})
+	requireErr(e.t, err, residual.ErrLeaseLost, "the current token under another holder")
+	e.requireTime(b.Lease.Expires, e.get(c).Current().LeaseExpires, "refused renewals change nothing")
+}
+
+// Renew after the lease expired is refused and does not revive the lease.
+func renewAfterExpiryRefused(e *env) {
+	c := e.call("deploy:cron")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.advance(pastTTL)
+	_, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
+	requireErr(e.t, err, residual.ErrLeaseLost)
+	require.Equal(e.t, residual.Unknown, e.get(c).State)
+}

@@ -1,0 +1,217 @@
+package ledgertest
+
+import (
+	"context"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+var miscCases = []testCase{
+	{"GetMissingNotFound", getMissingNotFound},
+	{"InvalidParamsWriteNothing", invalidParamsWriteNothing},
+	{"ClosedLedgerRefuses", closedLedgerRefuses},
+	{"ReopenKeepsState", reopenKeepsState},
+	{"WatchDeliversChanges", watchDeliversChanges},
+}
+
+// Get of a key without a residual wraps residual.ErrNotFound.
+func getMissingNotFound(e *env) {
+	c := e.call("nothing:here")
+	r, err := e.l.Get(e.ctx, c.get())
+	requireErr(e.t, err, residual.ErrNotFound)
+	require.Nil(e.t, r)
+}
+
+// Malformed parameters are refused with errors wrapping ledger.ErrInvalidParams or
+// residual.ErrInvalidKey, and nothing is written.
+func invalidParamsWriteNothing(e *env) {
+	c := e.call("invalid:1")
+	bad := []struct {
+		name   string
+		p      ledger.ReserveParams
+		target error
+	}{
+		{"bad key", func() ledger.ReserveParams { p := c.reserve("agent-a", "d"); p.Key = "tf1_NOTHEX"; return p }(), residual.ErrInvalidKey},
+		{"empty holder", c.reserve("", "d"), ledger.ErrInvalidParams},
+		{"empty digest", c.reserve("agent-a", ""), ledger.ErrInvalidParams},
+		{"zero ttl", func() ledger.ReserveParams { p := c.reserve("agent-a", "d"); p.TTL = 0; return p }(), ledger.ErrInvalidParams},
+		{"empty namespace", func() ledger.ReserveParams { p := c.reserve("agent-a", "d"); p.Namespace = ""; return p }(), ledger.ErrInvalidParams},
+	}
+	for _, b := range bad {
+		_, err := e.l.Reserve(e.ctx, b.p)
+		requireErr(e.t, err, b.target, b.name)
+	}
+	_, err := e.l.Get(e.ctx, c.get())
+	requireErr(e.t, err, residual.ErrNotFound, "refused reserves write nothing")
+
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	p := c.commit("agent-a", a.Lease.Token, residual.Pending)
+	_, err = e.l.Commit(e.ctx, p)
+	requireErr(e.t, err, ledger.ErrInvalidParams, "commit outcome pending")
+	p.Outcome = residual.State("done")
+	_, err = e.l.Commit(e.ctx, p)
+	requireErr(e.t, err, ledger.ErrInvalidParams, "commit outcome done")
+	_, err = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "renew with zero ttl")
+	_, err = e.l.Resolve(e.ctx, ledger.ResolveParams{Namespace: c.ns, Key: c.key(), As: residual.Pending, By: "ops"})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "resolve as pending")
+
+	got := e.get(c)
+	require.Equal(e.t, residual.Pending, got.State)
+	require.Equal(e.t, residual.None, got.Current().Outcome)
+	require.Empty(e.t, got.Evidence, "a refused call is not evidence")
+	require.Empty(e.t, got.Resolutions)
+	require.Equal(e.t, a.Lease.Token, got.Token)
+	require.Len(e.t, e.list(ledger.ListParams{Namespace: c.ns}), 1)
+}
+
+// Every call after Close wraps ledger.ErrClosed.
+func closedLedgerRefuses(e *env) {
+	c := e.call("closed:1")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	require.NoError(e.t, e.l.Close())
+
+	_, err := e.l.Reserve(e.ctx, c.reserve("agent-b", "digest-1"))
+	requireErr(e.t, err, ledger.ErrClosed, "reserve")
+	_, err = e.l.Commit(e.ctx, c.commit("agent-a", a.Lease.Token, residual.Succeeded))
+	requireErr(e.t, err, ledger.ErrClosed, "commit")
+	_, err = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
+	requireErr(e.t, err, ledger.ErrClosed, "renew")
+	_, err = e.l.Resolve(e.ctx, c.resolve(residual.Failed))
+	requireErr(e.t, err, ledger.ErrClosed, "resolve")
+	_, err = e.l.AppendEvidence(e.ctx, ledger.EvidenceParams{Namespace: c.ns, Key: c.key()})
+	requireErr(e.t, err, ledger.ErrClosed, "append evidence")
+	_, err = e.l.Get(e.ctx, c.get())
+	requireErr(e.t, err, ledger.ErrClosed, "get")
+	_, err = e.l.List(e.ctx, ledger.ListParams{Namespace: c.ns})
+	requireErr(e.t, err, ledger.ErrClosed, "list")
+	_, err = e.l.GC(e.ctx, ledger.GCParams{Before: e.now()})
+	requireErr(e.t, err, ledger.ErrClosed, "gc")
+	if w, ok := e.l.(ledger.Watcher); ok {
+		_, err = w.Watch(e.ctx, c.ns)
+		requireErr(e.t, err, ledger.ErrClosed, "watch")
+	}
+}
+
+// Closing and reopening the store keeps residuals, live leases, fencing tokens (also of
+// collected keys) and evidence. Runs only when the fixture can reopen.
+func reopenKeepsState(e *env) {
+	if e.f.Reopen == nil {
+		e.t.Log("backend has no Reopen: persistence across reopen is not checked")
+		return
+	}
+	// k1: failed, then pending under agent-b, plus evidence; k2: succeeded with a result;
+	// k3: succeeded, then collected.
+	k1 := e.call("reopen:1")
+	k3 := call{ns: k1.ns + "-gc", task: "t", op: "o", target: "gc"}
+	r3 := e.acquire(k3.reserve("agent-a", "digest-1"))
+	e.commit(k3.commit("agent-a", r3.Lease.Token, residual.Succeeded))
+	e.advance(time.Minute)
+	res, err := e.l.GC(e.ctx, ledger.GCParams{Namespace: k3.ns, Before: e.now()})
+	require.NoError(e.t, err)
+	require.Equal(e.t, 1, res.Deleted)
+
+	a := e.acquire(k1.reserve("agent-a", "digest-1"))
+	e.commit(k1.commit("agent-a", a.Lease.Token, residual.Failed))
+	b := e.acquire(k1.reserve("agent-b", "digest-1"))
+	stale := k1.commit("agent-a", a.Lease.Token, residual.Succeeded)
+	stale.Result = []byte(`"late"`)
+	_, err = e.l.Commit(e.ctx, stale)
+	requireErr(e.t, err, residual.ErrLeaseLost)
+
+	k2 := e.call("reopen:2")
+	r2 := e.acquire(k2.reserve("agent-a", "digest-1"))
+	p2 := k2.commit("agent-a", r2.Lease.Token, residual.Succeeded)
+	p2.Result = []byte(`{"id":2}`)
+	e.commit(p2)
+
+	e.l = e.f.Reopen(e.t)
+	require.NotNil(e.t, e.l)
+
+	got := e.get(k1)
+	require.Equal(e.t, residual.Pending, got.State, "a live lease survives reopen")
+	require.Equal(e.t, b.Lease.Token, got.Token)
+	require.Len(e.t, got.Attempts, 2)
+	requireEvidence(e, got, stale)
+	inProgress := e.reserve(k1.reserve("agent-c", "digest-1"))
+	require.Equal(e.t, ledger.InProgress, inProgress.Decision)
+	require.Equal(e.t, residual.Succeeded, e.commit(k1.commit("agent-b", b.Lease.Token, residual.Succeeded)).State)
+
+	replay := e.reserve(k2.reserve("agent-c", "digest-1"))
+	require.Equal(e.t, ledger.Replay, replay.Decision)
+	require.Equal(e.t, p2.Result, replay.Residual.Result)
+
+	next := e.acquire(k3.reserve("agent-c", "digest-1"))
+	require.Greater(e.t, next.Lease.Token, r3.Lease.Token, "the token counter of a collected key survives reopen")
+}
+
+// A ledger that implements ledger.Watcher delivers each write of the watched namespace,
+// every namespace to an unfiltered watch, and closes the channel when ctx ends.
+func watchDeliversChanges(e *env) {
+	w, ok := e.l.(ledger.Watcher)
+	if !ok {
+		e.t.Log("backend does not implement ledger.Watcher")
+		return
+	}
+	c := e.call("watch:1")
+	other := call{ns: c.ns + "-other", task: c.task, op: c.op, target: c.target}
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	ch, err := w.Watch(ctx, c.ns)
+	require.NoError(e.t, err)
+	all, err := w.Watch(ctx, "")
+	require.NoError(e.t, err)
+
+	e.acquire(other.reserve("agent-a", "digest-1"))
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.commit(c.commit("agent-a", a.Lease.Token, residual.Succeeded))
+
+	want := []ledger.Change{
+		{Namespace: c.ns, Key: c.key(), State: residual.Pending},
+		{Namespace: c.ns, Key: c.key(), State: residual.Succeeded},
+	}
+	for _, w := range want {
+		require.Equal(e.t, w, receive(e, ch), "the namespace watch sees only its namespace, in order")
+	}
+	require.Equal(e.t, ledger.Change{Namespace: other.ns, Key: other.key(), State: residual.Pending}, receive(e, all))
+	for _, w := range want {
+		require.Equal(e.t, w, receive(e, all))
+	}
+
+	cancel()
+	requireClosed(e, ch)
+	requireClosed(e, all)
+}
+
+// requireClosed drains ch and fails the case unless the ledger closes it within 10 s.
+func requireClosed(e *env, ch <-chan ledger.Change) {
+	e.t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			e.t.Fatal("watch channel not closed within 10s of its context ending")
+		}
+	}
+}
+
+// receive waits for one change, failing the case after 10 s.
+func receive(e *env, ch <-chan ledger.Change) ledger.Change {
+	e.t.Helper()
+	select {
+	case c, ok := <-ch:
+		require.True(e.t, ok, "watch channel closed early")
+		return c
+	case <-time.After(10 * time.Second):
+		e.t.Fatal("no change delivered within 10s")
+		return ledger.Change{}
+	}
+}
