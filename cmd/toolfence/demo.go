@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolfence/toolfence/internal/demo"
+)
+
+func newDemoCmd(a *app) *cobra.Command {
+	var keep bool
+	cmd := &cobra.Command{
+		Use:   "demo [--store DIR] [--keep]",
+		Short: "Run the crash-and-hand-over story: one charge, however the worker dies",
+		Long: `Run a self-contained story on the embedded store and print its timeline:
+
+  1. a local fake payment API starts; it does not deduplicate, so every POST is a charge;
+  2. a worker process charges invoice INV-42 through the interceptor (the key goes
+     upstream as Idempotency-Key);
+  3. the API makes the charge and the worker is killed with SIGKILL before the API
+     answers: the charge happened, its outcome was never committed;
+  4. a successor run of the same task tries the same charge: first the dead worker's lease
+     is still live (in_progress, retry after …), then it reads as unknown_outcome;
+  5. the successor reconciles: the charge's probe asks the API by Idempotency-Key, and the
+     residual resolves to succeeded;
+  6. a further retry replays the recorded result without reaching the API.
+
+It ends with "charges at the API: 1" and exits with status 1 if the count is anything else.
+
+The store is a fresh temporary directory, removed afterwards, unless --keep keeps it or
+--store names a directory to use (and keep). $TOOLFENCE_STORE does not apply here.
+
+Example:
+  toolfence demo
+  toolfence demo --store ./demo-store && toolfence ls --store ./demo-store`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.demo(cmd.Context(), cmd.Flags().Changed("store"), keep)
+		},
+	}
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary store and print where it is")
+	return cmd
+}
+
+func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
+	dir := a.store
+	if storeSet {
+		if isDSN(dir) {
+			return usagef("demo runs on the embedded store: --store must be a directory, not a DSN")
+		}
+		// Fail early, with the usual message, when another process holds the store.
+		l, err := openStore(ctx, dir)
+		if err != nil {
+			return err
+		}
+		if err := l.Close(); err != nil {
+			return fmt.Errorf("closing store %s: %w", dir, err)
+		}
+	} else {
+		tmp, err := os.MkdirTemp("", "toolfence-demo-")
+		if err != nil {
+			return fmt.Errorf("creating a temporary store: %w", err)
+		}
+		dir = tmp
+		if !keep {
+			defer os.RemoveAll(tmp)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary to start the worker: %w", err)
+	}
+
+	rep, err := demo.Run(ctx, demo.Config{
+		Store:     dir,
+		Namespace: a.namespace,
+		Out:       a.stdout,
+		StartWorker: func(ctx context.Context, w demo.WorkerArgs) *exec.Cmd {
+			return exec.CommandContext(ctx, exe, append([]string{"demo-worker"}, w.Flags()...)...)
+		},
+	})
+	if rep != nil {
+		fmt.Fprintf(a.stdout, "charges at the API: %d\n", rep.Charges)
+		if storeSet || keep {
+			fmt.Fprintf(a.stderr, "store kept at %s; look at it with: toolfence show %s --store %s\n", dir, rep.Key, dir)
+		}
+	}
+	return err
+}
+
+func newDemoWorkerCmd(a *app) *cobra.Command {
+	var w demo.WorkerArgs
+	cmd := &cobra.Command{
+		Use:    "demo-worker",
+		Short:  "The worker process of the demo (internal)",
+		Hidden: true,
+		Args:   args(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w.Store, w.Namespace = a.store, a.namespace
+			return demo.RunWorker(cmd.Context(), w, a.stdout)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&w.API, "api", "", "base URL of the payment API")
+	fl.StringVar(&w.Task, "task", "", "task of the charge")
+	fl.DurationVar(&w.LeaseTTL, "lease", demo.DefaultLeaseTTL, "lease of the charge")
+	return cmd
+}

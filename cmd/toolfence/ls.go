@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+type lsFlags struct {
+	states    []string
+	task      string
+	operation string
+	target    string
+	limit     int
+	cursor    string
+	all       bool
+	json      bool
+}
+
+func newLsCmd(a *app) *cobra.Command {
+	var f lsFlags
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List residuals, filtered by state, task, operation or target",
+		Long: `List the residuals of a namespace, ordered by key, one page at a time.
+
+The table shows the full key (pass it to show or resolve), the effective state (a pending
+residual whose lease has expired reads as unknown), the task, operation and target of the
+call, and the current attempt with its holder. --json prints one residual per line instead,
+with every field (the same record as show --json).
+
+Without --all one page of at most --limit residuals is printed; when there are more, a hint
+on stderr gives the cursor of the next page. --all pages through everything.
+
+Example:
+  toolfence ls --state unknown --state accepted     # everything that needs reconciling
+  toolfence ls --task run-7 --json | jq .state
+  toolfence ls --all --store postgres://toolfence@db/toolfence`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.ls(cmd.Context(), f) },
+	}
+	fl := cmd.Flags()
+	fl.StringSliceVar(&f.states, "state", nil, "only residuals in this state: pending, unknown, accepted, succeeded or failed (repeat or comma-separate for several)")
+	fl.StringVar(&f.task, "task", "", "only residuals of this task")
+	fl.StringVar(&f.operation, "operation", "", "only residuals of this operation (tool name)")
+	fl.StringVar(&f.target, "target", "", "only residuals of this target")
+	fl.IntVar(&f.limit, "limit", ledger.DefaultListLimit, fmt.Sprintf("page size (at most %d)", ledger.MaxListLimit))
+	fl.StringVar(&f.cursor, "cursor", "", "start at this cursor (printed when a page is not the last)")
+	fl.BoolVar(&f.all, "all", false, "page through every matching residual")
+	fl.BoolVar(&f.json, "json", false, "print one JSON residual per line")
+	return cmd
+}
+
+func (a *app) ls(ctx context.Context, f lsFlags) error {
+	p := ledger.ListParams{
+		Namespace: a.namespace, Task: f.task, Operation: f.operation, Target: f.target,
+		Limit: f.limit, Cursor: f.cursor,
+	}
+	for _, name := range f.states {
+		s, err := residual.ParseState(strings.TrimSpace(name))
+		if err != nil {
+			return usagef("--state: %v", err)
+		}
+		p.States = append(p.States, s)
+	}
+	if f.limit < 1 || f.limit > ledger.MaxListLimit {
+		return usagef("--limit %d: want 1 to %d", f.limit, ledger.MaxListLimit)
+	}
+	l, err := a.open(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+
+	var tw *tabwriter.Writer
+	if !f.json {
+		tw = tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	}
+	n := 0
+	for {
+		page, err := l.List(ctx, p)
+		if err != nil {
+			return fmt.Errorf("listing residuals: %w", err)
+		}
+		for _, r := range page.Residuals {
+			n++
+			if f.json {
+				if err := writeJSONLine(a.stdout, r); err != nil {
+					return err
+				}
+				continue
+			}
+			if n == 1 {
+				fmt.Fprintln(tw, "KEY\tSTATE\tTASK\tOPERATION\tTARGET\tATTEMPT\tHOLDER\tUPDATED")
+			}
+			attempt, holder := "-", "-"
+			if cur := r.Current(); cur != nil {
+				attempt, holder = fmt.Sprint(cur.N), cur.Holder
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, r.State, cell(r.Task), cell(r.Operation),
+				cell(r.Target), attempt, cell(holder), r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"))
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		if !f.all {
+			if tw != nil {
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(a.stderr, "more residuals: use --all, or --cursor %s for the next page\n", page.NextCursor)
+			return nil
+		}
+		p.Cursor = page.NextCursor
+	}
+	if tw != nil {
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if n == 0 {
+			fmt.Fprintf(a.stderr, "no residuals in namespace %s of store %s match\n", a.namespace, displayStore(a.store))
+		}
+	}
+	return nil
+}
+
+// cell keeps table columns aligned when a value is empty or holds tabs or newlines.
+func cell(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return strings.NewReplacer("\t", " ", "\n", " ").Replace(s)
+}
