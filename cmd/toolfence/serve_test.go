@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/mcpserver"
+)
+
+func TestServeUsage(t *testing.T) {
+	t.Parallel()
+	store := filepath.Join(t.TempDir(), "store")
+	fails(t, exitUsage, []string{"exactly one of --stdio or --http"}, "serve", "--store", store)
+	fails(t, exitUsage, []string{"exactly one of --stdio or --http"}, "serve", "--stdio", "--http", "127.0.0.1:0", "--store", store)
+	fails(t, exitUsage, []string{"non-loopback address without a bearer token"}, "serve", "--http", "0.0.0.0:7777", "--store", store)
+	fails(t, exitUsage, []string{"--token-file applies to --http only"}, "serve", "--stdio", "--token-file", "x", "--store", store)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(tokens, []byte("short\n"), 0o600))
+	fails(t, exitUsage, []string{"token"}, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store)
+	_, err := os.Stat(store)
+	require.ErrorIs(t, err, os.ErrNotExist, "a refused serve does not create the store")
+}
+
+// TestServeHTTP runs `toolfence serve --http` with a token file, talks to it with the Go
+// client, and stops it with SIGTERM.
+func TestServeHTTP(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	tokens := filepath.Join(dir, "tokens")
+	const token = "serve-test-token-0123456789abcdef"
+	require.NoError(t, os.WriteFile(tokens, []byte(token+" team\n"), 0o600))
+	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	addr := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`serving MCP at (http://\S+) \(1 bearer token`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	var url string
+	select {
+	case url = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not report its address")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := mcpserver.Dial(ctx, url, token)
+	require.NoError(t, err)
+	var b mcpserver.BeginResult
+	require.NoError(t, c.Call(ctx, "begin_call", map[string]any{"task": "t", "operation": "o", "target": "x", "args": map[string]any{}}, &b))
+	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
+	page, err := c.List(ctx, mcpserver.ListPendingInput{})
+	require.NoError(t, err)
+	require.Len(t, page.Residuals, 1)
+	v, err := c.Inspect(ctx, b.Key)
+	require.NoError(t, err)
+	require.Equal(t, "team", v.Namespace, "the token's namespace")
+	require.NoError(t, c.Close())
+	_, err = mcpserver.Dial(ctx, url, "wrong-token-0123456789abcdef")
+	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "serve exits 0 on SIGTERM")
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop on SIGTERM")
+	}
+}

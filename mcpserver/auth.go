@@ -1,0 +1,193 @@
+package mcpserver
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+)
+
+// MinTokenLen is the shortest bearer token accepted.
+const MinTokenLen = 16
+
+// ErrInvalidTokens is wrapped by errors for malformed token files or tokens.
+var ErrInvalidTokens = errors.New("mcpserver: invalid tokens")
+
+// Tokens maps bearer tokens to namespaces. Tokens are kept as SHA-256 digests, so a lookup
+// does not compare secrets byte by byte. The zero value holds no tokens.
+type Tokens struct {
+	byHash map[[sha256.Size]byte]string
+}
+
+// Add maps token to namespace. It returns an error wrapping ErrInvalidTokens for a token
+// shorter than MinTokenLen or containing whitespace, an empty namespace, or a token that
+// is already mapped to another namespace.
+func (t *Tokens) Add(token, namespace string) error {
+	switch {
+	case len(token) < MinTokenLen:
+		return fmt.Errorf("%w: a token is %d bytes long, want at least %d", ErrInvalidTokens, len(token), MinTokenLen)
+	case strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return fmt.Errorf("%w: a token contains whitespace or control characters", ErrInvalidTokens)
+	case namespace == "":
+		return fmt.Errorf("%w: a token maps to an empty namespace", ErrInvalidTokens)
+	}
+	if t.byHash == nil {
+		t.byHash = map[[sha256.Size]byte]string{}
+	}
+	h := sha256.Sum256([]byte(token))
+	if prev, ok := t.byHash[h]; ok && prev != namespace {
+		return fmt.Errorf("%w: one token maps to namespaces %q and %q", ErrInvalidTokens, prev, namespace)
+	}
+	t.byHash[h] = namespace
+	return nil
+}
+
+// Len returns how many tokens are configured.
+func (t Tokens) Len() int { return len(t.byHash) }
+
+// Namespace returns the namespace of token and whether the token is known.
+func (t Tokens) Namespace(token string) (string, bool) {
+	if token == "" || len(t.byHash) == 0 {
+		return "", false
+	}
+	ns, ok := t.byHash[sha256.Sum256([]byte(token))]
+	return ns, ok
+}
+
+// ParseTokens reads a token file. Two formats are accepted:
+//
+//   - JSON: an object {"TOKEN": "NAMESPACE", ...} or an array
+//     [{"token": "TOKEN", "namespace": "NAMESPACE"}, ...];
+//   - lines: "TOKEN NAMESPACE" or just "TOKEN" (which maps to defaultNamespace); blank
+//     lines and lines starting with '#' are skipped.
+//
+// It returns an error wrapping ErrInvalidTokens naming the bad line or entry, or for a file
+// without any token.
+func ParseTokens(data []byte, defaultNamespace string) (Tokens, error) {
+	var t Tokens
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
+		if err := t.parseJSON(trimmed); err != nil {
+			return Tokens{}, err
+		}
+	} else {
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for n := 1; sc.Scan(); n++ {
+			line := strings.TrimSpace(sc.Text())
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			f := strings.Fields(line)
+			ns := defaultNamespace
+			switch len(f) {
+			case 1:
+			case 2:
+				ns = f[1]
+			default:
+				return Tokens{}, fmt.Errorf("%w: line %d: want \"TOKEN\" or \"TOKEN NAMESPACE\", got %d fields", ErrInvalidTokens, n, len(f))
+			}
+			if err := t.Add(f[0], ns); err != nil {
+				return Tokens{}, fmt.Errorf("line %d: %w", n, err)
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return Tokens{}, fmt.Errorf("%w: %w", ErrInvalidTokens, err)
+		}
+	}
+	if t.Len() == 0 {
+		return Tokens{}, fmt.Errorf("%w: no token found", ErrInvalidTokens)
+	}
+	return t, nil
+}
+
+func (t *Tokens) parseJSON(data []byte) error {
+	if data[0] == '{' {
+		var m map[string]string
+		if err := json.Unmarshal(data, &m); err != nil {
+			return fmt.Errorf("%w: want {\"TOKEN\": \"NAMESPACE\"}: %w", ErrInvalidTokens, err)
+		}
+		for tok, ns := range m {
+			if err := t.Add(tok, ns); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var list []struct {
+		Token     string `json:"token"`
+		Namespace string `json:"namespace"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil {
+		return fmt.Errorf("%w: want [{\"token\": ..., \"namespace\": ...}]: %w", ErrInvalidTokens, err)
+	}
+	for i, e := range list {
+		if err := t.Add(e.Token, e.Namespace); err != nil {
+			return fmt.Errorf("entry %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// LoadTokens reads the token file at path (see ParseTokens). It refuses a file that other
+// users may read or write, since it holds secrets.
+func LoadTokens(path, defaultNamespace string) (Tokens, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return Tokens{}, fmt.Errorf("mcpserver: token file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return Tokens{}, fmt.Errorf("%w: token file %s has mode %v: other users may read it; chmod 600 it",
+			ErrInvalidTokens, path, fi.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Tokens{}, fmt.Errorf("mcpserver: token file: %w", err)
+	}
+	t, err := ParseTokens(data, defaultNamespace)
+	if err != nil {
+		return Tokens{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// ErrUnsafeBind is returned when HTTP would be served on a non-loopback address without
+// any bearer token.
+var ErrUnsafeBind = errors.New("mcpserver: refusing to serve HTTP on a non-loopback address without a bearer token (use --token-file or TOOLFENCE_TOKEN)")
+
+// CheckBind returns nil when addr (host:port) may be served with the given number of
+// tokens: any address with tokens, only a loopback address (127.0.0.0/8, ::1, localhost)
+// without. Otherwise it returns an error wrapping ErrUnsafeBind; an empty or unspecified
+// host (":7777", "0.0.0.0") is not loopback.
+func CheckBind(addr string, tokens int) error {
+	if tokens > 0 {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("mcpserver: address %q: %w", addr, err)
+	}
+	if strings.EqualFold(host, "localhost") {
+		return nil
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%w: %q", ErrUnsafeBind, addr)
+}
+
+// bearer returns the token of an "Authorization: Bearer TOKEN" header, or "".
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	const prefix = "bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return ""
+	}
+	return strings.TrimSpace(h[len(prefix):])
+}

@@ -1,0 +1,179 @@
+package mcpserver_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// agentEnv makes the test binary act as agent A: it connects to the server named in the
+// variable (JSON agentJob), calls begin_call, prints the result as one JSON line and then
+// hangs, as an agent does in the middle of its side effect, until it is killed.
+const agentEnv = "TOOLFENCE_MCPSERVER_TEST_AGENT"
+
+type agentJob struct {
+	URL   string         `json:"url"`
+	Token string         `json:"token"`
+	Begin map[string]any `json:"begin"`
+}
+
+func runAgent() int {
+	var job agentJob
+	if err := json.Unmarshal([]byte(os.Getenv(agentEnv)), &job); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		return 3
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := mcpserver.Dial(ctx, job.URL, job.Token)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		return 3
+	}
+	var out mcpserver.BeginResult
+	if err := c.Call(ctx, "begin_call", job.Begin, &out); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		return 3
+	}
+	line, _ := json.Marshal(out)
+	fmt.Println(string(line))
+	time.Sleep(time.Hour) // "performing the side effect" until SIGKILLed
+	return 0
+}
+
+// startAgentA runs agent A as a child process, waits for its begin_call result, then
+// SIGKILLs it and reaps it.
+func startAgentA(t *testing.T, e *env, begin map[string]any) mcpserver.BeginResult {
+	t.Helper()
+	job, err := json.Marshal(agentJob{URL: e.ts.URL, Token: tokA, Begin: begin})
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), agentEnv+"="+string(job))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var line string
+	select {
+	case line = <-lines:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("agent A did not report its begin_call")
+	}
+	require.NotEmpty(t, line, "agent A exited without a begin_call result")
+	// Crash mid-call: no commit, no cleanup.
+	require.NoError(t, cmd.Process.Kill())
+	err = cmd.Wait()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "killed")
+	var out mcpserver.BeginResult
+	require.NoError(t, json.Unmarshal([]byte(line), &out))
+	require.Equal(t, mcpserver.DecisionProceed, out.Decision)
+	return out
+}
+
+// TestSuccessorHandOff: agent A (a child process) begins a call and is SIGKILLed; agent B
+// sees the residual pending, then unknown once the lease expires, settles it (through a
+// probe, or by hand), and its begin_call replays; A's late commit is refused.
+func TestSuccessorHandOff(t *testing.T) {
+	t.Parallel()
+	for _, settle := range []string{"probe", "resolve"} {
+		t.Run(settle, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, nil)
+			op := "charge-card"
+			if settle == "probe" {
+				op = opProbed
+			}
+			begin := m{"task": "run-7", "operation": op, "target": "invoice:INV-42", "args": m{"amount": 4200}, "holder": "agent-A", "lease_ms": 5000}
+			a := startAgentA(t, e, begin)
+
+			b := e.dial(tokA, legacy)
+			list := ok[mcpserver.ListResult](t, b, "list_pending", m{"task": "run-7"})
+			require.Len(t, list.Residuals, 1)
+			require.Equal(t, a.Key, list.Residuals[0].Key)
+			require.Equal(t, residual.Pending, list.Residuals[0].State)
+			require.Equal(t, "agent-A", list.Residuals[0].Holder)
+			require.Equal(t, a.Token, list.Residuals[0].Token)
+
+			delete(begin, "holder")
+			blocked := ok[mcpserver.BeginResult](t, b, "begin_call", begin)
+			require.Equal(t, "in_progress", blocked.Violation.Kind)
+			rec := ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"task": "run-7"})
+			require.Empty(t, rec.Resolved, "a live lease is left alone")
+			require.Contains(t, rec.Open[0].Reason, "live lease")
+			require.Equal(t, "in_progress", fails(t, b, "resolve_residual", m{"key": a.Key, "as": "failed", "note": "too early"}).Kind)
+
+			// A's lease runs out: the residual reads as unknown and blocks.
+			e.clock.Advance(5*time.Second + time.Millisecond)
+			list = ok[mcpserver.ListResult](t, b, "list_pending", m{"state": "unknown"})
+			require.Len(t, list.Residuals, 1)
+			require.Equal(t, a.Key, list.Residuals[0].Key)
+			require.Contains(t, list.Residuals[0].Recovery, "reconcile")
+			blocked = ok[mcpserver.BeginResult](t, b, "begin_call", begin)
+			require.Equal(t, "unknown_outcome", blocked.Violation.Kind)
+			require.Equal(t, "agent-A", blocked.Violation.Holder)
+
+			var settledToken uint64
+			if settle == "probe" {
+				rec = ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"task": "run-7"})
+				require.Len(t, rec.Resolved, 1)
+				require.Equal(t, residual.Unknown, rec.Resolved[0].From)
+				require.Equal(t, residual.Succeeded, rec.Resolved[0].To)
+				settledToken = rec.Resolved[0].Token
+			} else {
+				rec = ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"key": a.Key})
+				require.Len(t, rec.Open, 1)
+				require.Contains(t, rec.Open[0].Reason, "no probe")
+				rs := ok[mcpserver.ResolveResult](t, b, "resolve_residual", m{
+					"key": a.Key, "as": "succeeded", "note": "INV-42 shows as paid in the dashboard",
+					"result": m{"found": "invoice:INV-42"}, "by": "agent-B",
+				})
+				require.Equal(t, residual.Succeeded, rs.State)
+				settledToken = rs.Token
+			}
+			require.Greater(t, settledToken, a.Token, "settling takes a new fencing token")
+
+			rp := ok[mcpserver.BeginResult](t, b, "begin_call", begin)
+			require.Equal(t, mcpserver.DecisionReplay, rp.Decision)
+			require.JSONEq(t, `{"found":"invoice:INV-42"}`, string(rp.Result))
+
+			// A's zombie commit under its old token is fenced out and kept as evidence.
+			before := ok[mcpserver.ResidualView](t, b, "inspect_residual", m{"key": a.Key})
+			e1 := fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "succeeded", "result": m{"charge": "ch_zombie"}})
+			require.Equal(t, "lease_lost", e1.Kind)
+			require.NotNil(t, e1.Violation)
+			require.Equal(t, "lease_preempted", e1.Violation.Kind)
+			require.Equal(t, "agent-A", e1.Violation.Holder)
+			after := ok[mcpserver.ResidualView](t, b, "inspect_residual", m{"key": a.Key})
+			require.Equal(t, residual.Succeeded, after.State)
+			require.Equal(t, before.Result, after.Result, "the zombie's result is not recorded")
+			require.Equal(t, before.Token, after.Token)
+			require.Len(t, after.Evidence, len(before.Evidence)+1)
+			ev := after.Evidence[len(after.Evidence)-1]
+			require.Equal(t, "agent-A", ev.Holder)
+			require.Equal(t, a.Token, ev.Token)
+			require.JSONEq(t, `{"charge":"ch_zombie"}`, string(ev.Result))
+			require.Len(t, after.Resolutions, 1)
+			require.Equal(t, "lease_lost", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 1000}).Kind)
+		})
+	}
+}

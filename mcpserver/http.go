@@ -1,0 +1,139 @@
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+)
+
+// Path is where the MCP endpoint is served by ListenAndServe.
+const Path = "/mcp"
+
+// Handler returns the streamable HTTP handler of the MCP endpoint. Every request must carry
+// "Authorization: Bearer TOKEN" with a token of Options.Tokens, which selects the namespace;
+// others get 401. Without configured tokens it serves only requests that arrive on a
+// loopback connection (403 otherwise), in the namespace of the interceptor given to New.
+// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413.
+func (s *Server) Handler() http.Handler {
+	limit := int64(s.opts.MaxArgs) + int64(s.opts.MaxResult) + 1<<20
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ns, ok := s.authenticate(w, r)
+		if !ok {
+			return
+		}
+		sp, err := s.space(ns)
+		if err != nil {
+			s.opts.Logger.Error("mcpserver: namespace unavailable", "namespace", ns, "err", err)
+			http.Error(w, "toolfence: namespace unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		if r.Body != nil {
+			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		}
+		sp.httpHandler().ServeHTTP(w, r)
+	})
+}
+
+// authenticate returns the namespace of the request, or writes 401 / 403 and returns false.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
+	if s.opts.Tokens.Len() == 0 {
+		if !loopbackConn(r) {
+			http.Error(w, "toolfence: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
+			return "", false
+		}
+		return s.base.Namespace(), true
+	}
+	tok := bearer(r)
+	ns, ok := s.opts.Tokens.Namespace(tok)
+	if !ok {
+		challenge := `Bearer realm="toolfence"`
+		msg := "toolfence: missing bearer token (Authorization: Bearer TOKEN)"
+		if tok != "" {
+			challenge += `, error="invalid_token"`
+			msg = "toolfence: invalid bearer token"
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		http.Error(w, msg, http.StatusUnauthorized)
+		return "", false
+	}
+	return ns, true
+}
+
+// loopbackConn reports whether r arrived on a loopback connection. Requests without a
+// local address (not from net/http's server) are not loopback.
+func loopbackConn(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || addr == nil {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(addr.String())
+	return err == nil && ap.Addr().IsLoopback()
+}
+
+// ListenAndServe serves Handler at Path on addr until ctx ends, then shuts down (closing
+// sessions and waiting up to two seconds for requests in flight). ready, if not nil, is
+// called with the bound address once the listener is open. It refuses a non-loopback addr
+// without tokens (ErrUnsafeBind) and returns the listener's or server's error otherwise;
+// a shutdown because ctx ended returns nil.
+func (s *Server) ListenAndServe(ctx context.Context, addr string, ready func(net.Addr)) error {
+	if err := CheckBind(addr, s.opts.Tokens.Len()); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("mcpserver: %w", err)
+	}
+	// "localhost" may resolve to anything: check what was actually bound.
+	if err := CheckBind(ln.Addr().String(), s.opts.Tokens.Len()); err != nil {
+		ln.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(Path, s.Handler())
+	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBase()
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("mcpserver: %w", err)
+	case <-ctx.Done():
+	}
+	s.closeSessions()
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		// Long-lived notification streams never go idle: end them.
+		cancelBase()
+		srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("mcpserver: %w", err)
+	}
+	return nil
+}
+
+// closeSessions ends the legacy HTTP sessions of every namespace.
+func (s *Server) closeSessions() {
+	s.mu.Lock()
+	spaces := make([]*space, 0, len(s.spaces))
+	for _, sp := range s.spaces {
+		spaces = append(spaces, sp)
+	}
+	s.mu.Unlock()
+	for _, sp := range spaces {
+		sp.httpHandler().CloseSessions(context.Background())
+	}
+}

@@ -1,0 +1,246 @@
+package mcpserver
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
+)
+
+// Defaults of Options.
+const (
+	DefaultLease    = interceptor.DefaultLeaseTTL
+	DefaultMaxLease = time.Hour
+	// DefaultMaxField caps task, operation, target, handle, note and other strings.
+	DefaultMaxField = 4 << 10
+)
+
+// Options configures a Server. Every field has a useful zero value.
+type Options struct {
+	// Tokens maps bearer tokens to namespaces for the HTTP transport. Defaults to none:
+	// then HTTP is served only on a loopback address, without authentication, in the
+	// namespace of the interceptor given to New.
+	Tokens Tokens
+	// Operations holds per-operation policies (probes, classifiers, upstream idempotency)
+	// for every namespace: they are registered on the interceptor given to New and on every
+	// interceptor the server creates. Defaults to none.
+	Operations map[string]interceptor.Operation
+	// NewInterceptor builds the interceptor of a namespace other than the one of the
+	// interceptor given to New. Defaults to interceptor.New on the same ledger with
+	// Namespace, Clock, Margin and Operations set.
+	NewInterceptor func(namespace string) (*interceptor.Interceptor, error)
+	// Clock measures margins and lease deadlines in this process. Defaults to lease.Real.
+	Clock lease.Clock
+	// Margin that must be left on a lease at begin_call's dispatch check and at commit.
+	// Defaults to lease.DefaultMargin (50ms).
+	Margin time.Duration
+	// DefaultLease is the lease of a begin_call without lease_ms. Defaults to 30s.
+	DefaultLease time.Duration
+	// MaxLease caps lease_ms. Defaults to one hour.
+	MaxLease time.Duration
+	// MaxArgs caps the size of begin_call's args in bytes. Defaults to 1 MiB.
+	MaxArgs int
+	// MaxResult caps the cached result in bytes; a longer result is cut, keeps the digest
+	// of the whole and is marked truncated. Results larger than MaxArgs+MaxResult are
+	// refused. Defaults to 256 KiB.
+	MaxResult int
+	// MaxField caps every other string input in bytes. Defaults to 4 KiB.
+	MaxField int
+	// HTTPStateless serves protocol versions up to 2025-11-25 without sessions (no
+	// Mcp-Session-Id, no server-to-client stream). Defaults to false: those clients get
+	// sessions. Clients on the stateless 2026-07-28 protocol are served either way.
+	HTTPStateless bool
+	// Version is reported to clients. Defaults to "dev".
+	Version string
+	// Logger receives transport and watcher errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrInvalidOptions is wrapped by New's errors for unusable settings.
+var ErrInvalidOptions = errors.New("mcpserver: invalid options")
+
+// ErrClosed is returned by calls on a closed Server.
+var ErrClosed = errors.New("mcpserver: closed")
+
+func (o *Options) normalize() error {
+	o.Clock = cmp.Or[lease.Clock](o.Clock, lease.Real{})
+	o.Margin = cmp.Or(o.Margin, lease.DefaultMargin)
+	o.DefaultLease = cmp.Or(o.DefaultLease, DefaultLease)
+	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
+	o.MaxArgs = cmp.Or(o.MaxArgs, interceptor.DefaultMaxArgs)
+	o.MaxResult = cmp.Or(o.MaxResult, interceptor.DefaultMaxResult)
+	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
+	o.Version = cmp.Or(o.Version, "dev")
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+	}
+	switch {
+	case o.Margin < 0:
+		return bad("Margin %v is negative", o.Margin)
+	case o.DefaultLease <= o.Margin:
+		return bad("DefaultLease %v is not longer than the margin %v", o.DefaultLease, o.Margin)
+	case o.MaxLease < o.DefaultLease:
+		return bad("MaxLease %v is shorter than DefaultLease %v", o.MaxLease, o.DefaultLease)
+	case o.MaxArgs < 0 || o.MaxResult < 0 || o.MaxField < 0:
+		return bad("size limits must not be negative")
+	}
+	for tok, ns := range o.Tokens.byHash {
+		if ns == "" {
+			return bad("token %x… maps to an empty namespace", tok[:4])
+		}
+	}
+	return nil
+}
+
+// Server serves the toolfence tools, resources and prompt over MCP, one MCP server per
+// namespace, all on one ledger. It is safe for concurrent use; Close stops its goroutines.
+type Server struct {
+	base   *interceptor.Interceptor
+	ledger ledger.Ledger
+	opts   Options
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	spaces map[string]*space
+	closed bool
+}
+
+// New returns a Server over the ledger of ic. ic serves its own namespace (the stdio
+// namespace and the HTTP namespace when no tokens are configured); other namespaces get
+// interceptors from Options.NewInterceptor. It returns an error wrapping ErrInvalidOptions
+// for a nil interceptor or unusable options. New registers Options.Operations on ic.
+func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
+	if ic == nil {
+		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
+	}
+	if err := opts.normalize(); err != nil {
+		return nil, err
+	}
+	for name, op := range opts.Operations {
+		if err := ic.Register(name, op); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{
+		base: ic, ledger: ic.Ledger(), opts: opts, ctx: ctx, cancel: cancel,
+		spaces: map[string]*space{},
+	}, nil
+}
+
+// Namespace returns the namespace of the interceptor given to New.
+func (s *Server) Namespace() string { return s.base.Namespace() }
+
+// MCPServer returns the mcp-go server of a namespace, creating it (and its change watcher)
+// on first use. It returns ErrClosed after Close, or the error of building the
+// namespace's interceptor.
+func (s *Server) MCPServer(namespace string) (*server.MCPServer, error) {
+	sp, err := s.space(namespace)
+	if err != nil {
+		return nil, err
+	}
+	return sp.mcp, nil
+}
+
+// ServeStdio serves one MCP client over in and out (a child process's stdin and stdout)
+// in namespace (empty: the namespace of the interceptor given to New) until ctx ends or
+// in reaches EOF. mcp-go keeps one stdio session per process, so serve at most one stdio
+// connection at a time.
+func (s *Server) ServeStdio(ctx context.Context, namespace string, in io.Reader, out io.Writer) error {
+	sp, err := s.space(cmp.Or(namespace, s.base.Namespace()))
+	if err != nil {
+		return err
+	}
+	stdio := server.NewStdioServer(sp.mcp)
+	stdio.SetErrorLogger(slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelError))
+	err = stdio.Listen(ctx, in, out)
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+// Close stops the change watchers and waits for them. It does not close the ledger, and
+// does not end connections being served (cancel their contexts or shut the HTTP server
+// down first). It is safe to call more than once.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// space returns the state of a namespace, creating it on first use.
+func (s *Server) space(ns string) (*space, error) {
+	if ns == "" {
+		return nil, fmt.Errorf("%w: empty namespace", ErrInvalidOptions)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if sp, ok := s.spaces[ns]; ok {
+		return sp, nil
+	}
+	ic, err := s.interceptorFor(ns)
+	if err != nil {
+		return nil, err
+	}
+	sp := newSpace(s, ns, ic)
+	s.spaces[ns] = sp
+	if w, ok := s.ledger.(ledger.Watcher); ok {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			sp.watch(s.ctx, w)
+		}()
+	}
+	return sp, nil
+}
+
+func (s *Server) interceptorFor(ns string) (*interceptor.Interceptor, error) {
+	if ns == s.base.Namespace() {
+		return s.base, nil
+	}
+	var (
+		ic  *interceptor.Interceptor
+		err error
+	)
+	if s.opts.NewInterceptor != nil {
+		ic, err = s.opts.NewInterceptor(ns)
+		if err == nil && ic != nil && ic.Namespace() != ns {
+			err = fmt.Errorf("%w: NewInterceptor(%q) returned an interceptor of namespace %q", ErrInvalidOptions, ns, ic.Namespace())
+		}
+		if err == nil && ic == nil {
+			err = fmt.Errorf("%w: NewInterceptor(%q) returned nil", ErrInvalidOptions, ns)
+		}
+	} else {
+		ic, err = interceptor.New(s.ledger, interceptor.Config{
+			Namespace: ns, Clock: s.opts.Clock, Margin: s.opts.Margin,
+			LeaseTTL: s.opts.DefaultLease, Operations: s.opts.Operations,
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mcpserver: namespace %q: %w", ns, err)
+	}
+	return ic, nil
+}
