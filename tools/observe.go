@@ -1,0 +1,106 @@
+package tools
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/toolfence/toolfence/interceptor"
+)
+
+// ReplayPrefix starts the observation of a replayed call.
+const ReplayPrefix = "[replayed] "
+
+// replayObservation is "[replayed] already done on <RFC3339>: <cached output>"; the cached
+// output follows byte for byte.
+func replayObservation(res *interceptor.Result) string {
+	var b strings.Builder
+	b.WriteString(ReplayPrefix)
+	b.WriteString("already done on ")
+	b.WriteString(res.RecordedAt.UTC().Format(time.RFC3339))
+	if res.Truncated {
+		b.WriteString(" (result truncated)")
+	}
+	b.WriteString(": ")
+	b.Write(res.Output)
+	return b.String()
+}
+
+// showTarget quotes a target for an observation; a joined target (a JSON array) is shown as is.
+func showTarget(t string) string {
+	if strings.HasPrefix(t, "[") && json.Valid([]byte(t)) {
+		return t
+	}
+	return strconv.Quote(t)
+}
+
+func (g *Guarded) upstream() string {
+	if g.opts.upstream != "" {
+		return g.opts.upstream
+	}
+	return "the upstream of " + g.Name()
+}
+
+// observe renders an error of Do as a plain-language observation for the model.
+func (g *Guarded) observe(res *interceptor.Result, err error) string {
+	up := g.upstream()
+	var v *interceptor.Violation
+	if errors.As(err, &v) {
+		return g.observeViolation(v, up)
+	}
+	switch {
+	case errors.Is(err, interceptor.ErrCallFailed):
+		detail := err.Error()
+		if res != nil && len(res.Output) > 0 {
+			detail = string(res.Output)
+		}
+		return fmt.Sprintf("failed: %s refused the request and did nothing; you may correct the input and try again: %s", up, detail)
+	case errors.Is(err, interceptor.ErrNotDispatched):
+		return fmt.Sprintf("not sent: toolfence could not record the attempt, so %s was not called; try again later: %v", up, err)
+	case errors.Is(err, interceptor.ErrNoTask):
+		return fmt.Sprintf("toolfence: no task in the context, so %s was not run: %v", g.Name(), err)
+	case errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge):
+		return fmt.Sprintf("invalid input for %s, nothing was sent: %v", g.Name(), err)
+	}
+	return fmt.Sprintf("toolfence: %s failed: %v", g.Name(), err)
+}
+
+func (g *Guarded) observeViolation(v *interceptor.Violation, up string) string {
+	key := fmt.Sprintf("(key %s)", v.Key)
+	switch v.Kind {
+	case interceptor.InProgress:
+		wait := "until its lease expires"
+		if v.RetryAfter > 0 {
+			wait = fmt.Sprintf("in %s, when its lease expires", v.RetryAfter.Round(time.Millisecond))
+		}
+		return fmt.Sprintf("blocked: another attempt at %s on %s is still running and may reach %s; do not retry now — check again %s %s",
+			v.Operation, showTarget(v.Target), up, wait, key)
+	case interceptor.UnknownOutcome:
+		return fmt.Sprintf("blocked: a previous attempt may have reached %s; outcome unknown; do not retry — reconcile with toolfence %s",
+			up, key)
+	case interceptor.AwaitingUpstream:
+		handle := ""
+		if v.Handle != "" {
+			handle = fmt.Sprintf(" (status: %s)", v.Handle)
+		}
+		return fmt.Sprintf("accepted: %s accepted the request and is still working on it%s; it is not done yet; do not retry — wait, then check again %s",
+			up, handle, key)
+	case interceptor.PayloadMismatch:
+		when := ""
+		if !v.Since.IsZero() {
+			when = " on " + v.Since.UTC().Format(time.RFC3339)
+		}
+		return fmt.Sprintf("refused: %s on %s was already done%s with different arguments; it was not repeated; the first result stands: %s %s",
+			v.Operation, showTarget(v.Target), when, v.Result, key)
+	case interceptor.LeasePreempted:
+		return fmt.Sprintf("blocked: this attempt lost its lease before its outcome was recorded and may have reached %s; do not retry — reconcile with toolfence %s",
+			up, key)
+	case interceptor.MarginTooSmall:
+		return fmt.Sprintf("not sent: too little lease time was left to call %s safely, so nothing was sent; you may try again %s",
+			up, key)
+	}
+	return fmt.Sprintf("blocked: %s %s", v.Recovery, key)
+}

@@ -1,0 +1,305 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// Header names Transport sets on every guarded request.
+const (
+	// HeaderIdempotencyKey carries the toolfence key, so an upstream that deduplicates
+	// requests (and a probe looking the call up later) recognises the call.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderFencingToken carries the attempt's fencing token, so an upstream that stores it
+	// can refuse writes carrying an older token.
+	HeaderFencingToken = "Toolfence-Fencing-Token"
+)
+
+// ErrNoDispatch is wrapped by Transport's error for a request with a side effect (any method
+// but GET, HEAD, OPTIONS and TRACE) whose context carries no dispatch: it was made outside a
+// guarded call, so nothing was sent.
+var ErrNoDispatch = errors.New("tools: no toolfence dispatch in the request context: the request was not sent")
+
+// Exchange is what Transport observed of one request made during a guarded call.
+type Exchange struct {
+	Method string
+	URL    string
+	// Status is the HTTP status, 0 when no answer arrived.
+	Status int
+	// Digest is the hex SHA-256 of the response body as received.
+	Digest string
+	// Handle is the upstream handle of a 202 answer (see the package doc).
+	Handle string
+	// Outcome is the classification of the answer.
+	Outcome residual.State
+	// Err is the transport error, if any.
+	Err error
+}
+
+// dispatchState is what a guarded call carries in its context: the dispatch, and the
+// exchanges Transport saw during it.
+type dispatchState struct {
+	d interceptor.Dispatch
+
+	mu        sync.Mutex
+	exchanges []Exchange
+}
+
+func (s *dispatchState) record(e Exchange) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exchanges = append(s.exchanges, e)
+}
+
+// observed combines the exchanges of one call: no exchange gives ok false; equal outcomes
+// give that outcome; accepted with succeeded gives accepted; any other mix is unknown (part
+// of the call may have had an effect). Status and handle come from the last exchange with the
+// combined outcome, or the last exchange.
+func (s *dispatchState) observed() (Exchange, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.exchanges) == 0 {
+		return Exchange{}, false
+	}
+	out := s.exchanges[0].Outcome
+	for _, e := range s.exchanges[1:] {
+		switch {
+		case e.Outcome == out:
+		case out == residual.Accepted && e.Outcome == residual.Succeeded,
+			out == residual.Succeeded && e.Outcome == residual.Accepted:
+			out = residual.Accepted
+		default:
+			out = residual.Unknown
+		}
+	}
+	pick := s.exchanges[len(s.exchanges)-1]
+	for _, e := range s.exchanges {
+		if e.Outcome == out {
+			pick = e
+		}
+	}
+	pick.Outcome = out
+	return pick, true
+}
+
+type dispatchKey struct{}
+
+// WithDispatch returns a context carrying d, for Transport (and DispatchFrom) to read. Guarded
+// tools get it from Guard; code that calls interceptor.Interceptor.Do directly wraps the
+// context its ToolFunc receives.
+func WithDispatch(ctx context.Context, d interceptor.Dispatch) context.Context {
+	return context.WithValue(ctx, dispatchKey{}, &dispatchState{d: d})
+}
+
+// DispatchFrom returns the dispatch of the guarded call ctx belongs to (its key, fencing
+// token and attempt), and false outside a guarded call.
+func DispatchFrom(ctx context.Context) (interceptor.Dispatch, bool) {
+	if s := stateFrom(ctx); s != nil {
+		return s.d, true
+	}
+	return interceptor.Dispatch{}, false
+}
+
+func stateFrom(ctx context.Context) *dispatchState {
+	s, _ := ctx.Value(dispatchKey{}).(*dispatchState)
+	return s
+}
+
+// Transport is an http.RoundTripper for tools that call HTTP APIs. On each request made in a
+// guarded call it sets Idempotency-Key to the call's key and Toolfence-Fencing-Token to its
+// token (replacing any values the request had), reads the answer whole, and records its
+// status, body digest, handle and classification (see the package doc) for the guarded call
+// to commit. Only requests with side effects count toward the call's outcome: GET, HEAD,
+// OPTIONS and TRACE carry the headers but a 404 on a lookup says nothing about the effect.
+// The zero value is ready to use; it is safe for concurrent use.
+type Transport struct {
+	// Base performs the requests. Defaults to http.DefaultTransport.
+	Base http.RoundTripper
+	// Overrides replaces the classification of single status codes (for example
+	// 409: residual.Failed for an API whose 409 proves nothing was done). Values must be
+	// Succeeded, Accepted, Failed or Unknown; a 202 is never recorded as Succeeded.
+	Overrides map[int]residual.State
+	// AllowUnguarded lets requests with side effects through without a dispatch in their
+	// context (they carry no key). By default such requests fail with ErrNoDispatch.
+	AllowUnguarded bool
+	// Observe, when set, is called with every exchange (for logs and audits).
+	Observe func(Exchange)
+}
+
+// RoundTrip sends req with the key and token headers and records the exchange. It returns
+// the response with its body fully read and replaced by an in-memory copy, or the base
+// transport's error (recorded as an unknown outcome), or an error wrapping ErrNoDispatch.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	st := stateFrom(req.Context())
+	if st == nil && !t.AllowUnguarded && !safeMethod(req.Method) {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, fmt.Errorf("%w: %s %s", ErrNoDispatch, req.Method, req.URL.Redacted())
+	}
+	if st != nil {
+		req = req.Clone(req.Context())
+		req.Header.Set(HeaderIdempotencyKey, st.d.Key)
+		req.Header.Set(HeaderFencingToken, strconv.FormatUint(st.d.Token, 10))
+	}
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	ex := Exchange{Method: req.Method, URL: req.URL.Redacted()}
+	resp, err := base.RoundTrip(req)
+	var body []byte
+	if err == nil {
+		body, err = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("tools: reading the answer of %s %s: %w", req.Method, ex.URL, err)
+		}
+	}
+	if resp != nil {
+		ex.Status = resp.StatusCode
+		sum := sha256.Sum256(body)
+		ex.Digest = hex.EncodeToString(sum[:])
+	}
+	ex.Err = err
+	if err != nil {
+		ex.Outcome = residual.Unknown
+	} else {
+		ex.Outcome = t.classify(resp.StatusCode)
+		if resp.StatusCode == http.StatusAccepted {
+			ex.Handle = acceptedHandle(resp, body)
+		}
+	}
+	if st != nil && !safeMethod(req.Method) {
+		st.record(ex)
+	}
+	if t.Observe != nil {
+		t.Observe(ex)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (t *Transport) classify(status int) residual.State {
+	out := ClassifyStatus(status)
+	if o, ok := t.Overrides[status]; ok {
+		switch o {
+		case residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown:
+			out = o
+		default:
+			out = residual.Unknown
+		}
+	}
+	if status == http.StatusAccepted && out == residual.Succeeded {
+		out = residual.Accepted
+	}
+	return out
+}
+
+func safeMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// ClassifyStatus is the classification table of the package doc: 2xx except 202 →
+// Succeeded; 202 → Accepted; 400, 401, 403, 404, 422 → Failed; every other status → Unknown.
+func ClassifyStatus(status int) residual.State {
+	switch {
+	case status == http.StatusAccepted:
+		return residual.Accepted
+	case status >= 200 && status < 300:
+		return residual.Succeeded
+	}
+	switch status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+		http.StatusUnprocessableEntity:
+		return residual.Failed
+	}
+	return residual.Unknown
+}
+
+// acceptedHandle returns where to poll an accepted call: the Location header (resolved
+// against the request URL), else the JSON body's status_url, job_id or id.
+func acceptedHandle(resp *http.Response, body []byte) string {
+	if loc := resp.Header.Get("Location"); loc != "" {
+		if u, err := resp.Location(); err == nil {
+			return u.String()
+		}
+		return loc
+	}
+	var fields map[string]any
+	if json.Unmarshal(body, &fields) == nil {
+		for _, k := range []string{"status_url", "job_id", "id"} {
+			switch v := fields[k].(type) {
+			case string:
+				if v != "" {
+					return v
+				}
+			case float64:
+				return strconv.FormatFloat(v, 'f', -1, 64)
+			}
+		}
+	}
+	return ""
+}
+
+// ErrUpstreamStatus is wrapped by FromHTTP's error for statuses that leave the outcome
+// unknown (408, 409, 425, 429, 5xx and the like).
+var ErrUpstreamStatus = errors.New("tools: upstream answered with an ambiguous status")
+
+// FromHTTP turns the result of an HTTP call into what an interceptor.ToolFunc returns, so a
+// tool author writes one line: `return tools.FromHTTP(client.Do(req))`. It reads and closes
+// the body and classifies the status by ClassifyStatus: a success gives the body with a nil
+// error; 202 gives an accepted Response with the handle; 400, 401, 403, 404 and 422 give an
+// error wrapping interceptor.ErrNoEffect (the attempt is recorded as failed); other statuses
+// give an error wrapping ErrUpstreamStatus, and a transport error or a broken body is
+// returned as is (both unknown outcomes).
+func FromHTTP(resp *http.Response, err error) (interceptor.Response, error) {
+	if err != nil {
+		return interceptor.Response{}, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	out := interceptor.Response{Body: body, Status: resp.StatusCode, Outcome: ClassifyStatus(resp.StatusCode)}
+	if err != nil {
+		out.Outcome = residual.Unknown
+		return out, fmt.Errorf("tools: reading the answer (status %d): %w", resp.StatusCode, err)
+	}
+	switch out.Outcome {
+	case residual.Accepted:
+		out.Handle = acceptedHandle(resp, body)
+		return out, nil
+	case residual.Failed:
+		return out, interceptor.NoEffect(fmt.Errorf("upstream answered %s: %s", resp.Status, snippet(body)))
+	case residual.Unknown:
+		return out, fmt.Errorf("%w: %s: %s", ErrUpstreamStatus, resp.Status, snippet(body))
+	}
+	return out, nil
+}
+
+// snippet returns up to 200 bytes of body for error texts.
+func snippet(body []byte) string {
+	const n = 200
+	if len(body) > n {
+		return string(body[:n]) + "…"
+	}
+	return string(body)
+}
