@@ -92,6 +92,9 @@ func (c *Config) validate() error {
 			return bad("operation %q: lease %v is not longer than the margin %v", name, ttl, c.Margin)
 		}
 	}
+	if c.RenewEvery > 0 && c.RenewEvery >= c.LeaseTTL-c.Margin {
+		return bad("RenewEvery %v must be shorter than LeaseTTL %v minus the margin %v, or every call is cut off", c.RenewEvery, c.LeaseTTL, c.Margin)
+	}
 	if c.LeaseTTL <= c.Margin {
 		return bad("LeaseTTL %v is not longer than the margin %v", c.LeaseTTL, c.Margin)
 	}

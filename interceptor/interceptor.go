@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -144,8 +145,9 @@ var (
 	ErrInvalidCall = errors.New("interceptor: invalid call")
 	// ErrArgsTooLarge: the arguments exceed Config.MaxArgs.
 	ErrArgsTooLarge = errors.New("interceptor: arguments too large")
-	// ErrNotDispatched: the ledger could not record the reservation, so the call was not
-	// dispatched (fail closed).
+	// ErrNotDispatched: the ledger could not record the reservation, or the caller's
+	// context ended before dispatch (the attempt is then recorded failed), so the call was
+	// not dispatched (fail closed).
 	ErrNotDispatched = errors.New("interceptor: not dispatched")
 	// ErrCallFailed: the tool ran and upstream confirmed no effect; the attempt is recorded
 	// as failed and a new call may retry.
@@ -208,13 +210,21 @@ func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 	local.Expires = started.Add(ttl)
 	cur := res.Residual.Current()
 
-	// 2. Pre-dispatch margin.
-	if err := local.CheckMargin(ic.cfg.Clock.Now(), ic.cfg.Margin); err != nil {
-		_, cerr := ic.ledger.Commit(ctx, ledger.CommitParams{
+	// 2. Pre-dispatch margin; a caller that gave up meanwhile gets nothing dispatched either.
+	// The not-dispatched record is written even when ctx has ended.
+	notDispatched := func(why error) error {
+		_, err := ic.ledger.Commit(context.WithoutCancel(ctx), ledger.CommitParams{
 			Namespace: ic.cfg.Namespace, Key: key, Holder: ic.cfg.Holder, Token: local.Token,
-			Outcome: residual.Failed, Error: "not dispatched: " + err.Error(),
+			Outcome: residual.Failed, Error: "not dispatched: " + why.Error(),
 		})
-		return nil, ic.violation(MarginTooSmall, res.Residual, cur, errors.Join(err, cerr))
+		return err
+	}
+	if err := local.CheckMargin(ic.cfg.Clock.Now(), ic.cfg.Margin); err != nil {
+		return nil, ic.violation(MarginTooSmall, res.Residual, cur, errors.Join(err, notDispatched(err)))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %s %s: the caller's context ended before dispatch: %w", ErrNotDispatched,
+			call.Operation, key, errors.Join(context.Cause(ctx), notDispatched(err)))
 	}
 
 	// 3. Dispatch under a session that renews the lease and ends the call before it expires.
@@ -331,7 +341,8 @@ func (ic *Interceptor) renewer(key string, ttl time.Duration) lease.RenewFunc {
 // cacheable applies redaction and the size cap to a result.
 func (ic *Interceptor) cacheable(operation string, body []byte) ([]byte, bool) {
 	if ic.cfg.Redact != nil {
-		body = ic.cfg.Redact(operation, body)
+		// A copy, so a redactor that edits in place cannot touch the caller's output.
+		body = ic.cfg.Redact(operation, bytes.Clone(body))
 	}
 	if len(body) > ic.cfg.MaxResult {
 		return body[:ic.cfg.MaxResult], true

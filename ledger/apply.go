@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -131,10 +133,14 @@ func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.
 	r.State = p.As
 	r.Token = token
 	r.UpdatedAt = now
-	if p.As == residual.Succeeded && p.Result != nil {
-		r.Result = p.Result
-		r.ResultDigest = ""
-		r.ResultTruncated = false
+	switch {
+	case p.As == residual.Succeeded && p.Result != nil:
+		sum := sha256.Sum256(p.Result)
+		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, hex.EncodeToString(sum[:]), false
+	case from == residual.Accepted:
+		// The stored body was upstream's "queued" answer, not the outcome: never replay it
+		// as the result of a success (or keep it as one of a failure).
+		r.Result, r.ResultDigest, r.ResultTruncated = nil, "", false
 	}
 	return nil
 }
