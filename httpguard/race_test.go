@@ -1,0 +1,6 @@
+//go:build race
+
+package httpguard_test
+
+// raceSlowdown scales timing bounds under the race detector.
+const raceSlowdown = 4
