@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -37,7 +39,7 @@ func requireStory(t *testing.T, r result) {
 	steps := timelineSteps(r.stdout)
 	// in_progress is usual but not asserted: a machine stalled for a whole lease after the
 	// kill meets unknown_outcome at once, and the story still holds.
-	for _, want := range []string{"charge", "sigkill", "unknown_outcome", "reconcile", "replay"} {
+	for _, want := range []string{"charge", "sigkill", "successor", "unknown_outcome", "reconcile", "replay", "answer"} {
 		require.Contains(t, steps, want, "%s", r)
 	}
 	idx := func(name string) int {
@@ -51,6 +53,8 @@ func requireStory(t *testing.T, r result) {
 	require.Less(t, idx("sigkill"), idx("unknown_outcome"))
 	require.Less(t, idx("unknown_outcome"), idx("reconcile"))
 	require.Less(t, idx("reconcile"), idx("replay"))
+	require.Less(t, idx("replay"), idx("answer"))
+	require.Contains(t, r.stdout, "a langchaingo OpenAIFunctionsAgent (scripted offline model) whose charge tool is guarded by toolfence")
 	require.Len(t, lines, len(steps)+1, "one line per step, then the count: %s", r)
 }
 
@@ -105,7 +109,7 @@ func TestDemoStoreThroughTheCommands(t *testing.T) {
 	r = ok(t, "show", key, "--store", store)
 	for _, want := range []string{
 		"key             " + key, "state           succeeded", "attempts (1)", "holder demo-worker/pid-",
-		"outcome unknown", "resolutions (1)", "unknown → succeeded  by demo-successor/pid-", "note: settled by probe",
+		"outcome unknown", "resolutions (1)", "unknown → succeeded  by reconciler:demo-successor/pid-", "note: settled by probe",
 		"evidence: GET /charges?idempotency_key=…: 200, charge ch_1", `"id":"ch_1"`,
 	} {
 		require.Contains(t, r.stdout, want, "%s", r)
@@ -307,17 +311,161 @@ func TestUsageErrors(t *testing.T) {
 	fails(t, 1, []string{"no store at " + missing}, "ls", "--store", missing)
 	_, err := os.Stat(missing)
 	require.ErrorIs(t, err, os.ErrNotExist, "reading commands do not create a store")
-	fails(t, 2, []string{"demo runs on the embedded store"}, "demo", "--store", "postgres://u:secret@localhost/db")
+	fails(t, 2, []string{"migrations apply only to PostgreSQL stores", missing + " names a badger directory store"}, "migrate", "--store", missing)
+	r := fails(t, 1, []string{"cannot use 127.0.0.1:1/db"}, "demo", "--store", "postgres://u:secret@127.0.0.1:1/db")
+	require.NotContains(t, r.stderr, "secret", "a DSN's password never shows")
+	fails(t, 2, []string{"--token and --token-file go with --server URL"}, "ls", "--token", "x", "--store", missing)
 }
 
 func TestHelpAnswersWithExamples(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"ls", "show", "resolve", "gc", "demo"} {
+	for _, name := range []string{"ls", "show", "resolve", "gc", "demo", "migrate"} {
 		r := ok(t, name, "--help")
 		require.Contains(t, r.stdout, "Example:", name)
 		require.Contains(t, r.stdout, "--store", name)
 		require.Contains(t, r.stdout, "--namespace", name)
 	}
+	for _, name := range []string{"ls", "show", "resolve"} {
+		r := ok(t, name, "--help")
+		for _, flag := range []string{"--server", "--token", "--token-file", "$TOOLFENCE_SERVER"} {
+			require.Contains(t, r.stdout, flag, name)
+		}
+	}
 	r := ok(t, "--help")
 	require.NotContains(t, r.stdout, "demo-worker", "the worker command is hidden")
+}
+
+// startServe runs `toolfence serve --http 127.0.0.1:0` on store with the token file and
+// returns the endpoint URL it reports; the server is killed when the test ends.
+func startServe(t *testing.T, store, tokens string) string {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`serving MCP at (http://\S+) `)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	select {
+	case url := <-addr:
+		return url
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not report its address")
+		return ""
+	}
+}
+
+// TestServerFlag runs ls, show and resolve through a running `toolfence serve --http` on a
+// store that holds an unknown, a pending and a settled residual, and checks they print what
+// they print from the store itself.
+func TestServerFlag(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var unknown, pending, settled string
+	f.with(past(2*time.Hour), func(l ledger.Ledger) {
+		unknown, _ = f.reserve(l, "default", "run-1", "charge", "invoice:1", time.Minute)
+	})
+	f.with(lease.Real{}, func(l ledger.Ledger) {
+		pending, _ = f.reserve(l, "default", "run-2", "deploy", "service:api", time.Hour)
+		settled = f.settle(l, "default", "run-1", "charge", "invoice:2", residual.Succeeded)
+		f.reserve(l, "other", "run-9", "charge", "invoice:9", time.Hour) // another namespace
+	})
+	store := f.dir
+	// What the store itself says, before the server holds it.
+	local := map[string]string{}
+	for _, key := range []string{unknown, pending, settled} {
+		local[key] = ok(t, "show", key, "--store", store, "--json").stdout
+	}
+	localLs := jsonLines(t, ok(t, "ls", "--store", store, "--state", "unknown", "--json").stdout)
+
+	dir := t.TempDir()
+	const token = "cli-server-token-0123456789abcdef"
+	tokens := filepath.Join(dir, "tokens")
+	require.NoError(t, os.WriteFile(tokens, []byte(token+" default\n"), 0o600))
+	url := startServe(t, store, tokens)
+	srv := func(args ...string) []string { return append(args, "--server", url, "--token", token) }
+
+	// The store is locked; the message points at --server.
+	fails(t, 1, []string{"is in use by another process (is `toolfence serve` running? use --server URL)"}, "ls", "--store", store)
+
+	// ls: the open residuals of the token's namespace, as a table and as JSON lines.
+	r := ok(t, srv("ls")...)
+	rows := tableRows(r.stdout)
+	require.Len(t, rows, 2, "%s", r)
+	require.Regexp(t, `^KEY\s+STATE\s+TASK\s+OPERATION\s+TARGET\s+ATTEMPT\s+HOLDER\s+UPDATED$`, strings.Split(r.stdout, "\n")[0])
+	require.Contains(t, r.stdout, unknown)
+	require.Contains(t, r.stdout, pending)
+	require.NotContains(t, r.stdout, settled, "list_pending lists open residuals")
+	rs := jsonLines(t, ok(t, srv("ls", "--json", "--state", "unknown")...).stdout)
+	require.Len(t, rs, 1)
+	require.Equal(t, localLs, rs, "the same records as from the store")
+	require.Len(t, jsonLines(t, ok(t, srv("ls", "--json", "--state", "pending", "--task", "run-2")...).stdout), 1)
+	r = ok(t, srv("ls", "--task", "nope")...)
+	require.Empty(t, tableRows(r.stdout))
+	require.Contains(t, r.stderr, "no residuals in the namespace of your token on server "+url+" match")
+	r = ok(t, srv("ls", "--limit", "1")...)
+	require.Len(t, tableRows(r.stdout), 1)
+	require.Regexp(t, `more residuals: use --all, or --cursor \S+ for the next page`, r.stderr)
+	require.Len(t, jsonLines(t, ok(t, srv("ls", "--limit", "1", "--all", "--json")...).stdout), 2)
+	fails(t, 2, []string{"through --server, ls lists open residuals only"}, srv("ls", "--state", "succeeded")...)
+	fails(t, 2, []string{"through --server, ls lists open residuals only"}, srv("ls", "--state", "unknown,pending")...)
+
+	// show: the same record as from the store, for open and settled residuals.
+	for _, key := range []string{unknown, settled} {
+		require.JSONEq(t, local[key], ok(t, srv("show", key, "--json")...).stdout, key)
+	}
+	r = ok(t, srv("show", unknown)...)
+	require.Contains(t, r.stdout, "state           unknown")
+	require.Contains(t, r.stdout, "next: the last attempt may have reached upstream")
+	other := residual.Key("other", "run-9", "charge", "invoice:9")
+	fails(t, 1, []string{"no residual " + other + " in the namespace of your token on server " + url}, srv("show", other)...)
+
+	// resolve: refusals explained as from the store, then a resolution.
+	fails(t, 1, []string{"cannot resolve " + pending + ": it is in progress: attempt 1 by agent-1 holds the lease until"},
+		srv("resolve", pending, "--as", "failed", "--note", "x")...)
+	fails(t, 1, []string{"cannot resolve " + settled + ": it is already succeeded"}, srv("resolve", settled, "--as", "failed", "--note", "x")...)
+	fails(t, 1, []string{"no residual " + other}, srv("resolve", other, "--as", "failed", "--note", "x")...)
+	r = ok(t, srv("resolve", unknown, "--as", "succeeded", "--note", "found in the bank's log", "--by", "alice", "--result", `{"id":"ch_7"}`)...)
+	require.Equal(t, "resolved "+unknown+": unknown → succeeded by alice (fencing token 2)\n", r.stdout)
+	var got residual.Residual
+	require.NoError(t, json.Unmarshal([]byte(ok(t, srv("show", unknown, "--json")...).stdout), &got))
+	require.Equal(t, residual.Succeeded, got.State)
+	require.JSONEq(t, `{"id":"ch_7"}`, string(got.Result))
+	require.Equal(t, "alice", got.Resolutions[0].By)
+	require.Len(t, jsonLines(t, ok(t, srv("ls", "--json")...).stdout), 1, "only the pending one is open now")
+
+	// The server and the token from the environment, or the token from a file.
+	r = tf(t, []string{serverEnv + "=" + url, tokenEnv + "=" + token}, "ls", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Len(t, jsonLines(t, r.stdout), 1)
+	r = tf(t, []string{serverEnv + "=" + url}, "ls", "--store", store, "--state", "succeeded")
+	require.Equal(t, 1, r.code, "an explicit --store beats $TOOLFENCE_SERVER: %s", r)
+	require.Contains(t, r.stderr, "is in use by another process")
+	mine := filepath.Join(dir, "my-token")
+	require.NoError(t, os.WriteFile(mine, []byte("# mine\n"+token+"\n"), 0o600))
+	require.Len(t, jsonLines(t, ok(t, "ls", "--json", "--server", url, "--token-file", mine).stdout), 1)
+	require.NoError(t, os.Chmod(mine, 0o644))
+	fails(t, 2, []string{"--token-file " + mine + " has mode -rw-r--r--", "chmod 600"}, "ls", "--server", url, "--token-file", mine)
+
+	// A wrong or missing token: 401, clearly.
+	r = fails(t, 1, []string{"server " + url + " refused the bearer token (401 Unauthorized)", "--token, --token-file or $TOOLFENCE_TOKEN"},
+		"ls", "--server", url, "--token", "wrong-token-0123456789abcdef")
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one line: %s", r.stderr)
+	fails(t, 1, []string{"server " + url + " refused the request (401 Unauthorized): it needs a bearer token"}, "show", unknown, "--server", url)
+	fails(t, 1, []string{"401 Unauthorized"}, "resolve", pending, "--as", "failed", "--note", "x", "--server", url, "--token", "wrong-token-0123456789abcdef")
+
+	// Flags that do not go with --server, and a server that is not there.
+	fails(t, 2, []string{"--store does not go with --server"}, srv("ls", "--store", store)...)
+	fails(t, 2, []string{"--namespace does not go with --server"}, srv("ls", "--namespace", "other")...)
+	fails(t, 2, []string{"give --token or --token-file, not both"}, srv("ls", "--token-file", mine)...)
+	fails(t, 1, []string{"cannot reach the toolfence server at http://127.0.0.1:1"}, "ls", "--server", "http://127.0.0.1:1", "--token", token)
+	fails(t, 1, []string{`server URL "ftp://x"`}, "ls", "--server", "ftp://x")
 }

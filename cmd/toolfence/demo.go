@@ -14,58 +14,63 @@ import (
 func newDemoCmd(a *app) *cobra.Command {
 	var keep bool
 	cmd := &cobra.Command{
-		Use:   "demo [--store DIR] [--keep]",
-		Short: "Run the crash-and-hand-over story: one charge, however the worker dies",
-		Long: `Run a self-contained story on the embedded store and print its timeline:
+		Use:   "demo [--store DIR|postgres://…] [--keep]",
+		Short: "Run the crash-and-hand-over story: one charge, however the agent dies",
+		Long: `Run a self-contained story with two langchaingo agents and print its timeline:
 
   1. a local fake payment API starts; it does not deduplicate, so every POST is a charge;
-  2. a worker process charges invoice INV-42 through the interceptor (the key goes
+  2. a worker process runs a langchaingo OpenAIFunctionsAgent whose model (scripted,
+     offline) charges invoice INV-42 through a tool guarded by toolfence (the key goes
      upstream as Idempotency-Key);
   3. the API makes the charge and the worker is killed with SIGKILL before the API
      answers: the charge happened, its outcome was never committed;
-  4. a successor run of the same task tries the same charge: first the dead worker's lease
-     is still live (in_progress, retry after …), then it reads as unknown_outcome;
-  5. the successor reconciles: the charge's probe asks the API by Idempotency-Key, and the
-     residual resolves to succeeded;
-  6. a further retry replays the recorded result without reaching the API.
+  4. a successor agent takes over the same task and asks for the same charge: first the
+     dead worker's lease is still live (in_progress: the agent is told when to retry and
+     waits), then the charge reads as unknown_outcome: the agent is told to reconcile;
+  5. the agent calls toolfence_reconcile: the charge's probe asks the API by
+     Idempotency-Key, and the residual resolves to succeeded;
+  6. the agent's next charge replays the recorded result without reaching the API.
 
 It ends with "charges at the API: 1" and exits with status 1 if the count is anything else.
 
 The store is a fresh temporary directory, removed afterwards, unless --keep keeps it or
---store names a directory to use (and keep). $TOOLFENCE_STORE does not apply here.
+--store names a directory to use (and keep). With --store postgres://… the story runs on
+PostgreSQL, in a fresh schema of that database that is dropped afterwards unless --keep
+keeps it. $TOOLFENCE_STORE does not apply here.
 
 Example:
   toolfence demo
-  toolfence demo --store ./demo-store && toolfence ls --store ./demo-store`,
+  toolfence demo --store ./demo-store && toolfence ls --store ./demo-store
+  toolfence demo --store postgres://toolfence@localhost:5432/toolfence --keep`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.demo(cmd.Context(), cmd.Flags().Changed("store"), keep)
 		},
 	}
-	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary store and print where it is")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary store (or the PostgreSQL schema) and print where it is")
 	return cmd
 }
 
 func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
-	dir := a.store
-	if storeSet {
-		if isDSN(dir) {
-			return usagef("demo runs on the embedded store: --store must be a directory, not a DSN")
-		}
+	store := a.store
+	switch {
+	case storeSet && isDSN(store):
+		// demo.Run creates a schema of its own in the database.
+	case storeSet:
 		// Fail early, with the usual message, when another process holds the store.
-		l, err := openStore(ctx, dir)
+		l, err := openStore(ctx, store)
 		if err != nil {
 			return err
 		}
 		if err := l.Close(); err != nil {
-			return fmt.Errorf("closing store %s: %w", dir, err)
+			return fmt.Errorf("closing store %s: %w", store, err)
 		}
-	} else {
+	default:
 		tmp, err := os.MkdirTemp("", "toolfence-demo-")
 		if err != nil {
 			return fmt.Errorf("creating a temporary store: %w", err)
 		}
-		dir = tmp
+		store = tmp
 		if !keep {
 			defer os.RemoveAll(tmp)
 		}
@@ -76,17 +81,24 @@ func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
 	}
 
 	rep, err := demo.Run(ctx, demo.Config{
-		Store:     dir,
+		Store:     store,
+		Keep:      keep,
 		Namespace: a.namespace,
 		Out:       a.stdout,
 		StartWorker: func(ctx context.Context, w demo.WorkerArgs) *exec.Cmd {
-			return exec.CommandContext(ctx, exe, append([]string{"demo-worker"}, w.Flags()...)...)
+			c := exec.CommandContext(ctx, exe, append([]string{"demo-worker"}, w.Flags()...)...)
+			// The store (a DSN may carry a password) goes in the environment, not in argv.
+			c.Env = append(os.Environ(), storeEnv+"="+w.Store)
+			return c
 		},
 	})
 	if rep != nil {
 		fmt.Fprintf(a.stdout, "charges at the API: %d\n", rep.Charges)
-		if storeSet || keep {
-			fmt.Fprintf(a.stderr, "store kept at %s; look at it with: toolfence show %s --store %s\n", dir, rep.Key, dir)
+		switch {
+		case rep.Schema != "" && keep:
+			fmt.Fprintf(a.stderr, "schema %s kept; look at it with: toolfence show %s --store '%s'\n", rep.Schema, rep.Key, displayStore(rep.Store))
+		case rep.Schema == "" && (storeSet || keep):
+			fmt.Fprintf(a.stderr, "store kept at %s; look at it with: toolfence show %s --store %s\n", rep.Store, rep.Key, rep.Store)
 		}
 	}
 	return err

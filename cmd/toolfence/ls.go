@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -38,13 +37,20 @@ with every field (the same record as show --json).
 Without --all one page of at most --limit residuals is printed; when there are more, a hint
 on stderr gives the cursor of the next page. --all pages through everything.
 
+With --server URL (or $TOOLFENCE_SERVER) ls asks a running ` + "`toolfence serve --http`" + `
+instead of opening the store (which the server holds): it lists the open residuals
+(pending, unknown, accepted; --state picks one of them) of the namespace of your bearer
+token (--token, --token-file or $TOOLFENCE_TOKEN), in the same formats.
+
 Example:
   toolfence ls --state unknown --state accepted     # everything that needs reconciling
   toolfence ls --task run-7 --json | jq .state
-  toolfence ls --all --store postgres://toolfence@db/toolfence`,
+  toolfence ls --all --store postgres://toolfence@db/toolfence
+  toolfence ls --server http://127.0.0.1:7777 --token-file ./my-token`,
 		Args: args(),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.ls(cmd.Context(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.ls(cmd, f) },
 	}
+	a.serverFlags(cmd)
 	fl := cmd.Flags()
 	fl.StringSliceVar(&f.states, "state", nil, "only residuals in this state: pending, unknown, accepted, succeeded or failed (repeat or comma-separate for several)")
 	fl.StringVar(&f.task, "task", "", "only residuals of this task")
@@ -57,7 +63,8 @@ Example:
 	return cmd
 }
 
-func (a *app) ls(ctx context.Context, f lsFlags) error {
+func (a *app) ls(cmd *cobra.Command, f lsFlags) error {
+	ctx := cmd.Context()
 	p := ledger.ListParams{
 		Namespace: a.namespace, Task: f.task, Operation: f.operation, Target: f.target,
 		Limit: f.limit, Cursor: f.cursor,
@@ -72,7 +79,11 @@ func (a *app) ls(ctx context.Context, f lsFlags) error {
 	if f.limit < 1 || f.limit > ledger.MaxListLimit {
 		return usagef("--limit %d: want 1 to %d", f.limit, ledger.MaxListLimit)
 	}
-	l, err := a.open(ctx, true)
+	if a.viaServer(cmd) && (len(p.States) > 1 || (len(p.States) == 1 && !p.States[0].Open())) {
+		return usagef("--state %s: through --server, ls lists open residuals only: give at most one --state, pending, unknown or accepted "+
+			"(a settled residual is read with show KEY)", strings.Join(f.states, ","))
+	}
+	l, err := a.records(cmd)
 	if err != nil {
 		return err
 	}
@@ -84,7 +95,7 @@ func (a *app) ls(ctx context.Context, f lsFlags) error {
 	}
 	n := 0
 	for {
-		page, err := l.List(ctx, p)
+		page, err := l.list(ctx, p)
 		if err != nil {
 			return fmt.Errorf("listing residuals: %w", err)
 		}
@@ -125,7 +136,7 @@ func (a *app) ls(ctx context.Context, f lsFlags) error {
 			return err
 		}
 		if n == 0 {
-			fmt.Fprintf(a.stderr, "no residuals in namespace %s of store %s match\n", a.namespace, displayStore(a.store))
+			fmt.Fprintf(a.stderr, "no residuals in %s match\n", l.where())
 		}
 	}
 	return nil

@@ -61,12 +61,12 @@ func (r result) String() string {
 }
 
 // tf runs the binary with args; env entries are added to a clean environment without
-// TOOLFENCE_STORE.
+// TOOLFENCE_STORE, TOOLFENCE_SERVER and TOOLFENCE_TOKEN.
 func tf(t *testing.T, env []string, args ...string) result {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), bin, args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, storeEnv+"=") {
+		if !strings.HasPrefix(kv, storeEnv+"=") && !strings.HasPrefix(kv, serverEnv+"=") && !strings.HasPrefix(kv, tokenEnv+"=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

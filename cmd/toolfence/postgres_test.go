@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,4 +75,48 @@ func TestPostgresStore(t *testing.T) {
 	r = ok(t, "gc", "--store", store, "--older-than", "0s")
 	require.Contains(t, r.stdout, "deleted 2 settled residual(s)")
 	require.Empty(t, jsonLines(t, ok(t, "ls", "--store", store, "--json").stdout))
+}
+
+// TestDemoOnPostgres tells the story on PostgreSQL: in a fresh schema per run, dropped
+// afterwards unless --keep keeps it.
+func TestDemoOnPostgres(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, pgDSN())
+	require.NoError(t, err, "the PostgreSQL store tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", pgDSN())
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) }) // after the drop below
+	schemaOf := func(r result) string {
+		m := regexp.MustCompile(`ledger: the fresh PostgreSQL schema (toolfence_demo_\w+)`).FindStringSubmatch(r.stdout)
+		require.NotNil(t, m, "%s", r)
+		return m[1]
+	}
+	exists := func(schema string) bool {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema).Scan(&n))
+		return n == 1
+	}
+
+	r := ok(t, "demo", "--store", pgDSN())
+	requireStory(t, r)
+	first := schemaOf(r)
+	require.False(t, exists(first), "the run's schema is dropped")
+
+	r = ok(t, "demo", "--store", pgDSN(), "--keep")
+	requireStory(t, r)
+	kept := schemaOf(r)
+	require.NotEqual(t, first, kept, "a fresh schema per run")
+	t.Cleanup(func() {
+		_, err := conn.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+pgx.Identifier{kept}.Sanitize()+` CASCADE`)
+		require.NoError(t, err)
+	})
+	require.True(t, exists(kept), "--keep keeps the schema")
+	m := regexp.MustCompile(`schema \S+ kept; look at it with: toolfence show (tf1_[0-9a-f]{64}) --store '(\S+)'`).FindStringSubmatch(r.stderr)
+	require.NotNil(t, m, "%s", r)
+	var shown residual.Residual
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", m[1], "--store", m[2], "--json").stdout), &shown))
+	require.Equal(t, residual.Succeeded, shown.State)
+	require.Equal(t, "invoice:INV-42", shown.Target)
+	require.Len(t, shown.Attempts, 1)
+	require.True(t, strings.HasPrefix(shown.Attempts[0].Holder, "demo-worker/pid-"), shown.Attempts[0].Holder)
+	require.Len(t, shown.Resolutions, 1)
 }

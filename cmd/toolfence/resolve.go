@@ -38,13 +38,19 @@ fencing token, so a late commit of the old holder is refused, and records who re
 when and why. After "succeeded", a new call with the same arguments replays the result
 (--result sets it); after "failed", a new call runs as a new attempt.
 
+With --server URL (or $TOOLFENCE_SERVER) resolve acts through a running
+` + "`toolfence serve --http`" + ` instead of opening the store, in the namespace of your bearer
+token (--token, --token-file or $TOOLFENCE_TOKEN).
+
 Example:
   toolfence resolve tf1_3f1c…e9 --as succeeded --note "charge ch_1 is in the Stripe dashboard" \
       --result '{"id":"ch_1","status":"succeeded"}'
-  toolfence resolve tf1_3f1c…e9 --as failed --note "no email in the provider's log" --by alice`,
+  toolfence resolve tf1_3f1c…e9 --as failed --note "no email in the provider's log" --by alice
+  toolfence resolve tf1_3f1c…e9 --as failed --note "not in the log" --server http://127.0.0.1:7777`,
 		Args: args("KEY"),
-		RunE: func(cmd *cobra.Command, argv []string) error { return a.resolve(cmd.Context(), argv[0], f) },
+		RunE: func(cmd *cobra.Command, argv []string) error { return a.resolve(cmd, argv[0], f) },
 	}
+	a.serverFlags(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.as, "as", "", "the outcome: succeeded or failed (required)")
 	fl.StringVar(&f.note, "note", "", "why: what you checked upstream (required, kept in the audit)")
@@ -54,7 +60,8 @@ Example:
 	return cmd
 }
 
-func (a *app) resolve(ctx context.Context, key string, f resolveFlags) error {
+func (a *app) resolve(cmd *cobra.Command, key string, f resolveFlags) error {
+	ctx := cmd.Context()
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -80,14 +87,14 @@ func (a *app) resolve(ctx context.Context, key string, f resolveFlags) error {
 		p.Result = []byte(f.result)
 	}
 
-	l, err := a.open(ctx, true)
+	l, err := a.records(cmd)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	r, err := l.Resolve(ctx, p)
+	r, err := l.resolve(ctx, p)
 	if err != nil {
-		return a.explainResolve(ctx, l, key, err)
+		return explainResolve(ctx, l, key, err)
 	}
 	if f.json {
 		b, err := json.MarshalIndent(r, "", "  ")
@@ -106,12 +113,12 @@ func (a *app) resolve(ctx context.Context, key string, f resolveFlags) error {
 }
 
 // explainResolve turns a refused resolution into a message that says why and what to do.
-func (a *app) explainResolve(ctx context.Context, l ledger.Ledger, key string, err error) error {
+func explainResolve(ctx context.Context, l records, key string, err error) error {
 	switch {
 	case errors.Is(err, residual.ErrNotFound):
-		return fmt.Errorf("no residual %s in namespace %s", key, a.namespace)
+		return fmt.Errorf("no residual %s in %s", key, l.where())
 	case errors.Is(err, residual.ErrInProgress):
-		r, gerr := l.Get(ctx, ledger.GetParams{Namespace: a.namespace, Key: key})
+		r, gerr := l.get(ctx, key)
 		if gerr != nil || r.Current() == nil {
 			return fmt.Errorf("cannot resolve %s: it is in progress under a live lease; wait until the lease expires: %w", key, err)
 		}
@@ -119,7 +126,7 @@ func (a *app) explainResolve(ctx context.Context, l ledger.Ledger, key string, e
 		return fmt.Errorf("cannot resolve %s: it is in progress: attempt %d by %s holds the lease until %s (%s) and may still be running; "+
 			"wait until the lease expires (it then reads as unknown), then resolve it", key, cur.N, cur.Holder, stamp(cur.LeaseExpires), until(cur.LeaseExpires, timeNow()))
 	case errors.Is(err, residual.ErrInvalidTransition):
-		if r, gerr := l.Get(ctx, ledger.GetParams{Namespace: a.namespace, Key: key}); gerr == nil {
+		if r, gerr := l.get(ctx, key); gerr == nil {
 			return fmt.Errorf("cannot resolve %s: it is already %s; only unknown or accepted residuals can be resolved", key, r.State)
 		}
 		return fmt.Errorf("cannot resolve %s: %w", key, err)

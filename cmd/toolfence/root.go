@@ -36,6 +36,11 @@ type app struct {
 	store string
 	// namespace is --namespace.
 	namespace string
+	// server, token and tokenFile are --server, --token and --token-file of the commands
+	// that can act through a running `toolfence serve --http` (ls, show, resolve).
+	server    string
+	token     string
+	tokenFile string
 	stdout    io.Writer
 	stderr    io.Writer
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -25,26 +24,32 @@ residual it ends with the recovery that is due.
 KEY is a key as printed by ls: "tf1_" followed by 64 hex digits. --json prints the record
 as JSON (the same fields as ls --json, indented).
 
+With --server URL (or $TOOLFENCE_SERVER) show asks a running ` + "`toolfence serve --http`" + `
+instead of opening the store, in the namespace of your bearer token (--token,
+--token-file or $TOOLFENCE_TOKEN).
+
 Example:
   toolfence show tf1_3f1c…e9 --store ./.toolfence
-  toolfence show tf1_3f1c…e9 --json | jq '.attempts[-1]'`,
+  toolfence show tf1_3f1c…e9 --json | jq '.attempts[-1]'
+  toolfence show tf1_3f1c…e9 --server http://127.0.0.1:7777`,
 		Args: args("KEY"),
-		RunE: func(cmd *cobra.Command, argv []string) error { return a.show(cmd.Context(), argv[0], asJSON) },
+		RunE: func(cmd *cobra.Command, argv []string) error { return a.show(cmd, argv[0], asJSON) },
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the residual as JSON")
+	a.serverFlags(cmd)
 	return cmd
 }
 
-func (a *app) show(ctx context.Context, key string, asJSON bool) error {
+func (a *app) show(cmd *cobra.Command, key string, asJSON bool) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	l, err := a.open(ctx, true)
+	l, err := a.records(cmd)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	r, err := a.get(ctx, l, key)
+	r, err := get(cmd.Context(), l, key)
 	if err != nil {
 		return err
 	}
@@ -68,10 +73,10 @@ func checkKey(key string) error {
 }
 
 // get reads one residual, turning "not found" into a message that names the namespace.
-func (a *app) get(ctx context.Context, l ledger.Ledger, key string) (*residual.Residual, error) {
-	r, err := l.Get(ctx, ledger.GetParams{Namespace: a.namespace, Key: key})
+func get(ctx context.Context, l records, key string) (*residual.Residual, error) {
+	r, err := l.get(ctx, key)
 	if errors.Is(err, residual.ErrNotFound) {
-		return nil, fmt.Errorf("no residual %s in namespace %s", key, a.namespace)
+		return nil, fmt.Errorf("no residual %s in %s", key, l.where())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", key, err)

@@ -4,12 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"
+	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/residual"
 )
+
+// serverEnv names the environment variable that sets the default of --server.
+const serverEnv = "TOOLFENCE_SERVER"
+
+// remoteTimeout bounds each request to a --server.
+const remoteTimeout = 30 * time.Second
 
 // isDSN reports whether store names a PostgreSQL database rather than a badger directory.
 func isDSN(store string) bool {
@@ -58,3 +70,259 @@ func (e *lockedError) Error() string {
 }
 
 func (e *lockedError) Unwrap() error { return e.err }
+
+// serverFlags adds --server, --token and --token-file to a command that can act through a
+// running `toolfence serve --http`.
+func (a *app) serverFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&a.server, "server", os.Getenv(serverEnv),
+		"act through a running `toolfence serve --http` at this URL (http://HOST:PORT) instead of opening --store; $"+serverEnv+" sets the default")
+	fl.StringVar(&a.token, "token", "", "bearer token for --server (default $"+tokenEnv+")")
+	fl.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token for --server (one token, mode 600)")
+}
+
+// records is where ls, show and resolve read and settle residuals: a ledger opened from
+// --store, or a toolfence server reached through --server. Both return residuals whole and
+// errors that match the residual sentinels (residual.ErrNotFound, ErrInProgress,
+// ErrInvalidTransition).
+type records interface {
+	// list returns one page. The namespace of p applies to a store only; a server lists
+	// the namespace of its token.
+	list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error)
+	get(ctx context.Context, key string) (*residual.Residual, error)
+	resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error)
+	// where names the namespace and the store or server, for messages.
+	where() string
+	Close() error
+}
+
+// records opens what --server or --store names. With --server, --store and --namespace
+// must not be set (the server owns the store, and its token decides the namespace); an
+// explicit --store overrides a server that only $TOOLFENCE_SERVER names.
+func (a *app) records(cmd *cobra.Command) (records, error) {
+	ctx := cmd.Context()
+	if !a.viaServer(cmd) {
+		if a.token != "" || a.tokenFile != "" {
+			return nil, usagef("--token and --token-file go with --server URL (or $%s)", serverEnv)
+		}
+		l, err := a.open(ctx, true)
+		if err != nil {
+			return nil, err
+		}
+		return &local{l: l, ns: a.namespace, store: a.store}, nil
+	}
+	for _, name := range []string{"store", "namespace"} {
+		if cmd.Flags().Changed(name) {
+			return nil, usagef("--%s does not go with --server: the server owns its store, and your token decides the namespace", name)
+		}
+	}
+	c, err := a.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &remote{c: c, url: a.server}, nil
+}
+
+// viaServer reports whether the command acts through --server: it is set, by the flag or
+// by $TOOLFENCE_SERVER, and an explicit --store does not override the environment.
+func (a *app) viaServer(cmd *cobra.Command) bool {
+	if !cmd.Flags().Changed("server") && cmd.Flags().Changed("store") {
+		a.server = ""
+	}
+	return a.server != ""
+}
+
+// bearerToken returns the token of --token, else of --token-file, else $TOOLFENCE_TOKEN;
+// "" when none is set.
+func (a *app) bearerToken() (string, error) {
+	switch {
+	case a.token != "" && a.tokenFile != "":
+		return "", usagef("give --token or --token-file, not both")
+	case a.token != "":
+		return a.token, nil
+	case a.tokenFile != "":
+		return readTokenFile(a.tokenFile)
+	}
+	return strings.TrimSpace(os.Getenv(tokenEnv)), nil
+}
+
+// readTokenFile reads one bearer token from path: the first field of its only line that is
+// neither blank nor a '#' comment (so a one-token file of `toolfence serve --token-file`,
+// "TOKEN NAMESPACE", works too). Like the server, it refuses a file other users may read.
+func readTokenFile(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", usagef("--token-file: %v", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return "", usagef("--token-file %s has mode %v: other users may read it; chmod 600 it", path, fi.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", usagef("--token-file: %v", err)
+	}
+	var tokens []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+			tokens = append(tokens, f[0])
+		}
+	}
+	if len(tokens) != 1 {
+		return "", usagef("--token-file %s holds %d tokens, want exactly 1 (the first word of its only line)", path, len(tokens))
+	}
+	return tokens[0], nil
+}
+
+// dial connects to --server with the bearer token. A refused token is an error that says
+// 401 and where the token came from.
+func (a *app) dial(ctx context.Context) (*mcpserver.Client, error) {
+	token, err := a.bearerToken()
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, remoteTimeout)
+	defer cancel()
+	c, err := mcpserver.Dial(dctx, a.server, token)
+	switch {
+	case errors.Is(err, mcpserver.ErrUnauthorized) && token == "":
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s refused the request (401 Unauthorized): it needs a bearer token: give --token, --token-file or $%s", a.server, tokenEnv)}
+	case errors.Is(err, mcpserver.ErrUnauthorized):
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", a.server, tokenEnv)}
+	case err != nil:
+		return nil, fmt.Errorf("cannot reach the toolfence server at %s (is `toolfence serve --http` running there?): %w", a.server, err)
+	}
+	return c, nil
+}
+
+// explained is an error whose message replaces its cause's text; errors.Is and As still
+// see the cause.
+type explained struct {
+	msg string
+	err error
+}
+
+func (e *explained) Error() string { return e.msg }
+func (e *explained) Unwrap() error { return e.err }
+
+// local is records over an opened ledger.
+type local struct {
+	l     ledger.Ledger
+	ns    string
+	store string
+}
+
+func (r *local) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
+	p.Namespace = r.ns
+	return r.l.List(ctx, p)
+}
+
+func (r *local) get(ctx context.Context, key string) (*residual.Residual, error) {
+	return r.l.Get(ctx, ledger.GetParams{Namespace: r.ns, Key: key})
+}
+
+func (r *local) resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
+	p.Namespace = r.ns
+	return r.l.Resolve(ctx, p)
+}
+
+func (r *local) where() string {
+	return "namespace " + r.ns + " of store " + displayStore(r.store)
+}
+
+func (r *local) Close() error { return r.l.Close() }
+
+// remote is records through a toolfence MCP server: list_pending, inspect_residual and
+// resolve_residual.
+type remote struct {
+	c   *mcpserver.Client
+	url string
+}
+
+// list lists open residuals only (list_pending): at most one state, and an open one; the
+// caller checks. Each row is read whole with inspect_residual, so the output is the same as
+// from a store; a row settled and collected in between is left out.
+func (r *remote) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
+	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
+	defer cancel()
+	in := mcpserver.ListPendingInput{Task: p.Task, Operation: p.Operation, Target: p.Target, Limit: p.Limit, Cursor: p.Cursor}
+	switch len(p.States) {
+	case 0:
+	case 1:
+		in.State = p.States[0].String()
+	default:
+		return nil, fmt.Errorf("a server lists one state at a time, got %v", p.States)
+	}
+	page, err := r.c.List(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	out := &ledger.Page{NextCursor: page.NextCursor}
+	for _, s := range page.Residuals {
+		v, err := r.c.Inspect(ctx, s.Key)
+		if errors.Is(err, residual.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out.Residuals = append(out.Residuals, fromView(v))
+	}
+	return out, nil
+}
+
+func (r *remote) get(ctx context.Context, key string) (*residual.Residual, error) {
+	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
+	defer cancel()
+	v, err := r.c.Inspect(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return fromView(v), nil
+}
+
+func (r *remote) resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
+	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
+	defer cancel()
+	_, err := r.c.Resolve(ctx, mcpserver.ResolveInput{
+		Key: p.Key, As: p.As.String(), Note: p.Note, Result: p.Result, Evidence: p.Evidence, By: p.By,
+	})
+	if err != nil {
+		return nil, err
+	}
+	v, err := r.c.Inspect(ctx, p.Key)
+	if err != nil {
+		return nil, fmt.Errorf("resolved, but reading it back failed: %w", err)
+	}
+	return fromView(v), nil
+}
+
+func (r *remote) where() string { return "the namespace of your token on server " + r.url }
+
+func (r *remote) Close() error { return r.c.Close() }
+
+// fromView turns what inspect_residual returns back into the record a store holds. Results
+// are JSON values on the wire: a result that was not JSON comes back as a JSON string.
+func fromView(v *mcpserver.ResidualView) *residual.Residual {
+	r := &residual.Residual{
+		Key: v.Key, Namespace: v.Namespace, Task: v.Task, Operation: v.Operation, Target: v.Target,
+		State: v.State, RequestDigest: v.RequestDigest, Attempts: v.Attempts, ResultDigest: v.ResultDigest,
+		ResultTruncated: v.ResultTruncated, Handle: v.Handle, Resolutions: v.Resolutions, Token: v.Token,
+		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt,
+	}
+	if len(v.Result) > 0 {
+		r.Result = []byte(v.Result)
+	}
+	for _, e := range v.Evidence {
+		ev := residual.Evidence{
+			At: e.At, Holder: e.Holder, Token: e.Token, Outcome: e.Outcome, ResponseDigest: e.ResponseDigest,
+			Handle: e.Handle, Note: e.Note,
+		}
+		if len(e.Result) > 0 {
+			ev.Result = []byte(e.Result)
+		}
+		r.Evidence = append(r.Evidence, ev)
+	}
+	return r
+}

@@ -4,59 +4,100 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
+
+	lctools "github.com/tmc/langchaingo/tools"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/residual"
+	"github.com/toolfence/toolfence/tools"
 )
 
 // The guarded call of the story.
 const (
-	// Operation is the tool name of the charge.
+	// Operation is the name of the charge tool, and the operation of its keys.
 	Operation = "charge"
 	// Invoice is the invoice the story charges.
 	Invoice = "INV-42"
 	// Target is the thing the charge mutates.
 	Target = "invoice:" + Invoice
+	// ChargeArgs is what the agents' model sends to the charge tool: 42.00 EUR for INV-42.
+	ChargeArgs = `{"invoice":"` + Invoice + `","amount_cents":4200,"currency":"EUR"}`
+	// Upstream names the payment API in the observations the agents read.
+	Upstream = "the payment API"
 )
 
-// ChargeCall returns the guarded call that charges invoice INV-42 with 42.00 EUR.
-func ChargeCall() interceptor.Call {
-	return interceptor.Call{
-		Operation: Operation,
-		Target:    Target,
-		Args:      json.RawMessage(`{"invoice":"` + Invoice + `","amount_cents":4200,"currency":"EUR"}`),
-	}
+// chargeTool is the plain langchaingo tool, before toolfence guards it: it POSTs its JSON
+// input to the API's /charges and returns the API's answer.
+type chargeTool struct {
+	client *http.Client
+	api    string
 }
 
-// ChargeTool returns the tool that POSTs the call's args to apiURL/charges, forwarding the
-// key as Idempotency-Key and the fencing token as X-Fencing-Token. A transport error is
-// returned as is (an unknown outcome); an HTTP answer is returned with its status for the
-// classifier.
-func ChargeTool(client *http.Client, apiURL string) interceptor.ToolFunc {
-	return func(ctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/charges", bytes.NewReader(d.Args))
-		if err != nil {
-			return interceptor.Response{}, interceptor.NoEffect(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", d.Key)
-		req.Header.Set("X-Fencing-Token", strconv.FormatUint(d.Token, 10))
-		resp, err := client.Do(req)
-		if err != nil {
-			return interceptor.Response{}, err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if err != nil {
-			return interceptor.Response{Status: resp.StatusCode}, fmt.Errorf("reading the API's answer: %w", err)
-		}
-		return interceptor.Response{Body: body, Status: resp.StatusCode}, nil
+func (chargeTool) Name() string { return Operation }
+
+func (chargeTool) Description() string {
+	return `Charges an invoice through the payment API. Input: {"invoice": "INV-…", "amount_cents": N, "currency": "EUR"}.`
+}
+
+// Call POSTs input to api/charges and returns the body of a 201. Any other status is an
+// error carrying the body; the client's transport (tools.Transport) has already recorded
+// the exchange for the guard, which classifies it.
+func (c chargeTool) Call(ctx context.Context, input string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.api+"/charges", bytes.NewReader([]byte(input)))
+	if err != nil {
+		return "", interceptor.NoEffect(err)
 	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", fmt.Errorf("reading the API's answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return "", fmt.Errorf("the payment API answered %s: %s", resp.Status, body)
+	}
+	return string(body), nil
+}
+
+// NewChargeTool returns the unguarded charge tool: a langchaingo tool named "charge" that
+// POSTs its JSON input to apiURL/charges through client. Give it a client whose transport
+// is a tools.Transport, so a guarded call forwards its key as Idempotency-Key and its
+// answer is classified.
+func NewChargeTool(client *http.Client, apiURL string) lctools.Tool {
+	return chargeTool{client: client, api: apiURL}
+}
+
+// GuardedCharge returns the charge tool as the agents use it: guarded by ic (one line:
+// tools.Guard), on the target "invoice:<invoice>" of its input, with plain-language
+// observations naming the payment API. Its HTTP client sends through a tools.Transport over
+// base (http.DefaultTransport when nil).
+func GuardedCharge(ic *interceptor.Interceptor, base http.RoundTripper, apiURL string) *tools.Guarded {
+	client := &http.Client{Transport: &tools.Transport{Base: base}}
+	return tools.Guard(NewChargeTool(client, apiURL), ic,
+		tools.WithTargetFunc(chargeTarget), tools.WithUpstreamName(Upstream))
+}
+
+// chargeTarget is "invoice:" + the input's invoice.
+func chargeTarget(input string) (string, error) {
+	var in struct {
+		Invoice string `json:"invoice"`
+	}
+	if err := json.Unmarshal([]byte(input), &in); err != nil {
+		return "", err
+	}
+	if in.Invoice == "" {
+		return "", errors.New(`the input names no "invoice"`)
+	}
+	return "invoice:" + in.Invoice, nil
 }
 
 // ChargeProbe returns the probe of the charge operation: it asks apiURL for the charge made

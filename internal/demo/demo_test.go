@@ -2,9 +2,9 @@ package demo
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
+	"github.com/toolfence/toolfence/tools"
 )
 
 // workerEnv carries the JSON WorkerArgs when this test binary runs as the story's worker.
@@ -67,19 +70,13 @@ func stepNames(steps []Step) []string {
 	return names
 }
 
-func TestRunTellsTheStoryWithOneCharge(t *testing.T) {
-	t.Parallel()
-	store := t.TempDir()
-	var out bytes.Buffer
-	rep, err := Run(t.Context(), Config{Store: store, Task: "story-1", StartWorker: selfWorker, Out: &out})
-	require.NoError(t, err, "timeline:\n%s", out.String())
-	require.Equal(t, 1, rep.Charges)
-
-	want := []string{"api", "worker", "charge", "sigkill", "in_progress", "unknown_outcome", "reconcile", "replay"}
+// requireTimeline checks the steps of a story: each once and in order, except in_progress,
+// which repeats while the dead worker's lease lives (and is missing on a machine stalled for
+// a whole lease after the kill).
+func requireTimeline(t *testing.T, rep *Report, out string) {
+	t.Helper()
+	want := []string{"api", "worker", "charge", "sigkill", "successor", "in_progress", "unknown_outcome", "reconcile", "replay", "answer"}
 	got := stepNames(rep.Steps)
-	// Every step happens once, in order, except in_progress: the successor usually meets
-	// the dead worker's live lease once, but a machine stalled for a whole lease after the
-	// kill meets unknown_outcome at once.
 	var compact []string
 	for i, n := range got {
 		if i == 0 || n != got[i-1] {
@@ -90,35 +87,59 @@ func TestRunTellsTheStoryWithOneCharge(t *testing.T) {
 		t.Logf("no in_progress step (slow machine): %v", got)
 		want = slices.DeleteFunc(want, func(s string) bool { return s == "in_progress" })
 	}
-	require.Equal(t, want, compact, "timeline:\n%s", out.String())
-	require.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), len(got))
+	require.Equal(t, want, compact, "timeline:\n%s", out)
+	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), len(got), "one line per step")
 	for i := 1; i < len(rep.Steps); i++ {
 		require.GreaterOrEqual(t, rep.Steps[i].Elapsed, rep.Steps[i-1].Elapsed)
 	}
 	// The successor could only reconcile once the dead worker's lease had expired: at
 	// least a lease after the worker started.
 	require.GreaterOrEqual(t, rep.Steps[len(rep.Steps)-1].Elapsed-rep.Steps[1].Elapsed, DefaultLeaseTTL)
+	require.Contains(t, out, "a langchaingo OpenAIFunctionsAgent (scripted offline model) whose charge tool is guarded by toolfence")
+	if slices.Contains(got, "in_progress") {
+		require.Regexp(t, `in_progress\s+the agent's charge was refused: attempt 1 by demo-worker/pid-\d+ holds a live lease \(token 1\); the agent is told to retry after \d+ ms`, out)
+	}
+	require.Regexp(t, `reconcile\s+the agent called toolfence_reconcile: the probe asked the API by Idempotency-Key \(GET /charges\?idempotency_key=…: 200, charge ch_1 of INV-42\); residual unknown → succeeded under fencing token 2`, out)
+	require.Equal(t, "Invoice INV-42 was charged exactly once; the recorded charge was replayed, not repeated.", rep.Answer)
 
 	var replayed Charge
 	require.NoError(t, json.Unmarshal(rep.Replayed, &replayed))
 	require.Equal(t, Charge{ID: "ch_1", Invoice: Invoice, AmountCents: 4200, Currency: "EUR", IdempotencyKey: rep.Key, Status: "succeeded"}, replayed)
+}
 
-	// The ledger holds what happened: one attempt by the dead worker, settled by the probe.
-	l, err := badger.Open(store, badger.Options{})
-	require.NoError(t, err)
-	defer l.Close()
+// requireLedger checks what the ledger holds after a story: one attempt by the dead worker,
+// settled by the successor agent's reconcile tool through the probe.
+func requireLedger(t *testing.T, l ledger.Ledger, rep *Report, task string) {
+	t.Helper()
 	r, err := l.Get(t.Context(), ledger.GetParams{Namespace: interceptor.DefaultNamespace, Key: rep.Key})
 	require.NoError(t, err)
 	require.Equal(t, residual.Succeeded, r.State)
-	require.Equal(t, "story-1", r.Task)
+	require.Equal(t, task, r.Task)
+	require.Equal(t, Target, r.Target)
 	require.Len(t, r.Attempts, 1)
 	require.True(t, strings.HasPrefix(r.Attempts[0].Holder, "demo-worker/pid-"), r.Attempts[0].Holder)
 	require.Equal(t, residual.Unknown, r.Attempts[0].Outcome)
 	require.Len(t, r.Resolutions, 1)
 	require.Equal(t, residual.Unknown, r.Resolutions[0].From)
 	require.Equal(t, residual.Succeeded, r.Resolutions[0].To)
+	require.True(t, strings.HasPrefix(r.Resolutions[0].By, "reconciler:demo-successor/pid-"), r.Resolutions[0].By)
 	require.Equal(t, uint64(2), r.Token, "the resolution took a new fencing token")
 	require.JSONEq(t, string(rep.Replayed), string(r.Result))
+}
+
+func TestRunTellsTheStoryWithOneCharge(t *testing.T) {
+	t.Parallel()
+	store := t.TempDir()
+	var out bytes.Buffer
+	rep, err := Run(t.Context(), Config{Store: store, Task: "story-1", StartWorker: selfWorker, Out: &out})
+	require.NoError(t, err, "timeline:\n%s", out.String())
+	require.Equal(t, 1, rep.Charges)
+	requireTimeline(t, rep, out.String())
+
+	l, err := badger.Open(store, badger.Options{})
+	require.NoError(t, err)
+	defer l.Close()
+	requireLedger(t, l, rep, "story-1")
 }
 
 func TestRunFailsWhenTheWorkerDiesBeforeCharging(t *testing.T) {
@@ -243,26 +264,75 @@ func TestPaymentAPIHoldsTheAnswerUntilTheClientGoes(t *testing.T) {
 	require.NoError(t, api.Close(), "Close is idempotent")
 }
 
-func TestChargeToolForwardsKeyAndToken(t *testing.T) {
+func TestGuardedChargeForwardsKeyAndTokenAndReplays(t *testing.T) {
 	t.Parallel()
-	api, err := StartAPI()
-	require.NoError(t, err)
+	var mu sync.Mutex
+	var headers []http.Header
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		headers = append(headers, r.Header.Clone())
+		mu.Unlock()
+		writeJSON(w, http.StatusCreated, Charge{ID: "ch_9", Invoice: Invoice, AmountCents: 4200, Currency: "EUR", Status: "succeeded"})
+	}))
 	defer api.Close()
-	tool := ChargeTool(newClient(t), api.URL)
-	call := ChargeCall()
-	resp, err := tool(t.Context(), interceptor.Dispatch{Key: "tf1_k", Token: 7, Args: call.Args})
+	l, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, resp.Status)
-	require.Equal(t, residual.Succeeded, interceptor.DefaultClassifier(resp, err))
-	c, ok := api.Lookup("tf1_k")
-	require.True(t, ok)
-	require.Equal(t, Invoice, c.Invoice)
+	defer l.Close()
+	ic, err := interceptor.New(l, interceptor.Config{Holder: "test"})
+	require.NoError(t, err)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	charge := GuardedCharge(ic, tr, api.URL)
+	require.NoError(t, charge.Err())
+	require.Equal(t, Operation, charge.Name())
+	ctx := interceptor.WithTask(t.Context(), "t-1")
 
-	// A transport error is an unknown outcome, not a failure.
+	out, err := charge.Call(ctx, ChargeArgs)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"id":"ch_9","invoice":"INV-42","amount_cents":4200,"currency":"EUR","idempotency_key":"","status":"succeeded"}`, out)
+	require.Len(t, headers, 1)
+	key := ic.Key("t-1", Operation, Target)
+	require.Equal(t, key, headers[0].Get("Idempotency-Key"))
+	require.Equal(t, "1", headers[0].Get(tools.HeaderFencingToken))
+
+	again, err := charge.Call(ctx, ChargeArgs)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(again, tools.ReplayPrefix), again)
+	require.True(t, strings.HasSuffix(again, ": "+out), "the replay carries the first answer byte for byte: %s", again)
+	require.Len(t, headers, 1, "a replay does not reach the API")
+
+	// No invoice: refused before anything is reserved.
+	out, err = charge.Call(ctx, `{"amount_cents":1}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "invalid input for charge, nothing was sent")
+	require.Len(t, headers, 1)
+
+	// A transport error is an unknown outcome, not a failure: the agent is told to reconcile.
 	api.Close()
-	_, err = tool(t.Context(), interceptor.Dispatch{Key: "tf1_k2", Token: 8, Args: call.Args})
-	require.Error(t, err)
-	require.False(t, errors.Is(err, interceptor.ErrNoEffect))
+	out, err = charge.Call(interceptor.WithTask(t.Context(), "t-2"), ChargeArgs)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(out, seenUnknown), out)
+}
+
+func TestWaitArgsAndTool(t *testing.T) {
+	t.Parallel()
+	args, err := waitArgs(`blocked: another attempt at charge on "invoice:INV-42" is still running and may reach the payment API; do not retry now — check again in 1.372s, when its lease expires (key tf1_x)`)
+	require.NoError(t, err)
+	require.Equal(t, `{"ms":1422}`, args)
+	args, err = waitArgs("blocked: another attempt … check again until its lease expires")
+	require.NoError(t, err)
+	require.Equal(t, `{"ms":150}`, args)
+
+	out, err := waitTool{}.Call(t.Context(), `{"ms":1}`)
+	require.NoError(t, err)
+	require.Equal(t, "waited 1 ms", out)
+	out, err = waitTool{}.Call(t.Context(), `{"ms":-1}`)
+	require.NoError(t, err)
+	require.Contains(t, out, "invalid input for wait")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = waitTool{}.Call(ctx, `{"ms":30000}`)
+	require.ErrorIs(t, err, context.Canceled)
 }
 
 func TestChargeProbe(t *testing.T) {
@@ -296,7 +366,35 @@ func TestChargeProbe(t *testing.T) {
 
 func TestWorkerArgsFlags(t *testing.T) {
 	t.Parallel()
-	w := WorkerArgs{Store: "/s", API: "http://a", Task: "t"}
-	require.Equal(t, []string{"--store", "/s", "--namespace", "default", "--api", "http://a", "--task", "t", "--lease", "1.5s"}, w.Flags())
+	w := WorkerArgs{Store: "postgres://u:secret@h/db", API: "http://a", Task: "t"}
+	require.Equal(t, []string{"--namespace", "default", "--api", "http://a", "--task", "t", "--lease", "1.5s"}, w.Flags(),
+		"the store (a DSN may hold a password) is not on the command line")
 	require.ErrorContains(t, RunWorker(t.Context(), WorkerArgs{Store: "/s"}, io.Discard), "required")
+}
+
+// pgDSN is the test server: TOOLFENCE_TEST_PG, else the local default of the Makefile.
+func pgDSN() string {
+	return cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// TestRunOnPostgres tells the story on PostgreSQL, in a schema of its own that Keep keeps.
+// It fails when no server answers: the PostgreSQL tests never skip.
+func TestRunOnPostgres(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	rep, err := Run(t.Context(), Config{Store: pgDSN(), Keep: true, Task: "story-pg", StartWorker: selfWorker, Out: &out})
+	if rep != nil && rep.Schema != "" {
+		t.Cleanup(func() { require.NoError(t, dropSchema(context.Background(), pgDSN(), rep.Schema)) })
+	}
+	require.NoError(t, err, "the PostgreSQL demo needs a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run); timeline:\n%s", pgDSN(), out.String())
+	require.Equal(t, 1, rep.Charges)
+	require.True(t, strings.HasPrefix(rep.Schema, "toolfence_demo_"), rep.Schema)
+	require.Contains(t, rep.Store, "search_path="+rep.Schema)
+	requireTimeline(t, rep, out.String())
+
+	l, err := postgres.Open(t.Context(), rep.Store, postgres.Options{DisableAutoMigrate: true})
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, rep.Schema, l.Schema())
+	requireLedger(t, l, rep, "story-pg")
 }

@@ -1,5 +1,7 @@
-// Package demo is the self-contained story of `toolfence demo`: a fake payment API, a worker
-// killed after its charge reached the API, and a successor that reconciles and replays.
+// Package demo is the self-contained story of `toolfence demo`: a fake payment API, a
+// langchaingo agent killed after its guarded charge reached the API, and a successor agent
+// that reconciles through the probe and replays.
 //
-// It imports interceptor, ledger, ledger/badger and residual; only cmd/toolfence imports it.
+// It imports interceptor, ledger (badger, postgres), residual, tools and internal/scripted;
+// only cmd/toolfence imports it.
 package demo

@@ -9,22 +9,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/residual"
 )
 
 // Config configures Run.
 type Config struct {
-	// Store is the badger directory of the ledger. Required. Run opens it only after the
-	// worker is dead, so nothing else may hold it.
+	// Store is the ledger: a badger directory, or a PostgreSQL DSN (postgres://…). Required.
+	// Run opens a badger directory only after the worker is dead, so nothing else may hold
+	// it. In a PostgreSQL database Run creates a fresh schema for the run (see Keep).
 	Store string
+	// Keep keeps the run's PostgreSQL schema; by default Run drops it at the end (a failed
+	// drop is part of Run's error). A badger directory is always kept: its caller owns it.
+	Keep bool
 	// Namespace of the keys. Defaults to interceptor.DefaultNamespace.
 	Namespace string
 	// Task of the story. Defaults to "demo-" + the UTC time + a random suffix, so runs on
@@ -33,11 +35,13 @@ type Config struct {
 	// LeaseTTL is the lease of the charge. Defaults to DefaultLeaseTTL (1.5s).
 	LeaseTTL time.Duration
 	// StartWorker returns the (not yet started) worker process: a command that calls
-	// RunWorker with w. Required. Run sets its Stderr when nil, starts it and kills it.
+	// RunWorker with w, where w.Store is passed in the environment. Required. Run sets its
+	// Stdout and Stderr when nil (to show them if the worker fails), starts it and kills it.
 	StartWorker func(ctx context.Context, w WorkerArgs) *exec.Cmd
 	// Out receives the timeline, one line per step as it happens. Defaults to io.Discard.
 	Out io.Writer
-	// Timeout bounds the wait for the worker's charge to reach the API. Defaults to 30s.
+	// Timeout bounds the wait for the worker's charge to reach the API, and then the
+	// successor's run. Defaults to 30s.
 	Timeout time.Duration
 }
 
@@ -45,8 +49,8 @@ type Config struct {
 type Step struct {
 	// Elapsed is the time since Run started.
 	Elapsed time.Duration
-	// Name is a short snake_case label: api, worker, charge, sigkill, in_progress,
-	// unknown_outcome, reconcile, replay.
+	// Name is a short snake_case label: api, worker, charge, sigkill, successor,
+	// in_progress, unknown_outcome, reconcile, replay, answer.
 	Name   string
 	Detail string
 }
@@ -58,35 +62,48 @@ func (s Step) String() string {
 
 // Report is what Run saw.
 type Report struct {
-	Store, Namespace, Task string
+	// Store is the ledger of the run: the badger directory, or the DSN that selects the
+	// run's schema (with its password, if the configured DSN had one).
+	Store string
+	// Schema is the run's PostgreSQL schema; empty on badger.
+	Schema          string
+	Namespace, Task string
 	// Key is the key of the guarded charge (the Idempotency-Key the API saw).
 	Key string
 	// Charges is how many charges the API made; the story is right when it is 1.
 	Charges int
 	// Steps is the timeline.
 	Steps []Step
-	// Replayed is the result the last, replayed call returned.
+	// Replayed is the result the successor's last, replayed charge returned.
 	Replayed []byte
+	// Answer is the successor agent's final answer.
+	Answer string
 
 	start time.Time
 	out   io.Writer
+	mu    sync.Mutex
 }
 
 func (r *Report) step(name, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	s := Step{Elapsed: time.Since(r.start), Name: name, Detail: fmt.Sprintf(format, args...)}
 	r.Steps = append(r.Steps, s)
 	fmt.Fprintln(r.out, s)
 }
 
-// Run plays the story: a worker process charges invoice INV-42 through the interceptor; the
-// API records the charge and Run SIGKILLs the worker before the API answers; a successor in
-// this process meets InProgress (the dead worker's lease), then UnknownOutcome once the lease
-// expires, reconciles through the charge probe (the residual resolves to succeeded) and
-// retries, which replays the recorded result without reaching the API.
+// Run plays the story. A worker process runs a langchaingo OpenAIFunctionsAgent whose model
+// (scripted, offline) charges invoice INV-42 through the charge tool guarded by toolfence;
+// the API records the charge and Run SIGKILLs the worker before the API answers. A
+// successor agent in this process, on the same task, asks for the same charge: it meets
+// in_progress (the dead worker's lease; the model waits as told) and then unknown_outcome,
+// so the model calls toolfence_reconcile, whose probe asks the API by Idempotency-Key and
+// settles the residual as succeeded; the model's next charge replays the recorded result
+// without reaching the API.
 //
 // It returns the report, with an error when a step did not go as told or when the API made
 // any number of charges but one. The report is non-nil whenever the API was started.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if cfg.Store == "" || cfg.StartWorker == nil {
 		return nil, errors.New("demo: Config.Store and Config.StartWorker are required")
 	}
@@ -103,6 +120,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Key:   residual.Key(cfg.Namespace, cfg.Task, Operation, Target),
 		start: time.Now(), out: cmp.Or[io.Writer](cfg.Out, io.Discard),
 	}
+	if IsDSN(cfg.Store) {
+		schema, dsn, err := runSchema(ctx, cfg.Store)
+		if err != nil {
+			return nil, err
+		}
+		if !cfg.Keep {
+			defer func() { err = errors.Join(err, dropSchema(context.WithoutCancel(ctx), cfg.Store, schema)) }()
+		}
+		rep.Store, rep.Schema = dsn, schema
+	}
 
 	api, err := StartAPI()
 	if err != nil {
@@ -111,12 +138,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer api.Close()
 	api.HoldNext(1)
 	defer func() { rep.Charges = api.Count() }()
-	rep.step("api", "fake payment API on %s (it does not deduplicate: every POST is a new charge)", api.URL)
+	where := "the badger store " + rep.Store
+	if rep.Schema != "" {
+		where = "the fresh PostgreSQL schema " + rep.Schema
+	}
+	rep.step("api", "fake payment API on %s (it does not deduplicate: every POST is a new charge); ledger: %s", api.URL, where)
 
-	if err := killWorkerAfterCharge(ctx, cfg, api, rep); err != nil {
+	if err := killWorkerAfterCharge(ctx, cfg, rep.Store, api, rep); err != nil {
 		return rep, err
 	}
-	if err := successor(ctx, cfg, api, rep); err != nil {
+	if err := successor(ctx, cfg, rep.Store, api, rep); err != nil {
 		return rep, err
 	}
 	if n := api.Count(); n != 1 {
@@ -127,12 +158,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // killWorkerAfterCharge starts the worker, waits until its charge reaches the API and
 // SIGKILLs it before the API answers.
-func killWorkerAfterCharge(ctx context.Context, cfg Config, api *PaymentAPI, rep *Report) error {
-	w := WorkerArgs{Store: cfg.Store, Namespace: cfg.Namespace, API: api.URL, Task: cfg.Task, LeaseTTL: cfg.LeaseTTL}
+func killWorkerAfterCharge(ctx context.Context, cfg Config, store string, api *PaymentAPI, rep *Report) error {
+	w := WorkerArgs{Store: store, Namespace: cfg.Namespace, API: api.URL, Task: cfg.Task, LeaseTTL: cfg.LeaseTTL}
 	cmd := cfg.StartWorker(ctx, w)
-	var stderr bytes.Buffer
+	var output bytes.Buffer
+	if cmd.Stdout == nil {
+		cmd.Stdout = &output
+	}
 	if cmd.Stderr == nil {
-		cmd.Stderr = &stderr
+		cmd.Stderr = &output
 	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("demo: starting the worker: %w", err)
@@ -140,7 +174,8 @@ func killWorkerAfterCharge(ctx context.Context, cfg Config, api *PaymentAPI, rep
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	pid := cmd.Process.Pid
-	rep.step("worker", "worker process pid %d runs task %s: guarded %s of %s, lease %v", pid, cfg.Task, Operation, Target, cfg.LeaseTTL)
+	rep.step("worker", "worker process pid %d runs task %s: a langchaingo OpenAIFunctionsAgent (scripted offline model) whose %s tool is guarded by toolfence, lease %v",
+		pid, cfg.Task, Operation, cfg.LeaseTTL)
 
 	timeout := time.NewTimer(cfg.Timeout)
 	defer timeout.Stop()
@@ -148,7 +183,7 @@ func killWorkerAfterCharge(ctx context.Context, cfg Config, api *PaymentAPI, rep
 	select {
 	case c = <-api.Arrivals():
 	case err := <-exited:
-		return fmt.Errorf("demo: the worker exited (%v) before its charge reached the API: %s", err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("demo: the worker exited (%v) before its charge reached the API: %s", err, strings.TrimSpace(output.String()))
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
 		<-exited
@@ -156,9 +191,10 @@ func killWorkerAfterCharge(ctx context.Context, cfg Config, api *PaymentAPI, rep
 	case <-timeout.C:
 		_ = cmd.Process.Kill()
 		<-exited
-		return fmt.Errorf("demo: the worker's charge did not reach the API within %v: %s", cfg.Timeout, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("demo: the worker's charge did not reach the API within %v: %s", cfg.Timeout, strings.TrimSpace(output.String()))
 	}
-	rep.step("charge", "the API made charge %s of %s under Idempotency-Key %s and withholds its answer", c.ID, c.Invoice, c.IdempotencyKey)
+	rep.step("charge", "the worker's agent called %s: the API made charge %s of %s under Idempotency-Key %s and withholds its answer",
+		Operation, c.ID, c.Invoice, c.IdempotencyKey)
 	if c.IdempotencyKey != rep.Key {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -170,76 +206,5 @@ func killWorkerAfterCharge(ctx context.Context, cfg Config, api *PaymentAPI, rep
 	}
 	werr := <-exited
 	rep.step("sigkill", "SIGKILL worker pid %d (%v) before the API answered: the charge happened, its outcome was never committed", pid, werr)
-	return nil
-}
-
-// successor plays the successor run in this process, on the ledger the dead worker left.
-func successor(ctx context.Context, cfg Config, api *PaymentAPI, rep *Report) error {
-	l, err := badger.Open(cfg.Store, badger.Options{})
-	if err != nil {
-		return fmt.Errorf("demo: opening the store after the kill: %w", err)
-	}
-	defer l.Close()
-	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	ic, err := interceptor.New(l, interceptor.Config{
-		Namespace: cfg.Namespace,
-		Holder:    fmt.Sprintf("demo-successor/pid-%d", os.Getpid()),
-		LeaseTTL:  cfg.LeaseTTL,
-		Operations: map[string]interceptor.Operation{
-			Operation: {Probe: ChargeProbe(client, api.URL)},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("demo: %w", err)
-	}
-	tctx := interceptor.WithTask(ctx, cfg.Task)
-	tool := ChargeTool(client, api.URL)
-
-	// Retry the charge until the dead worker's lease expires and it reads as unknown.
-	for i := 0; ; i++ {
-		res, err := ic.Do(tctx, ChargeCall(), tool)
-		var v *interceptor.Violation
-		if !errors.As(err, &v) {
-			return fmt.Errorf("demo: the successor's charge should have been refused, got result %+v, error %v", res, err)
-		}
-		if v.Kind == interceptor.UnknownOutcome {
-			rep.step("unknown_outcome", "successor: charge refused: attempt %d by %s may have reached the API and nobody recorded the outcome; reconcile first", v.Attempt, v.Holder)
-			break
-		}
-		if v.Kind != interceptor.InProgress || i >= 20 {
-			return fmt.Errorf("demo: the successor's charge: %w", err)
-		}
-		wait := v.RetryAfter + 20*time.Millisecond
-		rep.step("in_progress", "successor: charge refused: attempt %d by %s holds a live lease (token %d); retry after %d ms",
-			v.Attempt, v.Holder, v.Token, v.RetryAfter.Milliseconds())
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-
-	rr, err := ic.Reconcile(ctx, interceptor.ReconcileParams{Key: rep.Key, By: fmt.Sprintf("demo-successor/pid-%d", os.Getpid())})
-	if err != nil {
-		return fmt.Errorf("demo: reconcile: %w", err)
-	}
-	if len(rr.Resolved) != 1 {
-		return fmt.Errorf("demo: reconcile left the charge open: %+v", rr.Open)
-	}
-	s := rr.Resolved[0]
-	rep.step("reconcile", "probe asked the API by Idempotency-Key (%s); residual %s → %s under fencing token %d", s.Evidence, s.From, s.To, s.Token)
-
-	before := api.Count()
-	res, err := ic.Do(tctx, ChargeCall(), tool)
-	if err != nil {
-		return fmt.Errorf("demo: the retry after reconciliation: %w", err)
-	}
-	if !res.Replayed || api.Count() != before {
-		return fmt.Errorf("demo: the retry after reconciliation reached the API (replayed %t, charges %d → %d)", res.Replayed, before, api.Count())
-	}
-	rep.Replayed = res.Output
-	rep.step("replay", "successor: charge replayed the recorded result, the API was not called: %s", res.Output)
 	return nil
 }

@@ -9,8 +9,10 @@ import (
 	"os"
 	"time"
 
+	lctools "github.com/tmc/langchaingo/tools"
+
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/internal/scripted"
 )
 
 // DefaultLeaseTTL is the lease of the story's charge: short, so the successor does not wait
@@ -19,7 +21,8 @@ const DefaultLeaseTTL = 1500 * time.Millisecond
 
 // WorkerArgs tell a worker process what to charge and where.
 type WorkerArgs struct {
-	// Store is the badger directory of the ledger.
+	// Store is the ledger: a badger directory or a PostgreSQL DSN. It is not among Flags:
+	// pass it in the environment, so a DSN's password stays off the command line.
 	Store string
 	// Namespace of the keys. Defaults to interceptor.DefaultNamespace.
 	Namespace string
@@ -31,24 +34,26 @@ type WorkerArgs struct {
 	LeaseTTL time.Duration
 }
 
-// Flags returns the arguments as command-line flags, as the hidden `toolfence demo-worker`
-// command takes them.
+// Flags returns the arguments but Store as command-line flags, as the hidden
+// `toolfence demo-worker` command takes them.
 func (w WorkerArgs) Flags() []string {
 	return []string{
-		"--store", w.Store, "--namespace", cmp.Or(w.Namespace, interceptor.DefaultNamespace),
+		"--namespace", cmp.Or(w.Namespace, interceptor.DefaultNamespace),
 		"--api", w.API, "--task", w.Task, "--lease", cmp.Or(w.LeaseTTL, DefaultLeaseTTL).String(),
 	}
 }
 
-// RunWorker is the worker process of the story: it opens the ledger in w.Store and runs the
-// guarded charge of invoice INV-42 against w.API. The story kills it while the API withholds
-// its answer, so normally it never returns. If it does, it writes the outcome to out and
-// returns Do's error (nil when the charge was recorded as succeeded).
+// RunWorker is the worker process of the story: it opens the ledger in w.Store and runs a
+// langchaingo OpenAIFunctionsAgent, with the scripted offline model, whose one tool is the
+// charge guarded by toolfence; the model charges invoice INV-42 against w.API. The story
+// kills it while the API withholds its answer, so normally it never returns. If it does, it
+// writes the agent's answer to out and returns the agent's error (nil when the agent
+// finished).
 func RunWorker(ctx context.Context, w WorkerArgs, out io.Writer) error {
 	if w.Store == "" || w.API == "" || w.Task == "" {
-		return fmt.Errorf("demo worker: store, api and task are required (got %q, %q, %q)", w.Store, w.API, w.Task)
+		return fmt.Errorf("demo worker: store, api and task are required (got store set %t, api %q, task %q)", w.Store != "", w.API, w.Task)
 	}
-	l, err := badger.Open(w.Store, badger.Options{})
+	l, err := openLedger(ctx, w.Store)
 	if err != nil {
 		return fmt.Errorf("demo worker: opening the store: %w", err)
 	}
@@ -63,11 +68,13 @@ func RunWorker(ctx context.Context, w WorkerArgs, out io.Writer) error {
 	}
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
-	res, err := ic.Do(interceptor.WithTask(ctx, w.Task), ChargeCall(), ChargeTool(&http.Client{Transport: tr}, w.API))
+	printf := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
+	model := workerScript(printf)
+	charge := GuardedCharge(ic, tr, w.API)
+	answer, err := scripted.Run(interceptor.WithTask(ctx, w.Task), model, []lctools.Tool{charge}, Input)
 	if err != nil {
-		return fmt.Errorf("demo worker: %w", err)
+		return fmt.Errorf("demo worker: the agent: %w", err)
 	}
-	_, err = fmt.Fprintf(out, "worker: charge recorded as %s (attempt %d, token %d, replayed %t): %s\n",
-		res.State, res.Attempt, res.Token, res.Replayed, res.Output)
+	_, err = fmt.Fprintf(out, "worker: the agent finished: %s\n", answer)
 	return err
 }

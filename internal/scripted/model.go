@@ -57,14 +57,7 @@ func (m *Model) GenerateContent(_ context.Context, messages []llms.MessageConten
 	if printf == nil {
 		printf = func(format string, args ...any) { fmt.Printf(format, args...) }
 	}
-	var answers []string
-	for _, msg := range messages {
-		for _, p := range msg.Parts {
-			if r, ok := p.(llms.ToolCallResponse); ok {
-				answers = append(answers, r.Content)
-			}
-		}
-	}
+	answers := toolAnswers(messages)
 	for _, a := range answers[min(m.seen, len(answers)):] {
 		printf("  tool answered: %s\n", a)
 		m.answers = append(m.answers, a)
@@ -96,11 +89,7 @@ func (m *Model) GenerateContent(_ context.Context, messages []llms.MessageConten
 		return nil, fmt.Errorf("%w: step %d calls %q, which the agent does not offer", ErrOffScript, m.next, step.Tool)
 	}
 	printf("  model calls %s %s\n", step.Tool, step.Args)
-	call := llms.ToolCall{
-		ID: fmt.Sprintf("call_%d", m.next), Type: "function",
-		FunctionCall: &llms.FunctionCall{Name: step.Tool, Arguments: step.Args},
-	}
-	return &llms.ContentResponse{Choices: []*llms.ContentChoice{{ToolCalls: []llms.ToolCall{call}, StopReason: "tool_calls"}}}, nil
+	return toolCallResponse(fmt.Sprintf("call_%d", m.next), step.Tool, step.Args), nil
 }
 
 // Call answers a single prompt through GenerateContent.

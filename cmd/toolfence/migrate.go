@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/toolfence/toolfence/ledger/postgres"
+)
+
+func init() { register(newMigrateCmd) }
+
+type migrateFlags struct {
+	down   int
+	status bool
+}
+
+func newMigrateCmd(a *app) *cobra.Command {
+	f := migrateFlags{down: -1}
+	cmd := &cobra.Command{
+		Use:   "migrate --store postgres://… [--down N | --status]",
+		Short: "Apply (or revert) the PostgreSQL schema migrations of a store",
+		Long: `Bring the schema of a PostgreSQL store to the version this binary knows, and print the
+version before and after. Migrations run in one transaction under an advisory lock, so
+concurrent runs (and ledgers opening the store, which migrate automatically) do not race;
+a store already up to date is left untouched.
+
+The schema is the DSN's search_path (created when missing), else the server's default.
+
+--status prints the current version and the applied migrations, and changes nothing.
+--down N reverts every migration newer than N; --down 0 removes toolfence's tables and
+every residual in them, so successors lose what was in flight: use it to uninstall.
+
+A store migrated by a newer toolfence than this one is refused (nothing is written):
+upgrade the binary. Badger directory stores have no migrations.
+
+Example:
+  toolfence migrate --store postgres://toolfence@db:5432/toolfence
+  toolfence migrate --status --store 'postgres://toolfence@db/toolfence?search_path=agents'
+  toolfence migrate --down 0 --store postgres://toolfence@db/toolfence`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.migrate(cmd.Context(), f, cmd.Flags().Changed("down"))
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&f.down, "down", -1, "revert the migrations newer than version N (0 removes every toolfence table)")
+	fl.BoolVar(&f.status, "status", false, "print the schema version and the applied migrations; change nothing")
+	return cmd
+}
+
+func (a *app) migrate(ctx context.Context, f migrateFlags, down bool) error {
+	store := a.store
+	if !isDSN(store) {
+		return usagef("migrations apply only to PostgreSQL stores (--store postgres://…); %s names a badger directory store, which needs none", store)
+	}
+	latest := postgres.LatestVersion()
+	switch {
+	case down && f.status:
+		return usagef("give --down N or --status, not both")
+	case down && (f.down < 0 || f.down > latest):
+		return usagef("--down %d: want a version from 0 to %d (the newest this binary knows)", f.down, latest)
+	}
+	where := displayStore(store)
+	if f.status {
+		return a.migrateStatus(ctx, store, latest)
+	}
+
+	var from, to int
+	var err error
+	if down {
+		from, to, err = postgres.MigrateDown(ctx, store, f.down, postgres.Options{})
+	} else {
+		from, to, err = postgres.Migrate(ctx, store, postgres.Options{Schema: dsnSchema(store)})
+	}
+	if errors.Is(err, postgres.ErrSchemaTooNew) {
+		return fmt.Errorf("the schema of %s is at version %d, newer than this binary knows (up to %d): it was migrated by a newer toolfence; "+
+			"upgrade toolfence (nothing was changed)", where, from, latest)
+	}
+	if err != nil {
+		return fmt.Errorf("migrating %s: %w", where, err)
+	}
+	switch {
+	case from == to && down:
+		_, err = fmt.Fprintf(a.stdout, "%s: schema version %d, already at or below %d (nothing to do)\n", where, from, f.down)
+	case from == to:
+		_, err = fmt.Fprintf(a.stdout, "%s: schema version %d, up to date (nothing to do)\n", where, from)
+	default:
+		_, err = fmt.Fprintf(a.stdout, "%s: schema version %d → %d\n", where, from, to)
+	}
+	return err
+}
+
+// versionTable is where ledger/postgres records applied migrations, in the store's schema.
+const versionTable = "toolfence_schema_migrations"
+
+// migrateStatus prints the store's schema version and applied migrations; it writes nothing.
+func (a *app) migrateStatus(ctx context.Context, store string, latest int) error {
+	where := displayStore(store)
+	conn, err := pgx.Connect(ctx, store)
+	if err != nil {
+		return fmt.Errorf("reading the schema version of %s: %w", where, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	type applied struct {
+		version int
+		name    string
+		at      time.Time
+	}
+	var rows []applied
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('`+versionTable+`') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("reading the schema version of %s: %w", where, err)
+	}
+	if exists {
+		r, err := conn.Query(ctx, `SELECT version, name, applied_at FROM `+versionTable+` ORDER BY version`)
+		if err != nil {
+			return fmt.Errorf("reading the schema version of %s: %w", where, err)
+		}
+		rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (applied, error) {
+			var m applied
+			return m, row.Scan(&m.version, &m.name, &m.at)
+		})
+		if err != nil {
+			return fmt.Errorf("reading the schema version of %s: %w", where, err)
+		}
+	}
+	current := 0
+	if n := len(rows); n > 0 {
+		current = rows[n-1].version
+	}
+	var state string
+	switch {
+	case current > latest:
+		state = fmt.Sprintf("newer than this binary knows (up to %d): upgrade toolfence", latest)
+	case current == latest:
+		state = "up to date"
+	case current == 0:
+		state = fmt.Sprintf("no toolfence tables yet; %d migration(s) pending: run toolfence migrate (ledgers opening the store also migrate it)", latest)
+	default:
+		state = fmt.Sprintf("%d migration(s) pending: run toolfence migrate", latest-current)
+	}
+	fmt.Fprintf(a.stdout, "%s: schema version %d, this binary knows up to %d: %s\n", where, current, latest, state)
+	for _, m := range rows {
+		fmt.Fprintf(a.stdout, "  %04d %s  applied %s\n", m.version, m.name, stamp(m.at))
+	}
+	return nil
+}
+
+var plainIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// dsnSchema returns the schema the DSN's search_path names when it is one plain identifier
+// (so migrate can create it), else "".
+func dsnSchema(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return ""
+	}
+	sp := u.Query().Get("search_path")
+	if uq, err := strconv.Unquote(sp); err == nil {
+		sp = uq
+	}
+	if !plainIdentifier.MatchString(sp) {
+		return ""
+	}
+	return sp
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/ledger/postgres"
+)
+
+// pgSchema returns a fresh schema name, dropped when the test ends, and the DSN of the test
+// server that selects it. It fails the test when no server answers: the PostgreSQL tests
+// never skip.
+func pgSchema(t *testing.T, prefix string) (schema, dsn string, conn *pgx.Conn) {
+	t.Helper()
+	schema = prefix + strings.ToLower(rand.Text()[:12])
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgDSN())
+	require.NoError(t, err, "the PostgreSQL tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", pgDSN())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+		_ = conn.Close(ctx)
+	})
+	u, err := url.Parse(pgDSN())
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return schema, u.String(), conn
+}
+
+// TestMigrate runs `toolfence migrate` up, down and --status on a schema of its own, and
+// against a schema a newer toolfence migrated.
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	schema, store, conn := pgSchema(t, "tf_cli_migrate_")
+	latest := postgres.LatestVersion()
+	require.GreaterOrEqual(t, latest, 1)
+	where := displayStore(store)
+	tables := func() int {
+		var n int
+		require.NoError(t, conn.QueryRow(t.Context(),
+			`SELECT count(*) FROM information_schema.tables WHERE table_schema = $1`, schema).Scan(&n))
+		return n
+	}
+
+	r := ok(t, "migrate", "--status", "--store", store)
+	require.Equal(t, fmt.Sprintf("%s: schema version 0, this binary knows up to %d: no toolfence tables yet; %d migration(s) pending: "+
+		"run toolfence migrate (ledgers opening the store also migrate it)\n", where, latest, latest), r.stdout)
+	require.Zero(t, tables(), "--status writes nothing")
+
+	// Up: the schema named by search_path is created.
+	r = ok(t, "migrate", "--store", store)
+	require.Equal(t, fmt.Sprintf("%s: schema version 0 → %d\n", where, latest), r.stdout)
+	require.Positive(t, tables())
+	r = ok(t, "migrate", "--store", store)
+	require.Equal(t, fmt.Sprintf("%s: schema version %d, up to date (nothing to do)\n", where, latest), r.stdout)
+	r = ok(t, "migrate", "--status", "--store", store)
+	require.Contains(t, r.stdout, fmt.Sprintf("schema version %d, this binary knows up to %d: up to date\n", latest, latest))
+	require.Regexp(t, `(?m)^  0001 init  applied \d{4}-\d\d-\d\dT`, r.stdout)
+
+	// The commands use the migrated store.
+	require.Contains(t, ok(t, "ls", "--store", store).stderr, "no residuals in namespace default of store "+where)
+
+	// Down to 0 removes every table; again is a no-op.
+	r = ok(t, "migrate", "--down", "0", "--store", store)
+	require.Equal(t, fmt.Sprintf("%s: schema version %d → 0\n", where, latest), r.stdout)
+	require.Zero(t, tables())
+	r = ok(t, "migrate", "--down", "0", "--store", store)
+	require.Equal(t, fmt.Sprintf("%s: schema version 0, already at or below 0 (nothing to do)\n", where), r.stdout)
+
+	// A schema migrated by a newer toolfence: refused with both versions, nothing written.
+	ok(t, "migrate", "--store", store)
+	newer := latest + 5
+	_, err := conn.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{schema, versionTable}.Sanitize()+` (version, name) VALUES ($1, 'from_the_future')`, newer)
+	require.NoError(t, err)
+	before := tables()
+	want := fmt.Sprintf("the schema of %s is at version %d, newer than this binary knows (up to %d): it was migrated by a newer toolfence; upgrade toolfence (nothing was changed)",
+		where, newer, latest)
+	fails(t, 1, []string{want}, "migrate", "--store", store)
+	fails(t, 1, []string{want}, "migrate", "--down", "0", "--store", store)
+	require.Equal(t, before, tables(), "nothing was changed")
+	r = ok(t, "migrate", "--status", "--store", store)
+	require.Contains(t, r.stdout, fmt.Sprintf("schema version %d, this binary knows up to %d: newer than this binary knows (up to %d): upgrade toolfence", newer, latest, latest))
+	require.Contains(t, r.stdout, fmt.Sprintf("  %04d from_the_future  applied ", newer))
+	// Opening the store for other commands is refused too.
+	fails(t, 1, []string{"postgres: database schema is newer than this binary"}, "ls", "--store", store)
+}
+
+func TestMigrateUsage(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fails(t, 2, []string{"migrations apply only to PostgreSQL stores (--store postgres://…); " + dir + " names a badger directory store"},
+		"migrate", "--store", dir)
+	dsn := "postgres://u:secret@127.0.0.1:1/db"
+	latest := postgres.LatestVersion()
+	fails(t, 2, []string{fmt.Sprintf("--down -1: want a version from 0 to %d", latest)}, "migrate", "--down", "-1", "--store", dsn)
+	fails(t, 2, []string{fmt.Sprintf("--down %d: want a version from 0 to %d", latest+1, latest)}, "migrate", "--down", fmt.Sprint(latest+1), "--store", dsn)
+	fails(t, 2, []string{"give --down N or --status, not both"}, "migrate", "--down", "0", "--status", "--store", dsn)
+	for _, args := range [][]string{{"migrate"}, {"migrate", "--status"}, {"migrate", "--down", "0"}} {
+		r := fails(t, 1, []string{"127.0.0.1:1"}, append(args, "--store", dsn)...)
+		require.NotContains(t, r.stderr, "secret", "a DSN's password never shows")
+	}
+}
