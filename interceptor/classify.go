@@ -102,8 +102,14 @@ func DefaultClassifier(resp Response, err error) residual.State {
 
 // classify runs c and enforces the invariants no classifier may break: the outcome is one of
 // the four commit outcomes (anything else is unknown), and a queued answer is never a success.
-func classify(c Classifier, resp Response, err error) residual.State {
-	out := c(resp, err)
+// A classifier that panics yields unknown: the call ran, its outcome must not be guessed.
+func classify(c Classifier, resp Response, err error) (out residual.State) {
+	defer func() {
+		if recover() != nil {
+			out = residual.Unknown
+		}
+	}()
+	out = c(resp, err)
 	switch out {
 	case residual.Succeeded:
 		if err != nil {

@@ -80,23 +80,39 @@ func (c *Config) validate() error {
 	case c.MaxResult < 0:
 		return bad("MaxResult %d is negative", c.MaxResult)
 	}
+	if c.LeaseTTL <= c.Margin {
+		return bad("LeaseTTL %v is not longer than the margin %v", c.LeaseTTL, c.Margin)
+	}
+	if err := c.checkOperation("", Operation{}); err != nil {
+		return err
+	}
 	for name, op := range c.Operations {
 		if name == "" {
 			return bad("an operation has an empty name")
 		}
-		ttl := op.LeaseTTL
-		if ttl == 0 {
-			ttl = c.LeaseTTL
-		}
-		if ttl <= c.Margin {
-			return bad("operation %q: lease %v is not longer than the margin %v", name, ttl, c.Margin)
+		if err := c.checkOperation(name, op); err != nil {
+			return err
 		}
 	}
-	if c.RenewEvery > 0 && c.RenewEvery >= c.LeaseTTL-c.Margin {
-		return bad("RenewEvery %v must be shorter than LeaseTTL %v minus the margin %v, or every call is cut off", c.RenewEvery, c.LeaseTTL, c.Margin)
+	return nil
+}
+
+// checkOperation validates the lease of one operation (the defaults when name is empty)
+// against the margin and the renewal interval.
+func (c *Config) checkOperation(name string, op Operation) error {
+	if name == "" {
+		name = "(default)"
 	}
-	if c.LeaseTTL <= c.Margin {
-		return bad("LeaseTTL %v is not longer than the margin %v", c.LeaseTTL, c.Margin)
+	ttl := op.LeaseTTL
+	if ttl == 0 {
+		ttl = c.LeaseTTL
+	}
+	switch {
+	case ttl <= c.Margin:
+		return fmt.Errorf("%w: operation %s: lease %v is not longer than the margin %v", ErrInvalidConfig, name, ttl, c.Margin)
+	case c.RenewEvery > 0 && c.RenewEvery >= ttl-c.Margin:
+		return fmt.Errorf("%w: operation %s: RenewEvery %v must be shorter than the lease %v minus the margin %v, or every call is cut off",
+			ErrInvalidConfig, name, c.RenewEvery, ttl, c.Margin)
 	}
 	return nil
 }

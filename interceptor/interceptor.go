@@ -58,8 +58,8 @@ func (ic *Interceptor) Register(name string, op Operation) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty operation name", ErrInvalidConfig)
 	}
-	if op.LeaseTTL != 0 && op.LeaseTTL <= ic.cfg.Margin {
-		return fmt.Errorf("%w: operation %q: lease %v is not longer than the margin %v", ErrInvalidConfig, name, op.LeaseTTL, ic.cfg.Margin)
+	if err := ic.cfg.checkOperation(name, op); err != nil {
+		return err
 	}
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
@@ -220,7 +220,9 @@ func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 		return err
 	}
 	if err := local.CheckMargin(ic.cfg.Clock.Now(), ic.cfg.Margin); err != nil {
-		return nil, ic.violation(MarginTooSmall, res.Residual, cur, errors.Join(err, notDispatched(err)))
+		v := ic.violation(MarginTooSmall, res.Residual, cur, errors.Join(err, notDispatched(err)))
+		v.State = residual.Failed
+		return nil, v
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %s %s: the caller's context ended before dispatch: %w", ErrNotDispatched,
@@ -338,8 +340,14 @@ func (ic *Interceptor) renewer(key string, ttl time.Duration) lease.RenewFunc {
 	}
 }
 
-// cacheable applies redaction and the size cap to a result.
-func (ic *Interceptor) cacheable(operation string, body []byte) ([]byte, bool) {
+// cacheable applies redaction and the size cap to a result. A redactor that panics caches
+// nothing, so an unredacted secret is never stored.
+func (ic *Interceptor) cacheable(operation string, body []byte) (cached []byte, truncated bool) {
+	defer func() {
+		if recover() != nil {
+			cached, truncated = nil, false
+		}
+	}()
 	if ic.cfg.Redact != nil {
 		// A copy, so a redactor that edits in place cannot touch the caller's output.
 		body = ic.cfg.Redact(operation, bytes.Clone(body))

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/toolfence/toolfence/lease"
@@ -70,7 +71,7 @@ func fenceErr(r *residual.Residual, holder string, token uint64, margin time.Dur
 // evidence (leaving the state alone) and returns an error wrapping residual.ErrLeaseLost.
 func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
 	if err := fenceErr(r, p.Holder, p.Token, p.Margin, now); err != nil {
-		r.Evidence = append(r.Evidence, residual.Evidence{
+		appendEvidence(r, residual.Evidence{
 			At: now, Holder: p.Holder, Token: p.Token, Outcome: p.Outcome,
 			ResponseDigest: p.ResponseDigest, Result: p.Result, Handle: p.Handle,
 			Note: "late commit refused: " + err.Error(),
@@ -92,6 +93,37 @@ func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
 		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, p.ResultDigest, p.ResultTruncated
 	}
 	return nil
+}
+
+// Evidence bounds: refused commits cannot grow a residual without limit. The first
+// MaxEvidence observations are kept (the ones closest to the original call); results over
+// MaxEvidenceResult bytes keep only their response digest.
+const (
+	MaxEvidence       = 32
+	MaxEvidenceResult = 4 << 10
+)
+
+// appendEvidence adds e to r within the evidence bounds and reports whether it was kept.
+func appendEvidence(r *residual.Residual, e residual.Evidence) bool {
+	if len(r.Evidence) >= MaxEvidence {
+		return false
+	}
+	if len(e.Result) > MaxEvidenceResult {
+		e.Result = nil
+		e.Note = strings.TrimSpace(e.Note + " (result omitted: over the evidence size bound; see response_digest)")
+	}
+	r.Evidence = append(r.Evidence, e)
+	return true
+}
+
+// ApplyEvidence applies AppendEvidence to r within the evidence bounds.
+func ApplyEvidence(r *residual.Residual, e residual.Evidence, now time.Time) {
+	if e.At.IsZero() {
+		e.At = now
+	}
+	if appendEvidence(r, e) {
+		r.UpdatedAt = now
+	}
 }
 
 // ApplyRenew applies Renew to r: it extends the live lease of the attempt holding p.Token to

@@ -249,8 +249,14 @@ func responseOf(out []byte, err error, st *dispatchState) (interceptor.Response,
 		return resp, err
 	}
 	resp.Status, resp.Handle, resp.Outcome = ex.Status, ex.Handle, ex.Outcome
-	if err != nil && ex.Outcome == residual.Failed && !errors.Is(err, interceptor.ErrNoEffect) {
+	switch {
+	case err == nil:
+	case ex.Outcome == residual.Failed && !errors.Is(err, interceptor.ErrNoEffect):
 		err = interceptor.NoEffect(err)
+	case ex.Outcome != residual.Failed && errors.Is(err, interceptor.ErrNoEffect):
+		// What Transport saw (a 5xx, a timeout, a 2xx) may have had an effect: the tool's
+		// claim that nothing happened cannot override it.
+		err = errors.New(err.Error())
 	}
 	return resp, err
 }

@@ -394,3 +394,31 @@ func TestTypedToolGuarded(t *testing.T) {
 func ledgerGet(b *bundle, key string) ledger.GetParams {
 	return ledger.GetParams{Namespace: b.ic.Namespace(), Key: key}
 }
+
+// A tool that claims "no effect" cannot override an ambiguous answer Transport observed: a
+// 503 to a POST may have had an effect, so the outcome is unknown and nothing re-runs.
+func TestGuardNoEffectClaimCannotOverrideObserved5xx(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+
+	b := setup(t)
+	g := Guard(tool("notify", func(ctx context.Context, in string) (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
+		resp, err := (&http.Client{Transport: &Transport{}}).Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return "", interceptor.NoEffect(errors.New("upstream said 503, surely nothing happened"))
+	}), b.ic, WithTarget("/to"))
+	for range 2 {
+		out, err := g.Call(b.ctx, `{"to":"ops"}`)
+		require.NoError(t, err)
+		require.True(t, strings.HasPrefix(out, "blocked: a previous attempt may have reached the upstream of notify; outcome unknown"), out)
+	}
+	require.EqualValues(t, 1, posts.Load(), "the second call must not dispatch again")
+}

@@ -1,0 +1,308 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/postgres"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// faultEnv is a ledger with a single pooled connection (so "the worker's connection" is
+// one backend), an admin connection, and an executions table that records the tool's
+// effect outside the ledger.
+type faultEnv struct {
+	t      *testing.T
+	l      *postgres.Ledger
+	admin  *pgx.Conn
+	app    string // application_name of the ledger's connections
+	schema string
+}
+
+func newFaultEnv(t *testing.T, dsn func(url.Values) string) *faultEnv {
+	t.Helper()
+	schema := newSchema(t)
+	app := "tf-fault-" + strings.ToLower(rand.Text()[:10])
+	l, err := postgres.Open(context.Background(), dsn(url.Values{"application_name": {app}}),
+		postgres.Options{Schema: schema, MaxConns: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	admin := adminConn(t, schema)
+	_, err = admin.Exec(context.Background(), `CREATE TABLE executions (key text NOT NULL)`)
+	require.NoError(t, err)
+	return &faultEnv{t: t, l: l, admin: admin, app: app, schema: schema}
+}
+
+// withParams adds query parameters to the test DSN.
+func withParams(v url.Values) string {
+	u, err := url.Parse(testDSN())
+	if err != nil {
+		panic("the fault tests need TOOLFENCE_TEST_PG as a postgres:// URL: " + err.Error())
+	}
+	q := u.Query()
+	for k, vs := range v {
+		q[k] = vs
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// acquireAndExecute reserves p, requires Acquired and performs the tool's effect.
+func (f *faultEnv) acquireAndExecute(p ledger.ReserveParams) *ledger.ReserveResult {
+	f.t.Helper()
+	res, err := f.l.Reserve(context.Background(), p)
+	require.NoError(f.t, err)
+	require.Equal(f.t, ledger.Acquired, res.Decision)
+	_, err = f.admin.Exec(context.Background(), `INSERT INTO executions (key) VALUES ($1)`, p.Key)
+	require.NoError(f.t, err)
+	return res
+}
+
+// lockedWorkerPID waits until the ledger's backend waits on a lock (its statement is in
+// flight) and returns its pid.
+func (f *faultEnv) lockedWorkerPID(admin *pgx.Conn) int32 {
+	f.t.Helper()
+	var pid int32
+	require.Eventually(f.t, func() bool {
+		return admin.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, f.app).Scan(&pid) == nil
+	}, 20*time.Second, 5*time.Millisecond, "the worker's statement never waited on the lock")
+	return pid
+}
+
+// terminate kills backend pid and waits until it is gone.
+func terminate(t *testing.T, admin *pgx.Conn, pid int32) {
+	t.Helper()
+	var ok bool
+	require.NoError(t, admin.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, pid).Scan(&ok))
+	require.True(t, ok)
+	require.Eventually(t, func() bool {
+		var n int
+		return admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n) == nil && n == 0
+	}, 20*time.Second, 5*time.Millisecond)
+}
+
+// requireSettledOnce checks the end state: the effect happened exactly once, and a new
+// Reserve of the call never acquires (it replays, or is blocked as unknown or in progress).
+func (f *faultEnv) requireNoSecondDispatch(p ledger.ReserveParams) ledger.Decision {
+	f.t.Helper()
+	var n int
+	require.NoError(f.t, f.admin.QueryRow(context.Background(), `SELECT count(*) FROM executions WHERE key = $1`, p.Key).Scan(&n))
+	require.Equal(f.t, 1, n, "the effect happened once")
+	again := p
+	again.Holder = "successor"
+	res, err := f.l.Reserve(context.Background(), again)
+	require.NoError(f.t, err)
+	require.NotEqual(f.t, ledger.Acquired, res.Decision, "a call whose effect happened is never dispatched again")
+	return res.Decision
+}
+
+// The worker's connection is killed while idle between reserve and commit: the commit
+// lands on a new connection under the fence.
+func TestFaultTerminateBetweenReserveAndCommit(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	p := params("charge:between", "worker")
+	res := f.acquireAndExecute(p)
+	var pid int32 // the pool's only connection
+	require.NoError(t, f.l.Pool().QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+	terminate(t, f.admin, pid)
+
+	r, err := f.l.Commit(context.Background(), commitOf(p, res, residual.Succeeded))
+	require.NoError(t, err)
+	require.Equal(t, residual.Succeeded, r.State)
+	require.Empty(t, r.Evidence)
+	require.Equal(t, ledger.Replay, f.requireNoSecondDispatch(p))
+}
+
+// The worker's backend is killed while its commit waits on a row lock (the commit is in
+// flight): the ledger re-reads under the lock on a new connection, finds the fence still
+// holding and commits there once.
+func TestFaultTerminateDuringCommit(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	ctx := context.Background()
+	p := params("charge:during", "worker")
+	res := f.acquireAndExecute(p)
+
+	locker := adminConn(t, f.schema)
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
+	require.NoError(t, err)
+
+	type result struct {
+		r   *residual.Residual
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.l.Commit(ctx, commitOf(p, res, residual.Succeeded))
+		done <- result{r, err}
+	}()
+	terminate(t, f.admin, f.lockedWorkerPID(f.admin)) // the commit statement is in flight
+	require.NoError(t, tx.Rollback(ctx))
+
+	out := <-done
+	require.NoError(t, out.err)
+	require.Equal(t, residual.Succeeded, out.r.State)
+	require.Len(t, out.r.Attempts, 1)
+	require.Equal(t, ledger.Replay, f.requireNoSecondDispatch(p))
+}
+
+// The server commits but its reply is lost with the connection: Commit reconnects, sees
+// its own commit stored and reports it (no error, no evidence, no second write).
+func TestFaultCommitReplyLost(t *testing.T) {
+	t.Parallel()
+	proxy := newFaultProxy(t)
+	f := newFaultEnv(t, func(v url.Values) string {
+		v.Set("default_query_exec_mode", "simple_protocol") // SQL text on the wire, to recognise the commit
+		return proxy.dsn(v)
+	})
+	p := params("charge:lost-reply", "worker")
+	res := f.acquireAndExecute(p)
+
+	proxy.loseReplyTo("att_released = true")
+	r, err := f.l.Commit(context.Background(), commitOf(p, res, residual.Succeeded))
+	require.NoError(t, err)
+	require.Equal(t, int32(1), proxy.cuts.Load(), "the commit's reply was lost")
+	require.Equal(t, residual.Succeeded, r.State)
+	require.Empty(t, r.Evidence, "the recovered commit is not mistaken for a late one")
+	require.Equal(t, ledger.Replay, f.requireNoSecondDispatch(p))
+}
+
+// The reply is lost and the server stays unreachable: Commit says the outcome is unknown
+// (not lease lost, not success). The commit had landed; once the server is back the call
+// replays and is never dispatched again.
+func TestFaultCommitOutcomeUnknownLanded(t *testing.T) {
+	t.Parallel()
+	proxy := newFaultProxy(t)
+	f := newFaultEnv(t, func(v url.Values) string {
+		v.Set("default_query_exec_mode", "simple_protocol")
+		return proxy.dsn(v)
+	})
+	p := params("charge:unknown-landed", "worker")
+	res := f.acquireAndExecute(p)
+
+	proxy.setRefuse(true)
+	proxy.loseReplyTo("att_released = true")
+	_, err := f.l.Commit(context.Background(), commitOf(p, res, residual.Succeeded))
+	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.NotErrorIs(t, err, residual.ErrLeaseLost)
+	t.Log(err)
+
+	proxy.setRefuse(false)
+	require.Equal(t, ledger.Replay, f.requireNoSecondDispatch(p))
+}
+
+// The commit is killed in flight and the server stays unreachable: the outcome is unknown,
+// the commit did not land, and the residual stays pending and then reads unknown: the
+// call is blocked for reconciliation, never dispatched again.
+func TestFaultCommitOutcomeUnknownNotLanded(t *testing.T) {
+	t.Parallel()
+	proxy := newFaultProxy(t)
+	f := newFaultEnv(t, proxy.dsn)
+	ctx := context.Background()
+	p := params("charge:unknown-lost", "worker")
+	p.TTL = 10 * time.Second
+	res := f.acquireAndExecute(p)
+
+	locker := adminConn(t, f.schema)
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.l.Commit(ctx, commitOf(p, res, residual.Succeeded))
+		done <- err
+	}()
+	pid := f.lockedWorkerPID(f.admin)
+	proxy.setRefuse(true)
+	terminate(t, f.admin, pid)
+	require.NoError(t, tx.Rollback(ctx))
+	err = <-done
+	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	t.Log(err)
+
+	proxy.setRefuse(false)
+	require.Equal(t, ledger.InProgress, f.requireNoSecondDispatch(p), "the lease is still live")
+	f.l.SetTimeOffset(p.TTL + time.Second)
+	got, err := f.l.Get(ctx, ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Equal(t, residual.Unknown, got.State)
+	require.Equal(t, ledger.UnknownOutcome, f.requireNoSecondDispatch(p))
+}
+
+// The server inserts the reservation but the reply is lost: Reserve tries again under the
+// same reservation id, recognises its own attempt and acquires it, instead of reporting
+// its own key as in progress.
+func TestFaultReserveReplyLost(t *testing.T) {
+	t.Parallel()
+	proxy := newFaultProxy(t)
+	f := newFaultEnv(t, func(v url.Values) string {
+		v.Set("default_query_exec_mode", "simple_protocol")
+		return proxy.dsn(v)
+	})
+	ctx := context.Background()
+	p := params("charge:reserve-lost", "worker")
+	proxy.loseReplyTo("ON CONFLICT (namespace, key) DO NOTHING")
+	res, err := f.l.Reserve(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, int32(1), proxy.cuts.Load())
+	require.Equal(t, ledger.Acquired, res.Decision)
+	require.Len(t, res.Residual.Attempts, 1)
+	require.Equal(t, uint64(1), res.Lease.Token)
+
+	other, err := f.l.Reserve(ctx, params("charge:reserve-lost", "other"))
+	require.NoError(t, err)
+	require.Equal(t, ledger.InProgress, other.Decision)
+	r, err := f.l.Commit(ctx, commitOf(p, res, residual.Succeeded))
+	require.NoError(t, err)
+	require.Equal(t, residual.Succeeded, r.State)
+}
+
+// A caller that gives up while its commit is in flight does not make the write ambiguous:
+// the commit finishes under the ledger's write timeout and is reported.
+func TestCommitInFlightSurvivesCallerCancel(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	p := params("charge:cancel", "worker")
+	res := f.acquireAndExecute(p)
+
+	locker := adminConn(t, f.schema)
+	ctx := context.Background()
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
+	require.NoError(t, err)
+
+	cctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		r   *residual.Residual
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.l.Commit(cctx, commitOf(p, res, residual.Succeeded))
+		done <- result{r, err}
+	}()
+	f.lockedWorkerPID(f.admin) // the commit waits on the row lock
+	cancel()
+	require.NoError(t, tx.Rollback(ctx))
+	out := <-done
+	require.NoError(t, out.err)
+	require.Equal(t, residual.Succeeded, out.r.State)
+	require.Equal(t, ledger.Replay, f.requireNoSecondDispatch(p))
+
+	_, err = f.l.Reserve(cctx, params("charge:cancel-2", "worker"))
+	require.ErrorIs(t, err, context.Canceled, "an ended context starts no new write")
+}

@@ -1,0 +1,194 @@
+package postgres_test
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/ledger/postgres"
+)
+
+// tables lists the tables of schema.
+func tables(t *testing.T, conn *pgx.Conn, schema string) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(),
+		`SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, schema)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+func TestMigrateUpDownIdempotent(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	ctx := context.Background()
+	opts := postgres.Options{Schema: schema}
+	latest := postgres.LatestVersion()
+	require.GreaterOrEqual(t, latest, 1)
+
+	from, to, err := postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	require.Equal(t, 0, from)
+	require.Equal(t, latest, to)
+	from, to, err = postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{latest, latest}, [2]int{from, to}, "a second migrate does nothing")
+
+	admin := adminConn(t, schema)
+	require.Equal(t, []string{"toolfence_residuals", "toolfence_schema_migrations", "toolfence_tokens", "toolfence_watchers"},
+		tables(t, admin, schema))
+
+	// The up SQL itself is idempotent: running it again over the migrated schema works.
+	for v := 1; v <= latest; v++ {
+		_, err := admin.Exec(ctx, `DELETE FROM toolfence_schema_migrations WHERE version = $1`, v)
+		require.NoError(t, err)
+	}
+	from, to, err = postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{0, latest}, [2]int{from, to})
+
+	from, to, err = postgres.MigrateDown(ctx, testDSN(), 0, opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{latest, 0}, [2]int{from, to})
+	require.Empty(t, tables(t, admin, schema), "down to 0 removes every toolfence table")
+
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), latest+1, opts)
+	require.Error(t, err)
+
+	// Open migrates automatically; the ledger works after a down and up cycle.
+	l := open(t, schema, postgres.Options{})
+	_, err = l.Reserve(ctx, params("after-down", "h"))
+	require.NoError(t, err)
+}
+
+func TestConcurrentOpenersMigrateOnce(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Go(func() {
+			l, err := postgres.Open(context.Background(), testDSN(), postgres.Options{Schema: schema})
+			errs[i] = err
+			if err == nil {
+				errs[i] = l.Close()
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	var n int
+	require.NoError(t, adminConn(t, schema).QueryRow(context.Background(),
+		`SELECT count(*) FROM toolfence_schema_migrations`).Scan(&n))
+	require.Equal(t, postgres.LatestVersion(), n)
+}
+
+func TestSchemaTooNewWritesNothing(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	ctx := context.Background()
+	admin := adminConn(t, schema)
+	_, err := admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `CREATE TABLE toolfence_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+		INSERT INTO toolfence_schema_migrations (version, name) VALUES (999, 'from_the_future')`)
+	require.NoError(t, err)
+
+	for _, disable := range []bool{false, true} {
+		_, err = postgres.Open(ctx, testDSN(), postgres.Options{Schema: schema, DisableAutoMigrate: disable})
+		require.ErrorIs(t, err, postgres.ErrSchemaTooNew)
+		require.Contains(t, err.Error(), "999")
+	}
+	_, _, err = postgres.Migrate(ctx, testDSN(), postgres.Options{Schema: schema})
+	require.ErrorIs(t, err, postgres.ErrSchemaTooNew)
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), 0, postgres.Options{Schema: schema})
+	require.ErrorIs(t, err, postgres.ErrSchemaTooNew)
+
+	require.Equal(t, []string{"toolfence_schema_migrations"}, tables(t, admin, schema), "no table was created")
+	var versions []int
+	rows, err := admin.Query(ctx, `SELECT version FROM toolfence_schema_migrations`)
+	require.NoError(t, err)
+	versions, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err)
+	require.Equal(t, []int{999}, versions)
+}
+
+func TestDisableAutoMigrate(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	ctx := context.Background()
+	_, err := postgres.Open(ctx, testDSN(), postgres.Options{Schema: schema, DisableAutoMigrate: true})
+	require.ErrorIs(t, err, postgres.ErrSchemaOutdated)
+	require.Contains(t, err.Error(), "toolfence migrate")
+
+	_, _, err = postgres.Migrate(ctx, testDSN(), postgres.Options{Schema: schema})
+	require.NoError(t, err)
+	l, err := postgres.Open(ctx, testDSN(), postgres.Options{Schema: schema, DisableAutoMigrate: true})
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+}
+
+func TestBadDSNs(t *testing.T) {
+	t.Parallel()
+	requireServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(testDSN())
+	require.NoError(t, err)
+	const secret = "s3cr3t-pw-do-not-print"
+
+	cases := []struct {
+		name, dsn string
+		want      error
+		mentions  []string
+	}{
+		{"unreachable", "postgres://alice:" + secret + "@127.0.0.1:1/test?sslmode=disable&connect_timeout=2",
+			postgres.ErrUnavailable, []string{"127.0.0.1:1", "test", "alice"}},
+		{"wrong database", "postgres://" + cfg.User + ":" + secret + "@" + cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/toolfence_no_such_db?sslmode=disable",
+			postgres.ErrUnavailable, []string{"toolfence_no_such_db", cfg.Host}},
+		{"malformed url", "postgres://bob:" + secret + "@127.0.0.1:notaport/test", postgres.ErrInvalidDSN, nil},
+		{"malformed kv", "host=127.0.0.1 password=" + secret + " port=notaport", postgres.ErrInvalidDSN, nil},
+		{"empty", "  ", postgres.ErrInvalidDSN, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := postgres.Open(ctx, c.dsn, postgres.Options{})
+			require.Nil(t, l)
+			t.Log(err)
+			require.ErrorIs(t, err, c.want)
+			require.NotContains(t, err.Error(), secret, "the password never appears in an error")
+			for _, m := range c.mentions {
+				require.Contains(t, err.Error(), m)
+			}
+			_, _, err = postgres.Migrate(ctx, c.dsn, postgres.Options{})
+			require.ErrorIs(t, err, c.want)
+			require.NotContains(t, err.Error(), secret)
+		})
+	}
+}
+
+// A DSN whose search_path names a schema that does not exist gets a clear error, and no
+// schema is created behind the operator's back unless Options.Schema asks for it.
+func TestMissingSearchPathSchema(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t) // never created here
+	dsn := withParams(url.Values{"search_path": {schema}})
+	_, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "no schema of search_path")
+	require.Contains(t, err.Error(), schema)
+
+	l, err := postgres.Open(context.Background(), dsn, postgres.Options{Schema: schema})
+	require.NoError(t, err)
+	require.Equal(t, schema, l.Schema())
+	require.NoError(t, l.Close())
+}

@@ -1,0 +1,531 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// reserveSQL is Reserve in one statement: insert the pending residual with the next token
+// if the key has no residual (the primary key decides, never a prior read), raise the
+// token counter in the same statement, and otherwise return the stored row. The last
+// columns are the ledger's clock, the checked token, whether this statement inserted, and
+// how many notifications it sent. Zero rows means the conflicting row was committed after
+// the statement's snapshot: run it again.
+//
+// $1 namespace, $2 key, $3 task, $4 operation, $5 target, $6 request digest, $7 holder,
+// $8 reservation id, $9 ttl µs, $10 time offset µs.
+var reserveSQL = notifyModes(func(notify func(string) string) string {
+	return `WITH c AS MATERIALIZED (SELECT ` + now(10) + ` AS now),
+t AS MATERIALIZED (SELECT coalesce((SELECT token FROM toolfence_tokens WHERE namespace = $1 AND key = $2), 0) + 1 AS next),
+ins AS (
+	INSERT INTO toolfence_residuals (namespace, key, task, operation, target, state, request_digest,
+		token, att_n, att_holder, att_token, att_lease_expires, att_started, att_request_digest,
+		att_reservation, created_at, updated_at)
+	SELECT $1, $2, $3, $4, $5, 'pending', $6, t.next, 1, $7, t.next,
+		c.now + $9::bigint * interval '1 microsecond', c.now, $6, $8, c.now, c.now
+	FROM c, t
+	ON CONFLICT (namespace, key) DO NOTHING
+	RETURNING ` + cols("") + `
+),
+bump AS (
+	INSERT INTO toolfence_tokens AS k (namespace, key, token) SELECT namespace, key, token FROM ins
+	ON CONFLICT (namespace, key) DO UPDATE SET token = k.token + 1
+	RETURNING token
+),
+nt AS (` + notify("ins") + `)
+SELECT ` + cols("ins") + `, c.now,
+	CASE WHEN ins.token = bump.token THEN bump.token ELSE toolfence_check_token(ins.token, bump.token) END,
+	true, (SELECT count(*) FROM nt)
+FROM ins, bump, c
+UNION ALL
+SELECT ` + cols("r") + `, c.now, 0, false, 0 FROM toolfence_residuals r, c
+WHERE r.namespace = $1 AND r.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
+})
+
+// notifyModes builds a statement for both ways of notifying watchers: index 0 sends
+// pg_notify inside the write's transaction, index 1 only counts the notifications owed,
+// which the ledger sends after the commit (Options.NotifyAfterCommit).
+func notifyModes(build func(notify func(src string) string) string) [2]string {
+	return [2]string{build(notifyInTx), build(notifyOwed)}
+}
+
+// notifyInTx selects pg_notify for every written row of src (namespace, key, state) while a
+// watcher is registered, so the notification commits with the write (see Watch).
+func notifyInTx(src string) string {
+	return `SELECT pg_notify(left('toolfence:' || current_schema(), 63), CASE WHEN octet_length(namespace) < 7000
+		THEN json_build_object('n', namespace, 'k', key, 's', state)::text
+		ELSE json_build_object('k', key, 's', state)::text END)
+	FROM ` + src + ` WHERE EXISTS (SELECT 1 FROM toolfence_watchers)`
+}
+
+// notifyOwed selects one row for every written row of src while a watcher is registered.
+func notifyOwed(src string) string {
+	return `SELECT 1 FROM ` + src + ` WHERE EXISTS (SELECT 1 FROM toolfence_watchers)`
+}
+
+// notifyAfter sends the change notification of a committed write on c, when the ledger
+// notifies after commits and the write owed one. A failure loses the notification only:
+// watchers re-list after gaps.
+func (l *Ledger) notifyAfter(ctx context.Context, c *pgxpool.Conn, owed int64, namespace, key string, state residual.State) {
+	if owed == 0 || !l.notifyAfterCommit {
+		return
+	}
+	payload, err := json.Marshal(notification{Namespace: namespace, Key: key, State: string(state)})
+	if err != nil || len(payload) >= 8000 {
+		payload, _ = json.Marshal(notification{Key: key, State: string(state)})
+	}
+	_, _ = c.Exec(ctx, `SELECT pg_notify($1, $2)`, l.channel(), string(payload))
+}
+
+// lockSQL reads a residual under FOR UPDATE, the ledger's clock after the lock is granted,
+// and the key's token counter ($1 namespace, $2 key, $3 offset µs).
+var lockSQL = `SELECT ` + cols("s") + `, ` + now(3) + `,
+	coalesce((SELECT token FROM toolfence_tokens k WHERE k.namespace = $1 AND k.key = $2), 0)
+FROM (SELECT ` + cols("") + ` FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE) s`
+
+// getSQL reads a residual and the ledger's clock ($1 namespace, $2 key, $3 offset µs).
+var getSQL = `SELECT ` + cols("") + `, ` + now(3) + ` FROM toolfence_residuals WHERE namespace = $1 AND key = $2`
+
+// bumpSQL raises the token counter to $3 and fails (TF409) if it was already there.
+const bumpSQL = `INSERT INTO toolfence_tokens AS k (namespace, key, token) VALUES ($1, $2, $3)
+	ON CONFLICT (namespace, key) DO UPDATE SET token = greatest(k.token + 1, EXCLUDED.token)
+	RETURNING toolfence_check_token($3, token)`
+
+// fence is the SQL condition that the current attempt is pending under holder $3 and token
+// $4 with more than $margin left at the ledger's clock (evaluated per row, after any lock
+// wait).
+func fence(margin string, off int) string {
+	return `r.namespace = $1 AND r.key = $2 AND r.state = 'pending' AND r.att_outcome = ''
+	AND NOT r.att_released AND r.token = $4 AND r.att_token = $4 AND r.att_holder = $3
+	AND r.att_lease_expires - ` + now(off) + ` > ` + margin
+}
+
+// commitSQL is Commit under a valid fence in one statement: terminal state, outcome and
+// release in the same row write. Zero rows means the fence does not hold (or the residual is
+// missing): Commit then takes the locking path, which records evidence.
+//
+// $1 namespace, $2 key, $3 holder, $4 token, $5 outcome, $6 response digest, $7 error,
+// $8 result, $9 result digest, $10 result truncated, $11 handle, $12 margin µs,
+// $13 offset µs.
+var commitSQL = notifyModes(func(notify func(string) string) string {
+	return `WITH upd AS (UPDATE toolfence_residuals r SET
+	state = $5, att_outcome = $5, att_ended = c.now, att_released = true,
+	att_response_digest = $6, att_error = $7,
+	result = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $8 ELSE r.result END,
+	result_digest = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $9 ELSE r.result_digest END,
+	result_truncated = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $10 ELSE r.result_truncated END,
+	handle = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $11 ELSE r.handle END,
+	updated_at = c.now
+FROM (SELECT ` + now(13) + ` AS now) c
+WHERE ` + fence("$12::bigint * interval '1 microsecond'", 13) + `
+RETURNING ` + cols("r") + `),
+nt AS (` + notify("upd") + `)
+SELECT ` + cols("") + `, (SELECT count(*) FROM nt) FROM upd`
+})
+
+// renewSQL extends a live lease: $5 ttl µs, $6 offset µs.
+var renewSQL = `UPDATE toolfence_residuals r SET
+	att_lease_expires = c.now + $5::bigint * interval '1 microsecond', updated_at = c.now
+FROM (SELECT ` + now(6) + ` AS now) c
+WHERE ` + fence("interval '0'", 6) + `
+RETURNING r.att_lease_expires`
+
+// Reserve implements ledger.Ledger. The common cases (a new key, a replay, a key in
+// progress or unknown) cost one statement; taking over an existing residual (a retry after
+// failed, a re-dispatch) locks the row in a short transaction. A Reserve whose connection
+// breaks is tried again under the same reservation id, so it recognises its own insert
+// instead of reporting it as a key in progress.
+func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
+	if err := l.check(); err != nil {
+		return nil, err
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	reservation := rand.Text()
+	var out *ledger.ReserveResult
+	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
+		var err error
+		out, err = l.reserveOnce(ctx, c, p, reservation)
+		return err
+	})
+	if err != nil {
+		return nil, l.fail("reserve of key "+p.Key, landed, err)
+	}
+	return out, nil
+}
+
+// errRaced means a concurrent step changed the row between two statements; Reserve runs
+// again (rarely more than once).
+var errRaced = errors.New("postgres: raced with a concurrent step")
+
+func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string) (*ledger.ReserveResult, error) {
+	for range 8 {
+		var clock time.Time
+		var check, notified int64
+		var inserted bool
+		res, rw, err := scanRow(c.QueryRow(ctx, reserveSQL[l.mode()], p.Namespace, p.Key, p.Task, p.Operation, p.Target,
+			p.RequestDigest, p.Holder, reservation, p.TTL.Microseconds(), l.offset.Load()), &clock, &check, &inserted, &notified)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // the conflicting row was committed after our snapshot
+		case err != nil:
+			return nil, err
+		case inserted:
+			l.notifyAfter(ctx, c, notified, res.Namespace, res.Key, res.State)
+			return acquired(res), nil
+		}
+		if own := ownReservation(res, rw, reservation); own != nil {
+			return own, nil
+		}
+		d, cur, _ := ledger.ApplyReserve(res, p, 0, clock.UTC())
+		if d != ledger.Acquired {
+			return &ledger.ReserveResult{Decision: d, Residual: cur}, nil
+		}
+		out, err := l.reserveLocked(ctx, c, p, reservation)
+		if errors.Is(err, errRaced) {
+			continue
+		}
+		return out, err
+	}
+	return nil, fmt.Errorf("%w: key %s changed under every try", errRaced, p.Key)
+}
+
+// acquired is the result of a Reserve that wrote res.
+func acquired(res *residual.Residual) *ledger.ReserveResult {
+	cur := res.Current()
+	return &ledger.ReserveResult{
+		Decision: ledger.Acquired, Residual: res,
+		Lease: lease.Lease{Resource: res.Key, Holder: cur.Holder, Token: cur.Token, Expires: cur.LeaseExpires},
+	}
+}
+
+// ownReservation returns Acquired when the stored current attempt was written by this very
+// Reserve call (an earlier try whose reply was lost) and is still pending.
+func ownReservation(res *residual.Residual, rw *row, reservation string) *ledger.ReserveResult {
+	if rw.attReservation != reservation || res.State != residual.Pending || rw.attOutcome != "" || rw.attReleased {
+		return nil
+	}
+	return acquired(res)
+}
+
+// reserveLocked takes over an existing residual in a transaction: lock, apply the rules,
+// write the new attempt and raise the token counter.
+func (l *Ledger) reserveLocked(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string) (*ledger.ReserveResult, error) {
+	var out *ledger.ReserveResult
+	err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, rw *row, now time.Time, counter uint64) (*change, error) {
+		if own := ownReservation(r, rw, reservation); own != nil {
+			out = own
+			return nil, nil
+		}
+		d, cur, ls := ledger.ApplyReserve(r, p, max(counter, r.Token)+1, now)
+		out = &ledger.ReserveResult{Decision: d, Residual: cur, Lease: ls}
+		if d != ledger.Acquired {
+			return nil, nil
+		}
+		return &change{r: cur, reservation: reservation, token: cur.Token}, nil
+	})
+	return out, err
+}
+
+// errMissing is returned by locked when the row does not exist.
+var errMissing = errors.New("postgres: residual missing")
+
+// change is what a locked step writes: the residual, the reservation id of a new attempt
+// (empty keeps the stored one) and the token the key's counter is raised to (0: none).
+type change struct {
+	r           *residual.Residual
+	reservation string
+	token       uint64
+}
+
+// locked runs decide on the residual (namespace, key) read under FOR UPDATE in a
+// transaction, with the ledger's clock read after the lock was granted and the key's token
+// counter. When decide returns a change, locked writes it (and notifies watchers) and
+// commits; otherwise it rolls back. A missing residual gives errRaced wrapped around
+// errMissing.
+func (l *Ledger) locked(ctx context.Context, c *pgxpool.Conn, namespace, key string,
+	decide func(r *residual.Residual, rw *row, now time.Time, counter uint64) (*change, error)) error {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var clock time.Time
+	var counter int64
+	r, rw, err := scanRow(tx.QueryRow(ctx, lockSQL, namespace, key, l.offset.Load()), &clock, &counter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %w", errRaced, errMissing)
+	}
+	if err != nil {
+		return err
+	}
+	ch, err := decide(r, rw, clock.UTC(), uint64(counter))
+	if err != nil || ch == nil {
+		return err
+	}
+	owed, err := l.write(ctx, tx, ch)
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	l.notifyAfter(ctx, c, owed, ch.r.Namespace, ch.r.Key, ch.r.State)
+	return nil
+}
+
+// write stores ch.r (read under FOR UPDATE in tx) and, when ch.token is not zero, raises
+// the key's token counter to it, in one round trip. It returns the notifications owed.
+func (l *Ledger) write(ctx context.Context, tx pgx.Tx, ch *change) (int64, error) {
+	args, err := writeArgs(ch.r, ch.reservation)
+	if err != nil {
+		return 0, err
+	}
+	b := &pgx.Batch{}
+	var owed int64
+	b.Queue(writeSQL[l.mode()], args...).QueryRow(func(row pgx.Row) error {
+		var n int64
+		return row.Scan(&n, &owed)
+	})
+	if ch.token != 0 {
+		b.Queue(bumpSQL, ch.r.Namespace, ch.r.Key, int64(ch.token))
+	}
+	err = tx.SendBatch(ctx, b).Close()
+	return owed, err
+}
+
+// Commit implements ledger.Ledger in one statement when the fence holds. When it does not,
+// a short transaction applies ledger.ApplyCommit to the locked row, which appends the
+// caller's observation as evidence and returns its error wrapping residual.ErrLeaseLost.
+//
+// If the connection breaks after the commit was sent, Commit reconnects and re-reads the
+// row under lock: when its own commit landed it returns the stored residual; when the fence
+// still holds it commits there; otherwise it records evidence and reports the lost fence.
+// Only when the row cannot be re-read does it return an error wrapping ErrOutcomeUnknown;
+// the residual then stays pending and turns unknown when its lease expires. It never
+// reports a commit that did not land as done, so nothing is dispatched twice.
+func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
+	if err := l.check(); err != nil {
+		return nil, err
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	var fenceErr error
+	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
+		if !mayHaveLanded {
+			var notified int64
+			res, _, err := scanRow(c.QueryRow(ctx, commitSQL[l.mode()], p.Namespace, p.Key, p.Holder, int64(p.Token),
+				string(p.Outcome), p.ResponseDigest, p.Error, nilIfEmpty(p.Result), p.ResultDigest,
+				p.ResultTruncated, p.Handle, p.Margin.Microseconds(), l.offset.Load()), &notified)
+			if err == nil {
+				out, fenceErr = res, nil
+				l.notifyAfter(ctx, c, notified, res.Namespace, res.Key, res.State)
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, _ *row, now time.Time, _ uint64) (*change, error) {
+			out = r
+			if mayHaveLanded && committedBy(r, p) {
+				fenceErr = nil
+				r.State = r.EffectiveState(now)
+				return nil, nil
+			}
+			fenceErr = ledger.ApplyCommit(r, p, now)
+			r.State = r.EffectiveState(now)
+			return &change{r: r}, nil
+		})
+		if errors.Is(err, errMissing) {
+			out, fenceErr = nil, fmt.Errorf("%w: %w: commit of key %s in namespace %q", residual.ErrLeaseLost, residual.ErrNotFound, p.Key, p.Namespace)
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, l.fail("commit of key "+p.Key, landed, err)
+	}
+	return out, fenceErr
+}
+
+// committedBy reports whether r holds the commit p: the current attempt carries p's holder
+// and token, is released and has p's outcome and response digest.
+func committedBy(r *residual.Residual, p ledger.CommitParams) bool {
+	cur := r.Current()
+	return cur != nil && cur.Holder == p.Holder && cur.Token == p.Token && cur.Released &&
+		cur.Outcome == p.Outcome && cur.ResponseDigest == p.ResponseDigest && cur.Error == p.Error
+}
+
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// Renew implements ledger.Ledger in one conditional statement. When the condition fails it
+// re-reads the residual and returns ledger.ApplyRenew's error, wrapping
+// residual.ErrLeaseLost (and residual.ErrNotFound for a missing residual).
+func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, error) {
+	if err := l.check(); err != nil {
+		return lease.Lease{}, err
+	}
+	if err := p.Validate(); err != nil {
+		return lease.Lease{}, err
+	}
+	var out lease.Lease
+	var fenceErr error
+	_, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
+		for range 8 {
+			var expires time.Time
+			err := c.QueryRow(ctx, renewSQL, p.Namespace, p.Key, p.Holder, int64(p.Token),
+				p.TTL.Microseconds(), l.offset.Load()).Scan(&expires)
+			if err == nil {
+				out, fenceErr = lease.Lease{Resource: p.Key, Holder: p.Holder, Token: p.Token, Expires: expires.UTC()}, nil
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			var clock time.Time
+			r, _, err := scanRow(c.QueryRow(ctx, getSQL, p.Namespace, p.Key, l.offset.Load()), &clock)
+			if errors.Is(err, pgx.ErrNoRows) {
+				fenceErr = fmt.Errorf("%w: %w: renew of key %s in namespace %q", residual.ErrLeaseLost, residual.ErrNotFound, p.Key, p.Namespace)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := ledger.ApplyRenew(r, p, clock.UTC()); err != nil {
+				fenceErr = err
+				return nil
+			}
+			// The fence held at the re-read: a concurrent step moved the row; try again.
+		}
+		return fmt.Errorf("%w: renew of key %s", errRaced, p.Key)
+	})
+	if err != nil {
+		// A renewal that may have landed only extended the lease: not worth an unknown.
+		return lease.Lease{}, l.fail("renew of key "+p.Key, false, err)
+	}
+	return out, fenceErr
+}
+
+// Resolve implements ledger.Ledger: a short transaction locks the residual, applies
+// ledger.ApplyResolve with the next fencing token, writes it and raises the counter.
+func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
+	if err := l.check(); err != nil {
+		return nil, err
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	var ruleErr error
+	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
+		err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, _ *row, now time.Time, counter uint64) (*change, error) {
+			if mayHaveLanded && resolvedBy(r, p) {
+				out, ruleErr = r, nil
+				return nil, nil
+			}
+			if ruleErr = ledger.ApplyResolve(r, p, max(counter, r.Token)+1, now); ruleErr != nil {
+				out = nil
+				return nil, nil
+			}
+			out = r
+			return &change{r: r, token: r.Token}, nil
+		})
+		if errors.Is(err, errMissing) {
+			out, ruleErr = nil, fmt.Errorf("%w: resolve of key %s in namespace %q", residual.ErrNotFound, p.Key, p.Namespace)
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, l.fail("resolve of key "+p.Key, landed, err)
+	}
+	return out, ruleErr
+}
+
+// resolvedBy reports whether the last resolution of r is p's.
+func resolvedBy(r *residual.Residual, p ledger.ResolveParams) bool {
+	n := len(r.Resolutions)
+	if n == 0 {
+		return false
+	}
+	last := r.Resolutions[n-1]
+	return r.State == p.As && last.To == p.As && last.By == p.By && last.Note == p.Note && last.Evidence == p.Evidence && last.Token == r.Token
+}
+
+// AppendEvidence implements ledger.Ledger in a short transaction. An observation without a
+// time gets the ledger's clock.
+func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
+	if err := l.check(); err != nil {
+		return nil, err
+	}
+	if err := validKey("append evidence", p.Namespace, p.Key); err != nil {
+		return nil, err
+	}
+	var out *residual.Residual
+	var ruleErr error
+	var at time.Time
+	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
+		err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, _ *row, now time.Time, _ uint64) (*change, error) {
+			out, ruleErr, at = r, nil, now
+			if mayHaveLanded && len(r.Evidence) > 0 && sameEvidence(r.Evidence[len(r.Evidence)-1], p.Evidence) {
+				r.State = r.EffectiveState(now)
+				return nil, nil
+			}
+			ledger.ApplyEvidence(r, p.Evidence, now)
+			return &change{r: r}, nil
+		})
+		if errors.Is(err, errMissing) {
+			out, ruleErr = nil, fmt.Errorf("%w: append evidence to key %s in namespace %q", residual.ErrNotFound, p.Key, p.Namespace)
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, l.fail("append evidence of key "+p.Key, landed, err)
+	}
+	if out != nil {
+		out.State = out.EffectiveState(at)
+	}
+	return out, ruleErr
+}
+
+// sameEvidence reports whether stored is the observation want (whose time may have been
+// filled in by the ledger).
+func sameEvidence(stored, want residual.Evidence) bool {
+	if !want.At.IsZero() && !stored.At.Equal(want.At) {
+		return false
+	}
+	return stored.Holder == want.Holder && stored.Token == want.Token && stored.Outcome == want.Outcome &&
+		stored.ResponseDigest == want.ResponseDigest && string(stored.Result) == string(want.Result) &&
+		stored.Handle == want.Handle && stored.Note == want.Note
+}
+
+func validKey(op, namespace, key string) error {
+	if err := residual.ValidKey(key); err != nil {
+		return fmt.Errorf("%w: %s: %w", ledger.ErrInvalidParams, op, err)
+	}
+	if namespace == "" {
+		return fmt.Errorf("%w: %s: namespace is empty", ledger.ErrInvalidParams, op)
+	}
+	return nil
+}

@@ -1,0 +1,140 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// failure classifies a failed try of a ledger step.
+type failure int
+
+const (
+	succeeded failure = iota
+	// final: the server refused the statement (its transaction rolled back) or the result
+	// could not be used; trying again would not help.
+	final
+	// notSent: the connection failed before the statement reached the server; nothing
+	// was written and the step may be tried again.
+	notSent
+	// ambiguous: the connection broke after the statement was sent; it may have been
+	// committed. Only re-reading what is stored can tell.
+	ambiguous
+)
+
+// maxTries bounds the tries of one step; backoff holds the waits before each retry.
+const maxTries = 5
+
+var backoff = [maxTries]time.Duration{0, 0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond}
+
+// errTokenMoved is raised by toolfence_check_token (SQLSTATE TF409): the token counter
+// moved under a statement, which rolled back; the step is tried again.
+const errTokenMoved = "TF409"
+
+// try runs fn on one connection acquired under actx, with fn running under ctx, and
+// classifies its failure. A broken connection is ambiguous unless pgx knows the statement
+// was never sent.
+func (l *Ledger) try(actx, ctx context.Context, fn func(context.Context, *pgxpool.Conn) error) (failure, error) {
+	c, err := l.pool.Acquire(actx)
+	if err != nil {
+		if l.closed.Load() {
+			return final, err
+		}
+		return notSent, err
+	}
+	defer c.Release()
+	err = fn(ctx, c)
+	switch {
+	case err == nil:
+		return succeeded, nil
+	case c.Conn().PgConn().IsClosed():
+		// pgx reports a write that failed as safe to retry. A read that failed after the
+		// statement was sent can surface as "conn closed", which pgx also calls safe to
+		// retry: that one is ambiguous.
+		if pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed) {
+			return notSent, err
+		}
+		return ambiguous, err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == errTokenMoved {
+		return notSent, err
+	}
+	return final, err
+}
+
+// retry runs fn until it succeeds, fails for good, or maxTries are used up, waiting a little
+// between tries. fn learns (mayHaveLanded) that an earlier try broke after sending its
+// write, so it must re-read what is stored before writing again; the returned
+// mayHaveLanded says such a break happened.
+//
+// For a write, the statements run under a context that keeps ctx's values but not its
+// cancellation, bounded by the write timeout: a caller that gives up while a write is in
+// flight never turns it into an ambiguous one, and a write that may have landed is
+// re-read even when the caller has gone. Until something may have landed, the caller's ctx
+// still ends the wait for a connection and the waits between tries.
+func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error) (mayHaveLanded bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	run := ctx
+	if write {
+		var cancel context.CancelFunc
+		run, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.writeTimeout)
+		defer cancel()
+	}
+	for n := 0; ; n++ {
+		wait := ctx
+		if mayHaveLanded {
+			wait = run
+		}
+		f, err := l.try(wait, run, func(ctx context.Context, c *pgxpool.Conn) error { return fn(ctx, c, mayHaveLanded) })
+		switch f {
+		case succeeded:
+			return mayHaveLanded, nil
+		case final:
+			return mayHaveLanded, err
+		case ambiguous:
+			mayHaveLanded = true
+			wait = run
+		}
+		if n+1 >= maxTries || l.closed.Load() || wait.Err() != nil {
+			return mayHaveLanded, errors.Join(err, wait.Err())
+		}
+		if d := backoff[n+1]; d > 0 {
+			select {
+			case <-wait.Done():
+				return mayHaveLanded, errors.Join(err, wait.Err())
+			case <-l.clock.After(d):
+			}
+		}
+	}
+}
+
+// fail wraps an infrastructure failure of what (an operation and its subject):
+// ErrOutcomeUnknown when a write may have landed and could not be re-read, ErrUnavailable
+// when the server could not be reached, and the server's error otherwise.
+func (l *Ledger) fail(what string, mayHaveLanded bool, err error) error {
+	switch {
+	case mayHaveLanded:
+		return fmt.Errorf("%w: %s on %s: the connection broke after the write was sent and what is stored could not be re-read: %w",
+			ErrOutcomeUnknown, what, l.target, err)
+	case isConnError(err):
+		return fmt.Errorf("%w: %s on %s: %w", ErrUnavailable, what, l.target, err)
+	}
+	return fmt.Errorf("postgres: %s on %s: %w", what, l.target, err)
+}
+
+// isConnError reports whether err is a connection failure rather than a server's refusal.
+func isConnError(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:3] == "57P")
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err) || pgconn.Timeout(err)
+}
