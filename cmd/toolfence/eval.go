@@ -1,0 +1,123 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolfence/toolfence/evals"
+)
+
+func init() {
+	register(newEvalCmd)
+	register(newEvalWorkerCmd)
+	register(newEvalSinkCmd)
+}
+
+// pgEnv names the environment variable whose DSN enables the toolfence-postgres subject.
+const pgEnv = "TOOLFENCE_TEST_PG"
+
+func newEvalCmd(a *app) *cobra.Command {
+	cfg := evals.Config{}
+	var pg string
+	var noPG bool
+	cmd := &cobra.Command{
+		Use:   "eval",
+		Short: "Kill agents mid-tool-call and grade every outcome, against baselines",
+		Long: `eval runs the crash-simulation suite: worker processes run a guarded tool call against an
+effect sink (a separate process that logs every effect it performs) and are SIGKILLed or
+SIGSTOPped at named barriers; successors retry the task. Every trial is graded from the sink's
+log: EXACTLY_ONCE, DUPLICATED, DIVERGED, LOST, FABRICATED or BLOCKED.
+
+Subjects: toolfence on badger, toolfence on PostgreSQL (when --pg or $` + pgEnv + ` answers),
+and the baselines none, record-after, check-then-insert and expiring-in-progress.
+
+It prints the scenario × subject table, writes report.json, report.md and report.svg into
+--out, and exits with status 1 when any toolfence trial is DUPLICATED, DIVERGED, LOST or
+FABRICATED.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Trials <= 0 {
+				return usagef("--trials must be positive")
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg.Command = func(role string, args ...string) *exec.Cmd {
+				return exec.Command(exe, append([]string{"eval-" + role}, args...)...)
+			}
+			pg = cmp.Or(pg, os.Getenv(pgEnv))
+			if pg != "" && !noPG {
+				if err := evals.PostgresAvailable(cmd.Context(), pg); err != nil {
+					fmt.Fprintf(a.stderr, "toolfence eval: PostgreSQL does not answer (%v); skipping toolfence-postgres\n", err)
+				} else {
+					cfg.PostgresDSN = pg
+				}
+			}
+			cfg.Progress = a.stderr
+			rep, err := evals.Run(cmd.Context(), cfg)
+			if errors.Is(err, evals.ErrInvalidConfig) {
+				return usagef("%v", err)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(a.stdout, rep.Table())
+			if cfg.Out != "" {
+				fmt.Fprintf(a.stdout, "report written to %s/report.{json,md,svg}\n", cfg.Out)
+			}
+			if rep.Failed() {
+				return fmt.Errorf("a toolfence subject had DUPLICATED, DIVERGED, LOST or FABRICATED trials (see %s/report.md)", cfg.Out)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&cfg.Trials, "trials", 4, "trials per scenario × subject cell")
+	fl.Int64Var(&cfg.Seed, "seed", 1, "seed of the trial order and the scenarios' random choices")
+	fl.StringVar(&cfg.Out, "out", "eval-report", "directory for report.json, report.md and report.svg (empty: none)")
+	fl.StringSliceVar(&cfg.Scenarios, "scenarios", nil, "scenarios to run (default all)")
+	fl.StringSliceVar(&cfg.Subjects, "subjects", nil, "subjects to run (default all available)")
+	fl.StringVar(&pg, "pg", "", "PostgreSQL DSN for toolfence-postgres (default $"+pgEnv+")")
+	fl.BoolVar(&noPG, "no-pg", false, "skip toolfence-postgres even when a DSN is set")
+	fl.IntVar(&cfg.Parallel, "parallel", 2, "trials run at once")
+	fl.IntVar(&cfg.StressMessages, "stress-messages", 500, "messages of the stress-003 scenario (seed 003 asks for 10000)")
+	fl.DurationVar(&cfg.LeaseTTL, "lease", 500*time.Millisecond, "toolfence lease and baseline pending TTL (real time)")
+	return cmd
+}
+
+func newEvalWorkerCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:                "eval-worker",
+		Short:              "A worker process of the eval (internal)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if code := evals.WorkerMain(cmd.Context(), args, a.stdout); code != 0 {
+				return fmt.Errorf("eval worker exited %d", code)
+			}
+			return nil
+		},
+	}
+}
+
+func newEvalSinkCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:                "eval-sink",
+		Short:              "The effect sink of the eval (internal): --addr 127.0.0.1:0 --log FILE",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if code := evals.SinkMain(args, a.stdout); code != 0 {
+				return fmt.Errorf("eval sink exited %d", code)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEvalCommand(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "report")
+	r := ok(t, "eval", "--scenarios", "crash-b1,crash-b2", "--subjects", "toolfence-badger,none",
+		"--trials", "1", "--out", out, "--no-pg")
+	require.Contains(t, r.stdout, "toolfence-badger")
+	require.Regexp(t, `crash-b1\s+1 ok \(1 rec\)\s+1 DUP`, r.stdout)
+	require.Regexp(t, `crash-b2\s+1 ok\s+1 DUP`, r.stdout)
+	for _, f := range []string{"report.json", "report.md", "report.svg"} {
+		_, err := os.Stat(filepath.Join(out, f))
+		require.NoError(t, err, f)
+	}
+	require.Contains(t, r.stderr, "2/4", "a progress bar on stderr")
+}
+
+func TestEvalCommandUsage(t *testing.T) {
+	t.Parallel()
+	fails(t, 2, []string{"--trials must be positive"}, "eval", "--trials", "0")
+	fails(t, 2, []string{`unknown scenario "nope"`}, "eval", "--scenarios", "nope", "--no-pg")
+}

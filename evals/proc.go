@@ -1,0 +1,214 @@
+package evals
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// CommandFunc returns the command that runs this binary in role "worker" or "sink" with
+// args (the hidden `toolfence eval-worker` / `eval-sink` subcommands, or a re-exec of a
+// test binary).
+type CommandFunc func(role string, args ...string) *exec.Cmd
+
+// proc is one child process: a worker or the sink.
+type proc struct {
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	barriers chan string
+	done     chan struct{}
+	waitErr  error
+
+	mu      sync.Mutex
+	results []Belief
+	stderr  bytes.Buffer
+	first   string // first stdout line (the sink's URL)
+	gotLine chan struct{}
+}
+
+// startProc starts cmd with piped stdin (so a child never outlives the parent's interest)
+// and collects its stdout protocol lines.
+func startProc(cmd *exec.Cmd) (*proc, error) {
+	p := &proc{cmd: cmd, barriers: make(chan string, 64), done: make(chan struct{}), gotLine: make(chan struct{})}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("evals: starting %s: %w", cmd.Path, err)
+	}
+	p.stdin = stdin
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		firstLine := true
+		for sc.Scan() {
+			line := sc.Text()
+			if firstLine {
+				p.mu.Lock()
+				p.first = line
+				p.mu.Unlock()
+				close(p.gotLine)
+				firstLine = false
+			}
+			switch {
+			case strings.HasPrefix(line, "BARRIER "):
+				select {
+				case p.barriers <- strings.TrimPrefix(line, "BARRIER "):
+				default:
+				}
+			case strings.HasPrefix(line, "RESULT "):
+				var b Belief
+				if json.Unmarshal([]byte(strings.TrimPrefix(line, "RESULT ")), &b) == nil {
+					p.mu.Lock()
+					p.results = append(p.results, b)
+					p.mu.Unlock()
+				}
+			}
+		}
+		if firstLine {
+			close(p.gotLine)
+		}
+	}()
+	go func() {
+		<-scanned
+		p.waitErr = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// waitBarrier waits until agent 0 announces name. It fails when the process exits first or
+// the timeout passes.
+func (p *proc) waitBarrier(name string, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case b := <-p.barriers:
+			if b == "0 "+name {
+				return nil
+			}
+		case <-p.done:
+			return fmt.Errorf("worker exited before barrier %s: %s", name, p.stderrTail())
+		case <-t.C:
+			return fmt.Errorf("worker did not reach barrier %s within %v", name, timeout)
+		}
+	}
+}
+
+// kill SIGKILLs the process and waits for it.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGCONT) // a stopped process dies only once continued on some kernels
+	<-p.done
+}
+
+func (p *proc) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// wait waits for the process to exit and returns its beliefs; past timeout it kills it.
+func (p *proc) wait(timeout time.Duration) ([]Belief, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.kill()
+		return p.beliefs(), fmt.Errorf("worker ran past %v and was killed", timeout)
+	}
+	_ = p.stdin.Close()
+	var ee *exec.ExitError
+	if p.waitErr != nil && !errors.As(p.waitErr, &ee) {
+		return p.beliefs(), p.waitErr
+	}
+	if p.cmd.ProcessState.ExitCode() != 0 {
+		return p.beliefs(), fmt.Errorf("worker exited %d: %s", p.cmd.ProcessState.ExitCode(), p.stderrTail())
+	}
+	return p.beliefs(), nil
+}
+
+func (p *proc) beliefs() []Belief {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Belief(nil), p.results...)
+}
+
+func (p *proc) stderrTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := strings.TrimSpace(p.stderr.String())
+	if len(s) > 400 {
+		s = "…" + s[len(s)-400:]
+	}
+	return s
+}
+
+// sinkClient drives the sink's control API.
+type sinkClient struct {
+	base string
+	hc   *http.Client
+}
+
+// waitHeld long-polls until the sink holds the answer to intent's first request.
+func (c sinkClient) waitHeld(ctx context.Context, intent string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
+	defer cancel()
+	u := c.base + "/control/held?intent=" + url.QueryEscape(intent) + "&timeout=" + timeout.String()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("sink held nothing for %s (status %d)", intent, resp.StatusCode)
+	}
+	return nil
+}
+
+// release lets the held answer go ("respond") or drops the connection ("drop").
+func (c sinkClient) release(ctx context.Context, intent, action string) error {
+	u := c.base + "/control/release?intent=" + url.QueryEscape(intent) + "&action=" + action
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}

@@ -1,0 +1,293 @@
+package evals
+
+import (
+	"encoding/json"
+	"fmt"
+	"html"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Cell is the tally of one scenario × subject.
+type Cell struct {
+	Scenario string          `json:"scenario"`
+	Subject  string          `json:"subject"`
+	Trials   int             `json:"trials"`
+	Counts   map[Outcome]int `json:"counts"`
+	// Reconciled is the number of residuals probes settled automatically.
+	Reconciled int `json:"auto_reconciled"`
+	// HarnessErrors counts trials where a worker misbehaved (timeout, exit code); they are
+	// graded all the same.
+	HarnessErrors int `json:"harness_errors"`
+}
+
+// Report is the result of a Run.
+type Report struct {
+	Seed      int64         `json:"seed"`
+	Trials    int           `json:"trials_per_cell"`
+	LeaseTTL  string        `json:"lease_ttl"`
+	Started   time.Time     `json:"started"`
+	Duration  time.Duration `json:"duration_ns"`
+	Scenarios []Scenario    `json:"-"`
+	Subjects  []string      `json:"subjects"`
+	Cells     []Cell        `json:"cells"`
+	Results   []TrialResult `json:"trials"`
+}
+
+func newReport(cfg Config, scens []Scenario, subs []string, results []TrialResult, d time.Duration) *Report {
+	rep := &Report{Seed: cfg.Seed, Trials: cfg.Trials, LeaseTTL: cfg.LeaseTTL.String(),
+		Started: time.Now().Add(-d).UTC(), Duration: d, Scenarios: scens, Subjects: subs, Results: results}
+	idx := map[string]*Cell{}
+	for _, sc := range scens {
+		for _, sub := range subs {
+			rep.Cells = append(rep.Cells, Cell{Scenario: sc.Name, Subject: sub, Counts: map[Outcome]int{}})
+		}
+	}
+	for i := range rep.Cells {
+		c := &rep.Cells[i]
+		idx[c.Scenario+"\x00"+c.Subject] = c
+	}
+	for _, r := range results {
+		c := idx[r.Scenario+"\x00"+r.Subject]
+		if c == nil {
+			continue
+		}
+		c.Trials++
+		c.Counts[r.Grade.Outcome]++
+		c.Reconciled += r.Grade.Reconciled
+		if r.Error != "" {
+			c.HarnessErrors++
+		}
+	}
+	return rep
+}
+
+func (r *Report) hasStress() bool {
+	for _, sc := range r.Scenarios {
+		if sc.Name == StressScenario {
+			return true
+		}
+	}
+	return false
+}
+
+// Failed reports whether any toolfence subject had a DUPLICATED, DIVERGED, LOST or
+// FABRICATED trial.
+func (r *Report) Failed() bool {
+	for _, c := range r.Cells {
+		if !IsToolfence(c.Subject) {
+			continue
+		}
+		for o, n := range c.Counts {
+			if o.Bad() && n > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Cell returns the cell of scenario × subject, or the zero Cell when it was not run.
+func (r *Report) Cell(scenario, subject string) Cell {
+	for _, c := range r.Cells {
+		if c.Scenario == scenario && c.Subject == subject {
+			return c
+		}
+	}
+	return Cell{}
+}
+
+// cellText renders a cell's counts compactly: "5 ok", "3 DUP 2 ok", "4 blk 1 ok".
+func cellText(c Cell) string {
+	short := map[Outcome]string{ExactlyOnce: "ok", Blocked: "blocked", Duplicated: "DUP", Diverged: "DIV", Lost: "LOST", Fabricated: "FAB"}
+	var parts []string
+	for _, o := range []Outcome{Duplicated, Diverged, Lost, Fabricated, Blocked, ExactlyOnce} {
+		if n := c.Counts[o]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, short[o]))
+		}
+	}
+	if c.Reconciled > 0 {
+		parts = append(parts, fmt.Sprintf("(%d rec)", c.Reconciled))
+	}
+	if c.HarnessErrors > 0 {
+		parts = append(parts, fmt.Sprintf("[%d harness err]", c.HarnessErrors))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
+}
+
+// Table renders the scenario × subject table as aligned text.
+func (r *Report) Table() string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "scenario\t%s\t\n", strings.Join(r.Subjects, "\t"))
+	for _, sc := range r.Scenarios {
+		row := []string{sc.Name}
+		for _, sub := range r.Subjects {
+			row = append(row, cellText(r.Cell(sc.Name, sub)))
+		}
+		fmt.Fprintf(tw, "%s\t\n", strings.Join(row, "\t"))
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(&b, "\n%d trials per cell, seed %d, lease %s, %.1fs. ok = EXACTLY_ONCE, blocked = fail closed, rec = residuals settled by a probe automatically.\n",
+		r.Trials, r.Seed, r.LeaseTTL, r.Duration.Seconds())
+	if r.hasStress() {
+		b.WriteString(StressScenario + " counts messages, not trials.\n")
+	}
+	return b.String()
+}
+
+// Totals returns the outcome counts of one subject over every scenario.
+func (r *Report) Totals(subject string) map[Outcome]int {
+	t := map[Outcome]int{}
+	for _, c := range r.Cells {
+		if c.Subject == subject {
+			for o, n := range c.Counts {
+				t[o] += n
+			}
+		}
+	}
+	return t
+}
+
+// Markdown renders the report as a Markdown document.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# toolfence eval report\n\n%d trials per cell, seed %d, lease %s, run took %.1fs (%s).\n\n",
+		r.Trials, r.Seed, r.LeaseTTL, r.Duration.Seconds(), r.Started.Format(time.RFC3339))
+	if r.hasStress() {
+		b.WriteString("The " + StressScenario + " row counts messages, not trials.\n\n")
+	}
+	b.WriteString("Cells: EXACTLY_ONCE (ok), BLOCKED, DUPLICATED (DUP), DIVERGED (DIV), LOST, FABRICATED (FAB); " +
+		"`rec` counts residuals settled automatically by a probe.\n\n")
+	fmt.Fprintf(&b, "| scenario | %s |\n|---|%s\n", strings.Join(r.Subjects, " | "), strings.Repeat("---|", len(r.Subjects)))
+	for _, sc := range r.Scenarios {
+		row := []string{sc.Name}
+		for _, sub := range r.Subjects {
+			row = append(row, cellText(r.Cell(sc.Name, sub)))
+		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(row, " | "))
+	}
+	b.WriteString("\n## Totals per subject\n\n| subject |")
+	for _, o := range Outcomes {
+		fmt.Fprintf(&b, " %s |", o)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(Outcomes)) + "\n")
+	for _, sub := range r.Subjects {
+		t := r.Totals(sub)
+		fmt.Fprintf(&b, "| %s |", sub)
+		for _, o := range Outcomes {
+			fmt.Fprintf(&b, " %d |", t[o])
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n## Scenarios\n\n")
+	for _, sc := range r.Scenarios {
+		fmt.Fprintf(&b, "- **%s**: %s\n", sc.Name, sc.Doc)
+	}
+	var bad []TrialResult
+	for _, t := range r.Results {
+		if t.Grade.Outcome.Bad() && IsToolfence(t.Subject) {
+			bad = append(bad, t)
+		}
+	}
+	if len(bad) > 0 {
+		b.WriteString("\n## Failing toolfence trials\n\n")
+		for _, t := range bad {
+			fmt.Fprintf(&b, "- %s × %s #%d: %s %s\n", t.Scenario, t.Subject, t.Index, t.Grade.Outcome, t.Grade.Detail)
+		}
+	}
+	return b.String()
+}
+
+var outcomeColors = map[Outcome]string{
+	ExactlyOnce: "#2e7d32", Blocked: "#f9a825", Duplicated: "#c62828", Diverged: "#6a1b9a",
+	Lost: "#1565c0", Fabricated: "#000000",
+}
+
+// SVG renders grouped bars: for each subject, one bar per outcome with its share of trials.
+func (r *Report) SVG() string {
+	const (
+		barW, gap, groupGap, chartH, top, left = 14, 2, 28, 220, 40, 50
+	)
+	groupW := len(Outcomes)*(barW+gap) + groupGap
+	width := left + len(r.Subjects)*groupW + 20
+	height := top + chartH + 90
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", width, height)
+	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">Outcomes per subject (%% of trials; %d per cell, seed %d)</text>`+"\n", left, r.Trials, r.Seed)
+	for _, pct := range []int{0, 25, 50, 75, 100} {
+		y := top + chartH - pct*chartH/100
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ddd"/><text x="%d" y="%d" text-anchor="end">%d%%</text>`+"\n",
+			left, y, width-10, y, left-5, y+4, pct)
+	}
+	for gi, sub := range r.Subjects {
+		t := r.Totals(sub)
+		total := 0
+		for _, n := range t {
+			total += n
+		}
+		x0 := left + gi*groupW + groupGap/2
+		for oi, o := range Outcomes {
+			h := 0
+			if total > 0 {
+				h = t[o] * chartH / total
+			}
+			x := x0 + oi*(barW+gap)
+			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"><title>%s %s: %d of %d</title></rect>`+"\n",
+				x, top+chartH-h, barW, h, outcomeColors[o], html.EscapeString(sub), o, t[o], total)
+			if t[o] > 0 {
+				fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle" font-size="9">%d</text>`+"\n", x+barW/2, top+chartH-h-3, t[o])
+			}
+		}
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n",
+			x0+len(Outcomes)*(barW+gap)/2, top+chartH+16, html.EscapeString(sub))
+	}
+	for oi, o := range Outcomes {
+		x := left + (oi%3)*180
+		y := top + chartH + 40 + (oi/3)*18
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", x, y, outcomeColors[o], x+16, y+10, o)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// Write writes report.json, report.md and report.svg into dir (created when missing).
+func (r *Report) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(struct {
+		*Report
+		Scenarios []scenarioDoc `json:"scenarios"`
+	}{r, scenarioDocs(r.Scenarios)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	for name, body := range map[string][]byte{
+		"report.json": append(js, '\n'), "report.md": []byte(r.Markdown()), "report.svg": []byte(r.SVG()),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
+			return fmt.Errorf("evals: writing %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+type scenarioDoc struct {
+	Name string `json:"name"`
+	Doc  string `json:"doc"`
+}
+
+func scenarioDocs(s []Scenario) []scenarioDoc {
+	out := make([]scenarioDoc, len(s))
+	for i, sc := range s {
+		out[i] = scenarioDoc{sc.Name, sc.Doc}
+	}
+	return out
+}

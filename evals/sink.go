@@ -1,0 +1,451 @@
+package evals
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/toolfence/toolfence/residual"
+)
+
+// Sink modes, chosen per request with the "mode" query parameter. A fault mode applies only
+// to the first request of an intent; later requests of the same intent are answered 200, so
+// a retry can succeed and a duplicate shows up as a second effect.
+const (
+	ModeOK         = "ok"          // effect, then 200
+	ModeQueued     = "queued"      // 202 with a job; the job completes later with the effect
+	ModeQueuedFail = "queued_fail" // 202 with a job; the job later fails with no effect
+	ModeFail       = "fail"        // effect, then 500
+	ModeHang       = "hang"        // effect, then no answer until the client gives up
+	ModeDrop       = "drop"        // effect, then the connection is closed without an answer
+)
+
+// SinkConfig configures a Sink.
+type SinkConfig struct {
+	// LogPath is the append-only log file. Required.
+	LogPath string
+	// HonorIdempotency makes the sink answer a repeated Idempotency-Key with the stored
+	// answer and no new effect. Defaults to off: the evals must not rely on upstream dedupe.
+	HonorIdempotency bool
+	// CompleteAfter is how long a queued job takes. Defaults to 100ms.
+	CompleteAfter time.Duration
+}
+
+// Sink is the effect sink: an HTTP API that performs the "side effect" by appending a record
+// to its own fsync'd log before answering. It is safe for concurrent use.
+type Sink struct {
+	cfg SinkConfig
+	f   *os.File
+
+	mu      sync.Mutex
+	seq     int64
+	nEffect int64
+	nJob    int64
+	seen    map[string]int           // requests per intent
+	byKey   map[string][]*Record     // effects and accepted records by Idempotency-Key
+	answers map[string]storedAnswer  // first answer per Idempotency-Key (when honouring)
+	jobs    map[string]*job          // by job id
+	held    map[string]*heldResponse // by intent
+	changed chan struct{}            // closed and replaced whenever held changes
+	honor   bool
+}
+
+type storedAnswer struct {
+	status int
+	body   []byte
+}
+
+type job struct {
+	intent, key, digest, id, status, effect string
+}
+
+type heldResponse struct {
+	seq    int64
+	action chan string
+}
+
+// NewSink opens (creating or appending to) the log and returns a Sink. It returns an error
+// when the log cannot be opened.
+func NewSink(cfg SinkConfig) (*Sink, error) {
+	if cfg.LogPath == "" {
+		return nil, errors.New("evals: sink: log path is required")
+	}
+	if cfg.CompleteAfter <= 0 {
+		cfg.CompleteAfter = 100 * time.Millisecond
+	}
+	f, err := os.OpenFile(cfg.LogPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("evals: sink: %w", err)
+	}
+	return &Sink{
+		cfg: cfg, f: f, seen: map[string]int{}, byKey: map[string][]*Record{},
+		answers: map[string]storedAnswer{}, jobs: map[string]*job{}, held: map[string]*heldResponse{},
+		changed: make(chan struct{}), honor: cfg.HonorIdempotency,
+	}, nil
+}
+
+// Close closes the log.
+func (s *Sink) Close() error { return s.f.Close() }
+
+// appendLocked numbers rec, writes it to the log and fsyncs; s.mu must be held.
+func (s *Sink) appendLocked(rec *Record) error {
+	s.seq++
+	rec.Seq = s.seq
+	rec.At = time.Now().UTC()
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := s.f.Write(append(b, '\n')); err != nil {
+		return err
+	}
+	return s.f.Sync()
+}
+
+// Handler returns the sink's HTTP API:
+//
+//	POST /effect?mode=M&hold=1    perform the effect (body: JSON with "intent")
+//	GET  /status/{job}             a queued job's status
+//	GET  /lookup?key=K|intent=I    effects and jobs, for probes
+//	GET  /control/held?intent=I    long-poll until a held response exists for I
+//	POST /control/release?intent=I&action=respond|drop
+//	POST /control/idempotency?on=1|0
+func (s *Sink) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /effect", s.effect)
+	mux.HandleFunc("GET /status/{job}", s.status)
+	mux.HandleFunc("GET /lookup", s.lookup)
+	mux.HandleFunc("GET /control/held", s.waitHeld)
+	mux.HandleFunc("POST /control/release", s.release)
+	mux.HandleFunc("POST /control/idempotency", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.honor = r.URL.Query().Get("on") == "1"
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
+
+// effectBody is the part of the request body the sink reads.
+type effectBody struct {
+	Intent string `json:"intent"`
+}
+
+func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var eb effectBody
+	if err := json.Unmarshal(body, &eb); err != nil || eb.Intent == "" {
+		http.Error(w, "body must be JSON with an intent", http.StatusBadRequest)
+		return
+	}
+	digest, err := residual.Digest(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	q := r.URL.Query()
+
+	s.mu.Lock()
+	if s.honor && key != "" {
+		if a, ok := s.answers[key]; ok {
+			s.mu.Unlock()
+			writeJSON(w, a.status, a.body)
+			return
+		}
+	}
+	s.seen[eb.Intent]++
+	first := s.seen[eb.Intent] == 1
+	mode := ModeOK
+	if first && q.Get("mode") != "" {
+		mode = q.Get("mode")
+	}
+	rec := &Record{Intent: eb.Intent, Key: key, Digest: digest, Holder: r.Header.Get("X-Holder")}
+	var status int
+	var answer []byte
+	switch mode {
+	case ModeQueued, ModeQueuedFail:
+		s.nJob++
+		rec.Kind, rec.Job = KindAccepted, fmt.Sprintf("j-%d", s.nJob)
+		status = http.StatusAccepted
+		answer, _ = json.Marshal(map[string]string{"status": "queued", "job": rec.Job})
+	case ModeOK, ModeFail, ModeHang, ModeDrop:
+		s.nEffect++
+		rec.Kind, rec.ID = KindEffect, fmt.Sprintf("e-%d", s.nEffect)
+		status = http.StatusOK
+		answer, _ = json.Marshal(map[string]string{"status": "done", "effect_id": rec.ID})
+	default:
+		s.mu.Unlock()
+		http.Error(w, "unknown mode "+mode, http.StatusBadRequest)
+		return
+	}
+	if err := s.appendLocked(rec); err != nil {
+		s.mu.Unlock()
+		http.Error(w, "sink log: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if key != "" {
+		s.byKey[key] = append(s.byKey[key], rec)
+		if _, ok := s.answers[key]; !ok && mode != ModeFail {
+			s.answers[key] = storedAnswer{status, answer}
+		}
+	}
+	if rec.Kind == KindAccepted {
+		j := &job{intent: eb.Intent, key: key, digest: digest, id: rec.Job, status: "queued"}
+		s.jobs[j.id] = j
+		go s.complete(j, mode == ModeQueuedFail)
+	}
+	var h *heldResponse
+	if first && q.Get("hold") == "1" {
+		h = &heldResponse{seq: rec.Seq, action: make(chan string, 1)}
+		s.held[eb.Intent] = h
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+	s.mu.Unlock()
+
+	if h != nil {
+		// The effect is durable; the answer waits for the parent (which may kill the client).
+		var action string
+		select {
+		case action = <-h.action:
+		case <-r.Context().Done():
+			action = "gone"
+		}
+		s.mu.Lock()
+		if s.held[eb.Intent] == h {
+			delete(s.held, eb.Intent)
+		}
+		s.mu.Unlock()
+		if action == "drop" || action == "gone" {
+			mode = ModeDrop
+		}
+	}
+	switch mode {
+	case ModeFail:
+		http.Error(w, `{"status":"error","error":"internal error after the effect"}`, http.StatusInternalServerError)
+	case ModeHang:
+		select {
+		case <-r.Context().Done():
+		case <-time.After(30 * time.Second):
+		}
+	case ModeDrop:
+		dropConn(w)
+	default:
+		writeJSON(w, status, answer)
+	}
+}
+
+// dropConn closes the connection without an answer: the response is lost in transit.
+func dropConn(w http.ResponseWriter) {
+	if hj, ok := w.(http.Hijacker); ok {
+		if c, _, err := hj.Hijack(); err == nil {
+			_ = c.Close()
+			return
+		}
+	}
+	panic(http.ErrAbortHandler)
+}
+
+func (s *Sink) complete(j *job, fail bool) {
+	time.Sleep(s.cfg.CompleteAfter)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := &Record{Intent: j.intent, Key: j.key, Digest: j.digest, Job: j.id}
+	if fail {
+		rec.Kind = KindJobFailed
+	} else {
+		s.nEffect++
+		rec.Kind, rec.ID = KindEffect, fmt.Sprintf("e-%d", s.nEffect)
+	}
+	if err := s.appendLocked(rec); err != nil {
+		return // the job stays queued; probes keep seeing it open
+	}
+	if fail {
+		j.status = "failed"
+	} else {
+		j.status, j.effect = "done", rec.ID
+		if j.key != "" {
+			s.byKey[j.key] = append(s.byKey[j.key], rec)
+		}
+	}
+}
+
+func (s *Sink) status(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	j, ok := s.jobs[r.PathValue("job")]
+	var b []byte
+	if ok {
+		b, _ = json.Marshal(map[string]string{"status": j.status, "job": j.id, "effect_id": j.effect})
+	}
+	s.mu.Unlock()
+	if !ok {
+		http.Error(w, "no such job", http.StatusNotFound)
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
+// LookupAnswer is what GET /lookup returns.
+type LookupAnswer struct {
+	Effects []LookupEffect `json:"effects"`
+	Jobs    []LookupJob    `json:"jobs"`
+}
+
+// LookupEffect is one effect in a LookupAnswer.
+type LookupEffect struct {
+	ID  string `json:"id"`
+	Job string `json:"job,omitempty"`
+}
+
+// LookupJob is one queued job in a LookupAnswer.
+type LookupJob struct {
+	Job    string `json:"job"`
+	Status string `json:"status"`
+	Effect string `json:"effect_id,omitempty"`
+}
+
+func (s *Sink) lookup(w http.ResponseWriter, r *http.Request) {
+	key, intent := r.URL.Query().Get("key"), r.URL.Query().Get("intent")
+	ans := LookupAnswer{Effects: []LookupEffect{}, Jobs: []LookupJob{}}
+	s.mu.Lock()
+	var recs []*Record
+	if key != "" {
+		recs = s.byKey[key]
+	} else {
+		for _, rs := range s.byKey {
+			for _, rec := range rs {
+				if rec.Intent == intent {
+					recs = append(recs, rec)
+				}
+			}
+		}
+	}
+	for _, rec := range recs {
+		switch rec.Kind {
+		case KindEffect:
+			ans.Effects = append(ans.Effects, LookupEffect{ID: rec.ID, Job: rec.Job})
+		case KindAccepted:
+			j := s.jobs[rec.Job]
+			ans.Jobs = append(ans.Jobs, LookupJob{Job: j.id, Status: j.status, Effect: j.effect})
+		}
+	}
+	s.mu.Unlock()
+	b, _ := json.Marshal(ans)
+	writeJSON(w, http.StatusOK, b)
+}
+
+func (s *Sink) waitHeld(w http.ResponseWriter, r *http.Request) {
+	intent := r.URL.Query().Get("intent")
+	timeout, err := time.ParseDuration(r.URL.Query().Get("timeout"))
+	if err != nil || timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	deadline := time.After(timeout)
+	for {
+		s.mu.Lock()
+		h, ch := s.held[intent], s.changed
+		s.mu.Unlock()
+		if h != nil {
+			writeJSON(w, http.StatusOK, []byte(`{"seq":`+strconv.FormatInt(h.seq, 10)+`}`))
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			http.Error(w, "nothing held", http.StatusRequestTimeout)
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func (s *Sink) release(w http.ResponseWriter, r *http.Request) {
+	intent, action := r.URL.Query().Get("intent"), r.URL.Query().Get("action")
+	if action != "drop" {
+		action = "respond"
+	}
+	s.mu.Lock()
+	h := s.held[intent]
+	s.mu.Unlock()
+	if h == nil {
+		http.Error(w, "nothing held", http.StatusNotFound)
+		return
+	}
+	select {
+	case h.action <- action:
+	default:
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// SinkMain runs a sink process: it listens on --addr, prints its base URL on stdout and
+// serves until SIGTERM/SIGINT, or until stdin closes with --exit-on-stdin-eof (so a sink
+// never outlives the parent that started it).
+// It returns the process exit code.
+func SinkMain(args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("eval-sink", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	logPath := fs.String("log", "", "append-only effect log (required)")
+	honor := fs.Bool("honor-idempotency", false, "answer a repeated Idempotency-Key without a new effect")
+	completeAfter := fs.Duration("complete-after", 100*time.Millisecond, "how long a queued job takes")
+	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "exit when stdin closes (set by a parent process)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	s, err := NewSink(SinkConfig{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "evals: sink:", err)
+		return 1
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stdout, "http://%s\n", ln.Addr())
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if *stdinEOF {
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			stop()
+		}()
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(os.Stderr, "evals: sink:", err)
+		return 1
+	}
+	return 0
+}

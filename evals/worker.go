@@ -1,0 +1,504 @@
+package evals
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/toolfence/toolfence/evals/baselines"
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/ledger/postgres"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// Barrier names, in the order a guarded call passes them.
+const (
+	// BarrierB0 is before the guard reserves anything.
+	BarrierB0 = "b0"
+	// BarrierReserved is inside the tool, after the reservation, before the dispatch.
+	BarrierReserved = "reserved"
+	// BarrierB1 is after the sink performed the effect, before the answer reaches the
+	// worker; the sink holds the answer (it is driven by the sink, not printed here).
+	BarrierB1 = "b1"
+	// BarrierB2 is after the guarded call returned: the terminal commit and the release
+	// are done, the agent has not reported yet.
+	BarrierB2 = "b2"
+)
+
+// WorkerSpec is what one worker process runs: one guarded call of one subject, by one or
+// more agents (goroutines) of the process.
+type WorkerSpec struct {
+	Name    string `json:"name"`
+	Subject string `json:"subject"`
+	// Store is the badger directory, the baseline file-store directory, or a PostgreSQL DSN.
+	Store  string `json:"store"`
+	Schema string `json:"schema,omitempty"`
+	Sink   string `json:"sink"`
+	Task   string `json:"task"`
+	// Intent is the business identity (the tool's target and the sink's intent).
+	Intent string `json:"intent"`
+	// Text is the payload wording (payload drift changes it).
+	Text string `json:"text"`
+	// Mode is the sink mode of the intent's first request; Hold makes the sink hold the
+	// answer of that request until the parent releases it (barrier b1).
+	Mode string `json:"mode,omitempty"`
+	Hold bool   `json:"hold,omitempty"`
+	// StopAt names the barrier where agent 0 stops and waits to be killed.
+	StopAt string `json:"stop_at,omitempty"`
+	// Agents is the number of agents running the call at once in this process (default 1).
+	Agents int `json:"agents,omitempty"`
+	// LeaseMS is the toolfence lease (and baseline pending TTL) in milliseconds.
+	LeaseMS int `json:"lease_ms"`
+	// TimeoutMS is the HTTP client timeout in milliseconds.
+	TimeoutMS int `json:"timeout_ms"`
+	// BudgetMS is how long an agent keeps retrying before it gives up.
+	BudgetMS int `json:"budget_ms"`
+	// Stress, when set, replaces the single call by the seed-003 stress test.
+	Stress *StressSpec `json:"stress,omitempty"`
+}
+
+// StressSpec is seed 003's stress test: Messages messages, DupRate of them delivered
+// twice, spread over Consumers concurrent consumers in this process; the deliveries are
+// shuffled with Seed. Every message is its own intent, StressIntent(Prefix, i).
+type StressSpec struct {
+	Prefix    string  `json:"prefix"`
+	Messages  int     `json:"messages"`
+	DupRate   float64 `json:"dup_rate"`
+	Consumers int     `json:"consumers"`
+	Seed      int64   `json:"seed"`
+}
+
+// StressIntent names message i of a stress run.
+func StressIntent(prefix string, i int) string { return fmt.Sprintf("%s.msg-%05d", prefix, i) }
+
+// deliveries returns the shuffled message indexes to deliver, duplicates included.
+func (s StressSpec) deliveries() []int {
+	rng := rand.New(rand.NewSource(s.Seed))
+	out := make([]int, 0, s.Messages+int(float64(s.Messages)*s.DupRate)+1)
+	for i := range s.Messages {
+		out = append(out, i)
+		if rng.Float64() < s.DupRate {
+			out = append(out, i)
+		}
+	}
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// Subject names.
+const (
+	SubjectToolfenceBadger   = "toolfence-badger"
+	SubjectToolfencePostgres = "toolfence-postgres"
+	// SubjectToolfenceNoProbe is toolfence on badger with no probe registered: unknown
+	// outcomes stay blocked for a person, which is what BLOCKED costs.
+	SubjectToolfenceNoProbe = "toolfence-badger-noprobe"
+	SubjectNone             = "none"
+	SubjectRecordAfter      = "record-after"
+	SubjectCheckThenInsert  = "check-then-insert"
+	SubjectExpiring         = "expiring-in-progress"
+	SubjectMarkBefore       = "mark-before"
+)
+
+// IsToolfence reports whether subject is a toolfence subject (whose failures fail the eval).
+func IsToolfence(subject string) bool {
+	return subject == SubjectToolfenceBadger || subject == SubjectToolfencePostgres || subject == SubjectToolfenceNoProbe
+}
+
+// operation is the tool name every eval call uses.
+const operation = "charge"
+
+// WorkerMain runs a worker process: it reads the spec from --spec (JSON), prints
+// "BARRIER <agent> <name>" at every barrier and "RESULT <belief JSON>" per agent on stdout,
+// and, at the barrier named by StopAt, blocks reading stdin until it is killed (or stdin
+// closes). It returns the process exit code.
+func WorkerMain(ctx context.Context, args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("eval-worker", flag.ContinueOnError)
+	specJSON := fs.String("spec", "", "worker spec (JSON)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var spec WorkerSpec
+	if err := json.Unmarshal([]byte(*specJSON), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "evals: worker: bad --spec:", err)
+		return 2
+	}
+	w := &worker{spec: spec, out: stdout, mu: &sync.Mutex{}}
+	for _, b := range w.run(ctx) {
+		line, _ := json.Marshal(b)
+		w.print("RESULT " + string(line))
+	}
+	return 0
+}
+
+type worker struct {
+	spec  WorkerSpec
+	mu    *sync.Mutex
+	out   io.Writer
+	quiet bool
+}
+
+// forMessage returns a worker for one stress delivery: same process, another intent.
+func (w *worker) forMessage(intent string) *worker {
+	c := *w
+	c.spec.Intent, c.spec.Text, c.spec.Stress, c.quiet = intent, "deliver "+intent, nil, true
+	return &c
+}
+
+func (w *worker) print(line string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fmt.Fprintln(w.out, line)
+	if f, ok := w.out.(interface{ Sync() error }); ok {
+		_ = f.Sync()
+	}
+}
+
+// barrier announces that agent passed name; agent 0 stops at spec.StopAt until killed.
+func (w *worker) barrier(agent int, name string) {
+	if w.quiet {
+		return
+	}
+	w.print(fmt.Sprintf("BARRIER %d %s", agent, name))
+	if agent == 0 && name == w.spec.StopAt {
+		_, _ = io.Copy(io.Discard, bufio.NewReader(os.Stdin))
+		os.Exit(3) // the parent closed stdin instead of killing us
+	}
+}
+
+func (w *worker) agents() int { return max(w.spec.Agents, 1) }
+
+func (w *worker) run(ctx context.Context) []Belief {
+	out := make([]Belief, w.agents())
+	name := func(i int) string {
+		if w.agents() == 1 {
+			return w.spec.Name
+		}
+		return fmt.Sprintf("%s.%d", w.spec.Name, i)
+	}
+	var runAgent func(ctx context.Context, w *worker, i int) Belief
+	switch w.spec.Subject {
+	case SubjectToolfenceBadger, SubjectToolfencePostgres, SubjectToolfenceNoProbe:
+		l, err := w.openLedger(ctx)
+		if err != nil {
+			for i := range out {
+				out[i] = Belief{Worker: name(i), State: BeliefBlocked, Reason: "ledger unavailable, not dispatched: " + err.Error()}
+			}
+			return out
+		}
+		defer l.Close()
+		runAgent = func(ctx context.Context, w *worker, i int) Belief { return w.toolfenceAgent(ctx, l, i) }
+	default:
+		g, err := w.baseline()
+		if err != nil {
+			for i := range out {
+				out[i] = Belief{Worker: name(i), State: BeliefBlocked, Reason: err.Error()}
+			}
+			return out
+		}
+		runAgent = func(ctx context.Context, w *worker, i int) Belief { return w.baselineAgent(ctx, g, i) }
+	}
+	if w.spec.Stress != nil {
+		return w.stress(ctx, runAgent)
+	}
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Go(func() {
+			out[i] = runAgent(ctx, w, i)
+			out[i].Worker = name(i)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// stress delivers the stress messages to Consumers goroutines and returns one belief per
+// delivery, with Intent set.
+func (w *worker) stress(ctx context.Context, runAgent func(ctx context.Context, w *worker, i int) Belief) []Belief {
+	st := *w.spec.Stress
+	ds := st.deliveries()
+	out := make([]Belief, len(ds))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range max(st.Consumers, 1) {
+		wg.Go(func() {
+			for k := range next {
+				intent := StressIntent(st.Prefix, ds[k])
+				b := runAgent(ctx, w.forMessage(intent), k)
+				b.Worker, b.Intent = fmt.Sprintf("delivery-%d", k), intent
+				out[k] = b
+			}
+		})
+	}
+	for k := range ds {
+		next <- k
+	}
+	close(next)
+	wg.Wait()
+	return out
+}
+
+func (w *worker) openLedger(ctx context.Context) (ledger.Ledger, error) {
+	if w.spec.Subject == SubjectToolfencePostgres {
+		conns := max(w.spec.Agents, 1) + 1
+		if w.spec.Stress != nil {
+			conns = min(w.spec.Stress.Consumers, 20)
+		}
+		return postgres.Open(ctx, w.spec.Store, postgres.Options{Schema: w.spec.Schema, MaxConns: int32(conns)})
+	}
+	return badger.Open(w.spec.Store, badger.Options{})
+}
+
+func (w *worker) lease() time.Duration {
+	return time.Duration(max(w.spec.LeaseMS, 100)) * time.Millisecond
+}
+
+func (w *worker) baseline() (baselines.Guard, error) {
+	store := baselines.FileStore{Dir: w.spec.Store}
+	switch w.spec.Subject {
+	case SubjectNone:
+		return baselines.None{}, nil
+	case SubjectRecordAfter:
+		return baselines.RecordAfter{Store: store}, nil
+	case SubjectCheckThenInsert:
+		return baselines.CheckThenInsert{Store: store, TTL: w.lease()}, nil
+	case SubjectExpiring:
+		return baselines.ExpiringInProgress{Store: store, TTL: w.lease()}, nil
+	case SubjectMarkBefore:
+		return baselines.MarkBefore{Store: store}, nil
+	}
+	return nil, fmt.Errorf("evals: unknown subject %q", w.spec.Subject)
+}
+
+// payload is the business request the sink receives.
+func (w *worker) payload() []byte {
+	b, _ := json.Marshal(map[string]any{"intent": w.spec.Intent, "text": w.spec.Text, "amount_cents": 4200})
+	return b
+}
+
+// post sends the effect request. The first request of the process carries the spec's mode
+// and hold (the sink applies them only to the intent's first request anyway).
+func (w *worker) post(ctx context.Context, key, holder string, first bool) (int, []byte, error) {
+	q := url.Values{}
+	if first && w.spec.Mode != "" {
+		q.Set("mode", w.spec.Mode)
+	}
+	if first && w.spec.Hold {
+		q.Set("hold", "1")
+	}
+	var cancel context.CancelFunc
+	if first && w.spec.Hold && w.spec.Mode != ModeHang {
+		// A held answer outlives the client timeout and the call's own deadline: the parent,
+		// not the clock, decides what becomes of it (a kill, or a late answer to a zombie).
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(max(w.spec.TimeoutMS, 50))*time.Millisecond)
+	}
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.spec.Sink+"/effect?"+q.Encode(), bytes.NewReader(w.payload()))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Holder", holder)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+// resultID extracts the effect id (or, for a queued answer, the job id) from a sink answer.
+func resultID(body []byte) string {
+	var a struct {
+		EffectID string `json:"effect_id"`
+		Job      string `json:"job"`
+	}
+	if json.Unmarshal(body, &a) != nil {
+		return string(body)
+	}
+	if a.EffectID != "" {
+		return a.EffectID
+	}
+	return a.Job
+}
+
+func (w *worker) deadline() time.Time {
+	return time.Now().Add(time.Duration(max(w.spec.BudgetMS, 1000)) * time.Millisecond)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// toolfenceAgent is the agent runtime over toolfence: it calls, waits out InProgress,
+// reconciles UnknownOutcome and AwaitingUpstream through the sink probe, takes the first
+// result on PayloadMismatch, and gives up (blocked) when nothing settles within its budget.
+func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int) Belief {
+	holder := fmt.Sprintf("%s/%d/%d", w.spec.Name, os.Getpid(), agent)
+	noProbe := w.spec.Subject == SubjectToolfenceNoProbe
+	op := interceptor.Operation{Probe: w.probe}
+	if noProbe {
+		op.Probe = nil
+	}
+	ic, err := interceptor.New(l, interceptor.Config{
+		Namespace: "evals", Holder: holder, LeaseTTL: w.lease(),
+		Operations: map[string]interceptor.Operation{operation: op},
+	})
+	if err != nil {
+		return Belief{State: BeliefBlocked, Reason: err.Error()}
+	}
+	first := true
+	var firstMu sync.Mutex
+	tool := func(ctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
+		w.barrier(agent, BarrierReserved)
+		firstMu.Lock()
+		f := first
+		first = false
+		firstMu.Unlock()
+		status, body, err := w.post(ctx, d.Key, holder, f)
+		if err != nil {
+			return interceptor.Response{}, err
+		}
+		resp := interceptor.Response{Status: status, Body: body}
+		if status == http.StatusAccepted {
+			resp.Handle = w.spec.Sink + "/status/" + resultID(body)
+		}
+		return resp, nil
+	}
+	ctx = interceptor.WithTask(ctx, w.spec.Task)
+	call := interceptor.Call{Operation: operation, Target: w.spec.Intent, Args: w.payload()}
+	deadline := w.deadline()
+	w.barrier(agent, BarrierB0)
+	reconciled := 0
+	var last error
+	for time.Now().Before(deadline) {
+		res, err := ic.Do(ctx, call, tool)
+		if err == nil {
+			w.barrier(agent, BarrierB2)
+			return Belief{State: BeliefDone, Result: resultID(res.Output), Reconciled: reconciled}
+		}
+		last = err
+		var v *interceptor.Violation
+		switch {
+		case errors.As(err, &v) && v.Kind == interceptor.InProgress:
+			sleepCtx(ctx, min(v.RetryAfter+20*time.Millisecond, time.Until(deadline)))
+		case errors.As(err, &v) && v.Kind == interceptor.PayloadMismatch:
+			// The first call stands; its result is the answer.
+			w.barrier(agent, BarrierB2)
+			return Belief{State: BeliefDone, Result: resultID(v.Result), Reconciled: reconciled, Reason: "payload_mismatch: first result stands"}
+		case errors.As(err, &v) && v.Kind == interceptor.LeasePreempted:
+			return Belief{State: BeliefBlocked, Reason: "lease_preempted: the key belongs to a successor", Reconciled: reconciled}
+		case errors.As(err, &v) && (v.Kind == interceptor.UnknownOutcome || v.Kind == interceptor.AwaitingUpstream) && noProbe:
+			// Nothing can settle it automatically: the runtime surfaces it for a person.
+			return Belief{State: BeliefBlocked, Reason: string(v.Kind) + ": awaiting reconciliation"}
+		case errors.As(err, &v) && (v.Kind == interceptor.UnknownOutcome || v.Kind == interceptor.AwaitingUpstream):
+			rep, rerr := ic.Reconcile(ctx, interceptor.ReconcileParams{Key: v.Key, By: holder})
+			if rerr == nil && len(rep.Resolved) > 0 {
+				reconciled++
+				continue
+			}
+			sleepCtx(ctx, 50*time.Millisecond)
+		case errors.Is(err, interceptor.ErrNotDispatched):
+			return Belief{State: BeliefBlocked, Reason: "fail closed: " + err.Error(), Reconciled: reconciled}
+		case errors.As(err, &v) && v.Kind == interceptor.MarginTooSmall, errors.Is(err, interceptor.ErrCallFailed):
+			sleepCtx(ctx, 20*time.Millisecond)
+		default:
+			return Belief{State: BeliefBlocked, Reason: err.Error(), Reconciled: reconciled}
+		}
+	}
+	return Belief{State: BeliefBlocked, Reason: fmt.Sprintf("gave up: %v", last), Reconciled: reconciled}
+}
+
+// probe asks the sink what became of the attempt, looking it up by the Idempotency-Key.
+func (w *worker) probe(ctx context.Context, r *residual.Residual) (interceptor.ProbeResult, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.spec.Sink+"/lookup?key="+url.QueryEscape(r.Key), nil)
+	if err != nil {
+		return interceptor.ProbeResult{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return interceptor.ProbeResult{}, err
+	}
+	defer resp.Body.Close()
+	var ans LookupAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+		return interceptor.ProbeResult{}, fmt.Errorf("sink lookup: %w", err)
+	}
+	if len(ans.Effects) > 0 {
+		e := ans.Effects[0]
+		body, _ := json.Marshal(map[string]string{"status": "done", "effect_id": e.ID, "job": e.Job})
+		return interceptor.ProbeResult{Outcome: residual.Succeeded, Result: body, Evidence: "sink has effect " + e.ID}, nil
+	}
+	for _, j := range ans.Jobs {
+		if j.Status == "queued" {
+			return interceptor.ProbeResult{Outcome: residual.Accepted, Evidence: "sink job " + j.Job + " still queued"}, nil
+		}
+	}
+	return interceptor.ProbeResult{Outcome: residual.Failed, Evidence: "sink has no effect for the key"}, nil
+}
+
+// baselineAgent is the agent runtime over a baseline: it waits out conflicts, retries
+// errors a few times (as agent runtimes do), and believes any 2xx answer.
+func (w *worker) baselineAgent(ctx context.Context, g baselines.Guard, agent int) Belief {
+	holder := fmt.Sprintf("%s/%d/%d", w.spec.Name, os.Getpid(), agent)
+	first := true
+	var firstMu sync.Mutex
+	call := func(ctx context.Context, key string) ([]byte, error) {
+		w.barrier(agent, BarrierReserved)
+		firstMu.Lock()
+		f := first
+		first = false
+		firstMu.Unlock()
+		status, body, err := w.post(ctx, key, holder, f)
+		if err != nil {
+			return nil, err
+		}
+		if status/100 != 2 {
+			return nil, fmt.Errorf("upstream status %d: %s", status, bytes.TrimSpace(body))
+		}
+		return body, nil
+	}
+	req := baselines.Request{Task: w.spec.Task, Operation: operation, Target: w.spec.Intent, Args: w.payload()}
+	deadline := w.deadline()
+	w.barrier(agent, BarrierB0)
+	var last error
+	for errs := 0; errs < 4 && time.Now().Before(deadline); {
+		res, err := g.Do(ctx, req, call)
+		if err == nil {
+			w.barrier(agent, BarrierB2)
+			return Belief{State: BeliefDone, Result: resultID(res)}
+		}
+		last = err
+		var ce *baselines.ConflictError
+		if errors.As(err, &ce) {
+			sleepCtx(ctx, min(max(ce.RetryAfter, 0)+20*time.Millisecond, time.Until(deadline)))
+			continue
+		}
+		errs++
+		sleepCtx(ctx, 30*time.Millisecond)
+	}
+	return Belief{State: BeliefBlocked, Reason: fmt.Sprintf("gave up: %v", last)}
+}
