@@ -82,7 +82,7 @@ func TestNamespaceIsolation(t *testing.T) {
 	begin := m{"task": "t1", "operation": "charge", "target": "invoice:1", "args": m{"n": 1}, "lease_ms": 1000}
 	ra := ok[mcpserver.BeginResult](t, a, "begin_call", begin)
 	require.Equal(t, mcpserver.DecisionProceed, ra.Decision)
-	require.Equal(t, "unknown", ok[mcpserver.CommitResult](t, a, "commit_call", m{"key": ra.Key, "token": ra.Token, "outcome": "unknown"}).State.String())
+	require.Equal(t, "unknown", ok[mcpserver.CommitResult](t, a, "commit_call", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "outcome": "unknown"}).State.String())
 	before := snapshot(t, e.led, nsA)
 
 	require.Empty(t, ok[mcpserver.ListResult](t, b, "list_pending", m{}).Residuals)
@@ -90,8 +90,9 @@ func TestNamespaceIsolation(t *testing.T) {
 	require.Equal(t, "not_found", fails(t, b, "inspect_residual", m{"key": ra.Key}).Kind)
 	require.Equal(t, "not_found", fails(t, b, "resolve_residual", m{"key": ra.Key, "as": "succeeded", "note": "not mine"}).Kind)
 	require.Equal(t, "not_found", fails(t, b, "reconcile", m{"key": ra.Key}).Kind)
-	require.Equal(t, "not_found", fails(t, b, "commit_call", m{"key": ra.Key, "token": ra.Token, "outcome": "failed"}).Kind)
-	require.Equal(t, "not_found", fails(t, b, "renew_lease", m{"key": ra.Key, "token": ra.Token, "lease_ms": 1000}).Kind)
+	// Not even with A's secret.
+	require.Equal(t, "not_found", fails(t, b, "commit_call", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "outcome": "failed"}).Kind)
+	require.Equal(t, "not_found", fails(t, b, "renew_lease", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "lease_ms": 1000}).Kind)
 	_, err := b.ReadResource(ctx(t), mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: "toolfence://residuals/" + ra.Key}})
 	require.Error(t, err)
 	require.Equal(t, before, snapshot(t, e.led, nsA), "namespace B changed nothing in A")

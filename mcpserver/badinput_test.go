@@ -21,7 +21,7 @@ func TestBadInput(t *testing.T) {
 	c := e.dial(tokA, legacy)
 	p := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": "charge", "target": "inv:1", "args": m{"n": 1}})
 	require.Equal(t, mcpserver.DecisionProceed, p.Decision)
-	key, token := p.Key, p.Token
+	key, token, secret := p.Key, p.Token, p.LeaseSecret
 	bad := "tf1_" + strings.Repeat("g", 64)
 	upper := "tf1_" + strings.Repeat("A", 64)
 	big := m{"blob": strings.Repeat("x", 5000)} // over the 4 KiB MaxArgs of setup
@@ -62,9 +62,13 @@ func TestBadInput(t *testing.T) {
 		{"commit_call", m{"token": token, "outcome": "failed"}, "key is required"},
 		{"commit_call", m{"key": key, "token": token, "outcome": "failed", "upstream_status": 1000}, "upstream_status 1000"},
 		{"commit_call", m{"key": key, "token": token, "outcome": "succeeded", "result": m{"blob": strings.Repeat("x", 6000)}}, "result is"},
-		{"renew_lease", m{"key": key, "token": token}, "lease_ms is required"},
-		{"renew_lease", m{"key": key, "lease_ms": 1000}, "token is required"},
-		{"renew_lease", m{"key": key, "token": token, "lease_ms": 1}, "safety margin"},
+		{"commit_call", m{"key": key, "token": token, "outcome": "failed"}, "lease_secret is required"},
+		{"commit_call", m{"key": key, "token": token, "outcome": "failed", "lease_secret": 42}, `field "lease_secret" must be a string`},
+		{"commit_call", m{"key": key, "token": token, "outcome": "failed", "lease_secret": secret[:31]}, "32 lowercase hex digits"},
+		{"renew_lease", m{"key": key, "token": token, "lease_secret": secret}, "lease_ms is required"},
+		{"renew_lease", m{"key": key, "lease_ms": 1000, "lease_secret": secret}, "token is required"},
+		{"renew_lease", m{"key": key, "token": token, "lease_ms": 1, "lease_secret": secret}, "safety margin"},
+		{"renew_lease", m{"key": key, "token": token, "lease_ms": 1000}, "lease_secret is required"},
 		{"resolve_residual", m{"key": key, "as": "maybe", "note": "n"}, `as "maybe": want succeeded or failed`},
 		{"resolve_residual", m{"key": key, "note": "n"}, "as is required"},
 		{"resolve_residual", m{"key": key, "as": "failed"}, "note is required"},
@@ -96,10 +100,10 @@ func TestBadInput(t *testing.T) {
 	for _, tool := range []string{"inspect_residual", "reconcile"} {
 		require.Equal(t, "not_found", fails(t, c, tool, m{"key": missing}).Kind, tool)
 	}
-	require.Equal(t, "not_found", fails(t, c, "commit_call", m{"key": missing, "token": 1, "outcome": "failed"}).Kind)
+	require.Equal(t, "not_found", fails(t, c, "commit_call", m{"key": missing, "token": 1, "outcome": "failed", "lease_secret": secret}).Kind)
 	require.Equal(t, "not_found", fails(t, c, "resolve_residual", m{"key": missing, "as": "failed", "note": "n"}).Kind)
 	// A token that was never issued is fenced out, without a write.
-	info := fails(t, c, "commit_call", m{"key": key, "token": token + 5, "outcome": "failed"})
+	info := fails(t, c, "commit_call", m{"key": key, "token": token + 5, "outcome": "failed", "lease_secret": secret})
 	require.Equal(t, "lease_lost", info.Kind)
 	require.Contains(t, info.Message, "never issued")
 	require.Equal(t, before, snapshot(t, e.led, nsA))
@@ -119,7 +123,7 @@ func TestQueuedSuccessRefused(t *testing.T) {
 		{"upstream_body": `{"state": "Pending"}`},
 		{"result": m{"status": "processing"}},
 	} {
-		args["key"], args["token"], args["outcome"] = b.Key, b.Token, "succeeded"
+		args["key"], args["token"], args["outcome"], args["lease_secret"] = b.Key, b.Token, "succeeded", b.LeaseSecret
 		info := fails(t, c, "commit_call", args)
 		require.Equal(t, "refused", info.Kind, "%v", args)
 		require.Contains(t, info.Message, "not a confirmed effect")
@@ -127,14 +131,14 @@ func TestQueuedSuccessRefused(t *testing.T) {
 		require.Equal(t, before, snapshot(t, e.led, nsA), "a refused commit changes nothing")
 	}
 	// Claiming "failed" for a queued answer is refused too: the effect is in flight.
-	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "failed", "upstream_status": 202})
+	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "failed", "upstream_status": 202})
 	require.Equal(t, "refused", info.Kind)
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
 	require.Equal(t, residual.Pending, v.State)
 	require.Equal(t, residual.None, v.Attempts[0].Outcome)
 	require.Empty(t, v.Evidence)
 
-	cm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "accepted", "upstream_status": 202, "handle": "/deploys/77"})
+	cm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "accepted", "upstream_status": 202, "handle": "/deploys/77"})
 	require.Equal(t, residual.Accepted, cm.State)
 	require.Equal(t, "/deploys/77", cm.Handle)
 	list := ok[mcpserver.ListResult](t, c, "list_pending", m{"state": "accepted"})
@@ -150,7 +154,7 @@ func TestPanicRecovered(t *testing.T) {
 	e := setup(t, nil)
 	c := e.dial(tokA, legacy)
 	b := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": opPanics, "target": "x", "args": m{}})
-	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "succeeded"})
+	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded"})
 	require.Equal(t, "internal", info.Kind)
 	require.Contains(t, info.Message, "classifier exploded")
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
@@ -193,7 +197,7 @@ func TestMarginTooSmall(t *testing.T) {
 	require.Equal(t, 2, b.Attempt)
 	// ...but a commit landing within the margin of the expiry is fenced out.
 	e.clock.Advance(960 * time.Millisecond)
-	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "succeeded"})
+	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded"})
 	require.Equal(t, "lease_lost", info.Kind)
 	require.Contains(t, info.Message, "margin")
 }

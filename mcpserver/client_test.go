@@ -21,7 +21,7 @@ func TestClient(t *testing.T) {
 	e := setup(t, nil)
 	agent := e.dial(tokA, legacy)
 	b := ok[mcpserver.BeginResult](t, agent, "begin_call", m{"task": "job-1", "operation": "charge", "target": "inv:9", "args": m{"n": 9}, "lease_ms": 1000})
-	ok[mcpserver.CommitResult](t, agent, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "unknown", "error": "connection reset"})
+	ok[mcpserver.CommitResult](t, agent, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "unknown", "error": "connection reset"})
 
 	c, err := mcpserver.Dial(ctx(t), e.ts.URL+"/", tokA)
 	require.NoError(t, err)

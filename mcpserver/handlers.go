@@ -255,7 +255,8 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if err != nil {
 		return invalid(ToolBegin, fmt.Errorf("args: %w", err)), nil
 	}
-	holder := caller(ctx, in.Holder)
+	secret := newLeaseSecret()
+	holder := holderOf(caller(ctx, in.Holder), secret)
 	key := sp.ic.Key(in.Task, in.Operation, in.Target)
 	op := o.Operations[in.Operation]
 
@@ -313,10 +314,12 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	}
 	out := BeginResult{
 		Decision: DecisionProceed, Key: key, Attempt: cur.N, Token: local.Token, Holder: holder,
-		LeaseExpiresAt: res.Lease.Expires, LeaseMS: ttl.Milliseconds(),
+		LeaseSecret: secret, LeaseExpiresAt: res.Lease.Expires, LeaseMS: ttl.Milliseconds(),
 	}
-	return okResult(out, fmt.Sprintf("PROCEED: perform %s on %q once, then commit_call with key %s and token %d within %v "+
-		"(renew_lease for longer calls); send the key upstream as Idempotency-Key if it supports one",
+	// The summary line does not repeat the secret; it reaches the caller in the result only.
+	return okResult(out, fmt.Sprintf("PROCEED: perform %s on %q once, then commit_call with key %s, token %d and this result's "+
+		"lease_secret within %v (renew_lease for longer calls); keep lease_secret to yourself: it makes you the holder; "+
+		"send the key upstream as Idempotency-Key if it supports one",
 		in.Operation, in.Target, key, local.Token, ttl)), nil
 }
 
@@ -383,6 +386,7 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	if len(in.UpstreamBody) > o.MaxArgs+o.MaxResult {
 		c.fail("upstream_body is %d bytes, the limit is %d", len(in.UpstreamBody), o.MaxArgs+o.MaxResult)
 	}
+	c.secret(in.LeaseSecret)
 	if c.err != nil {
 		return invalid(ToolCommit, c.err), nil
 	}
@@ -391,36 +395,16 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 		return ledgerError(ToolCommit, err, in.Key), nil
 	}
 
+	// Only the holder of the attempt commits it: the token is public, the secret is not.
+	attempt, holder, refused := authorize(ToolCommit, r, in.Token, in.LeaseSecret)
+	if refused != nil {
+		return refused, nil
+	}
 	// Classify what the agent reports with the interceptor's rules: a queued answer is
-	// never a success (nor a failure: the effect is in flight upstream).
-	body := upstreamBody(in.UpstreamBody, result)
-	if outcome != residual.Unknown {
-		classify := o.Operations[r.Operation].Classify
-		if classify == nil {
-			classify = interceptor.DefaultClassifier
-		}
-		resp := interceptor.Response{Body: body, Status: in.UpstreamStatus, Handle: in.Handle, Outcome: outcome}
-		got := classify(resp, nil)
-		if got == residual.Succeeded && interceptor.Queued(resp.Status, resp.Body) {
-			got = residual.Accepted
-		}
-		if got != outcome {
-			return refusedClassification(outcome, got, in), nil
-		}
-	}
-
-	var attempt *residual.Attempt
-	for i := range r.Attempts {
-		if r.Attempts[i].Token == in.Token {
-			attempt = &r.Attempts[i]
-		}
-	}
-	if attempt == nil {
-		v := &Violation{
-			Kind: string(interceptor.LeasePreempted), State: r.State, Token: r.Token, Recovery: recoveries[interceptor.LeasePreempted],
-			Message: fmt.Sprintf("token %d was never issued for key %s (its highest token is %d)", in.Token, in.Key, r.Token),
-		}
-		return errorResult(ToolCommit, ErrorInfo{Kind: kindLeaseLost, Message: v.Message, Recovery: v.Recovery, Violation: v}), nil
+	// never a success (nor a failure: the effect is in flight upstream), and a claim the
+	// upstream status contradicts is refused unless it is more cautious.
+	if refused := checkClaim(o.Operations[r.Operation].Classify, outcome, in, upstreamBody(in.UpstreamBody, result)); refused != nil {
+		return refused, nil
 	}
 
 	sum := sha256.Sum256(result)
@@ -430,7 +414,7 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 		cached, truncated = cached[:o.MaxResult], true
 	}
 	stored, err := sp.ic.Ledger().Commit(context.WithoutCancel(ctx), ledger.CommitParams{
-		Namespace: sp.ns, Key: in.Key, Holder: attempt.Holder, Token: in.Token, Outcome: outcome,
+		Namespace: sp.ns, Key: in.Key, Holder: holder, Token: in.Token, Outcome: outcome,
 		ResponseDigest: digest, Result: cached, ResultDigest: digest, ResultTruncated: truncated,
 		Handle: in.Handle, Error: in.Error, Margin: o.Margin,
 	})
@@ -478,22 +462,6 @@ func upstreamBody(raw json.RawMessage, result []byte) []byte {
 	return raw
 }
 
-func refusedClassification(claimed, got residual.State, in CommitInput) *mcp.CallToolResult {
-	if got == residual.Accepted {
-		why := "the upstream body says the work is queued / pending"
-		if in.UpstreamStatus == 202 {
-			why = "upstream answered 202 Accepted"
-		}
-		return toolError(ToolCommit, kindRefused,
-			fmt.Sprintf("outcome %s refused: %s, which is not a confirmed effect; the residual is unchanged", claimed, why),
-			"commit it again as outcome=accepted with the handle (status URL or job id) so the key waits for upstream; "+
-				"resolve_residual or reconcile settles it once upstream finishes")
-	}
-	return toolError(ToolCommit, kindRefused,
-		fmt.Sprintf("outcome %s refused: the operation's classifier reads this upstream answer as %s; the residual is unchanged", claimed, got),
-		fmt.Sprintf("commit it as outcome=%s, or as unknown when you cannot tell", got))
-}
-
 func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	in, err := decode[RenewInput](req)
 	if err != nil {
@@ -503,6 +471,7 @@ func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	c.key(in.Key)
 	c.token(in.Token)
 	ttl := sp.leaseTTL(&c, in.LeaseMS, true)
+	c.secret(in.LeaseSecret)
 	if c.err != nil {
 		return invalid(ToolRenew, c.err), nil
 	}
@@ -510,14 +479,9 @@ func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if err != nil {
 		return ledgerError(ToolRenew, err, in.Key), nil
 	}
-	holder := ""
-	for _, a := range r.Attempts {
-		if a.Token == in.Token {
-			holder = a.Holder
-		}
-	}
-	if holder == "" {
-		holder = "unknown"
+	_, holder, refused := authorize(ToolRenew, r, in.Token, in.LeaseSecret)
+	if refused != nil {
+		return refused, nil
 	}
 	l, err := sp.ic.Ledger().Renew(context.WithoutCancel(ctx), ledger.RenewParams{
 		Namespace: sp.ns, Key: in.Key, Holder: holder, Token: in.Token, TTL: ttl,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,8 +112,19 @@ func TestSuccessorHandOff(t *testing.T) {
 			require.Len(t, list.Residuals, 1)
 			require.Equal(t, a.Key, list.Residuals[0].Key)
 			require.Equal(t, residual.Pending, list.Residuals[0].State)
-			require.Equal(t, "agent-A", list.Residuals[0].Holder)
+			require.Regexp(t, `^agent-A#[0-9a-f]{16}$`, list.Residuals[0].Holder)
+			require.Equal(t, a.Holder, list.Residuals[0].Holder)
 			require.Equal(t, a.Token, list.Residuals[0].Token)
+
+			// B knows the token (everyone in the namespace does) but not A's lease secret:
+			// it can neither settle A's live attempt nor keep it alive, and nothing is written.
+			live := snapshot(t, e.led, nsA)
+			wrong := strings.Repeat("ab", 16)
+			require.Equal(t, "invalid_input", fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "failed"}).Kind)
+			require.Equal(t, "lease_lost", fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "failed", "lease_secret": wrong}).Kind)
+			require.Equal(t, "invalid_input", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 60000}).Kind)
+			require.Equal(t, "lease_lost", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 60000, "lease_secret": wrong}).Kind)
+			require.Equal(t, live, snapshot(t, e.led, nsA), "refused commits and renewals wrote nothing")
 
 			delete(begin, "holder")
 			blocked := ok[mcpserver.BeginResult](t, b, "begin_call", begin)
@@ -130,7 +142,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			require.Contains(t, list.Residuals[0].Recovery, "reconcile")
 			blocked = ok[mcpserver.BeginResult](t, b, "begin_call", begin)
 			require.Equal(t, "unknown_outcome", blocked.Violation.Kind)
-			require.Equal(t, "agent-A", blocked.Violation.Holder)
+			require.Equal(t, a.Holder, blocked.Violation.Holder)
 
 			var settledToken uint64
 			if settle == "probe" {
@@ -156,24 +168,25 @@ func TestSuccessorHandOff(t *testing.T) {
 			require.Equal(t, mcpserver.DecisionReplay, rp.Decision)
 			require.JSONEq(t, `{"found":"invoice:INV-42"}`, string(rp.Result))
 
-			// A's zombie commit under its old token is fenced out and kept as evidence.
+			// A's zombie commit, with its own secret but under its old token, is fenced out
+			// and kept as evidence.
 			before := ok[mcpserver.ResidualView](t, b, "inspect_residual", m{"key": a.Key})
-			e1 := fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "succeeded", "result": m{"charge": "ch_zombie"}})
+			e1 := fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "succeeded", "result": m{"charge": "ch_zombie"}})
 			require.Equal(t, "lease_lost", e1.Kind)
 			require.NotNil(t, e1.Violation)
 			require.Equal(t, "lease_preempted", e1.Violation.Kind)
-			require.Equal(t, "agent-A", e1.Violation.Holder)
+			require.Equal(t, a.Holder, e1.Violation.Holder)
 			after := ok[mcpserver.ResidualView](t, b, "inspect_residual", m{"key": a.Key})
 			require.Equal(t, residual.Succeeded, after.State)
 			require.Equal(t, before.Result, after.Result, "the zombie's result is not recorded")
 			require.Equal(t, before.Token, after.Token)
 			require.Len(t, after.Evidence, len(before.Evidence)+1)
 			ev := after.Evidence[len(after.Evidence)-1]
-			require.Equal(t, "agent-A", ev.Holder)
+			require.Equal(t, a.Holder, ev.Holder)
 			require.Equal(t, a.Token, ev.Token)
 			require.JSONEq(t, `{"charge":"ch_zombie"}`, string(ev.Result))
 			require.Len(t, after.Resolutions, 1)
-			require.Equal(t, "lease_lost", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 1000}).Kind)
+			require.Equal(t, "lease_lost", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "lease_ms": 1000}).Kind)
 		})
 	}
 }

@@ -64,7 +64,7 @@ func TestInteropOfficialSDK(t *testing.T) {
 			require.Equal(t, mcpserver.DecisionProceed, b.Decision)
 
 			var cm mcpserver.CommitResult
-			require.False(t, call("commit_call", map[string]any{"key": b.Key, "token": b.Token, "outcome": "succeeded", "result": map[string]any{"message_id": "m-1"}}, &cm).IsError)
+			require.False(t, call("commit_call", map[string]any{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded", "result": map[string]any{"message_id": "m-1"}}, &cm).IsError)
 			require.Equal(t, residual.Succeeded, cm.State)
 
 			var rp mcpserver.BeginResult
@@ -75,7 +75,7 @@ func TestInteropOfficialSDK(t *testing.T) {
 			require.Contains(t, res.Content[0].(*gosdk.TextContent).Text, "REPLAY")
 
 			// Tool errors reach this client as isError results too.
-			res = call("commit_call", map[string]any{"key": b.Key, "token": b.Token, "outcome": "done"}, nil)
+			res = call("commit_call", map[string]any{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "done"}, nil)
 			require.True(t, res.IsError)
 			require.Contains(t, res.Content[0].(*gosdk.TextContent).Text, `outcome "done"`)
 		})

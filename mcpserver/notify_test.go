@@ -94,7 +94,7 @@ func TestNotifications(t *testing.T) {
 
 		// Per-residual subscriptions work too.
 		require.NoError(t, sub.Subscribe(ctx(t), mcp.SubscribeRequest{Params: mcp.SubscribeParams{URI: "toolfence://residuals/" + b.Key}}))
-		ok[mcpserver.CommitResult](t, w, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "succeeded"})
+		ok[mcpserver.CommitResult](t, w, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded"})
 		got.await(t, mcp.MethodNotificationResourceUpdated, "toolfence://residuals/"+b.Key)
 		got.await(t, mcp.MethodNotificationResourcesListChanged, "")
 		require.NotContains(t, resourceURIs(t, sub), "toolfence://residuals/"+b.Key, "a settled residual leaves the list")

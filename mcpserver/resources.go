@@ -120,8 +120,10 @@ func (sp *space) reconcileTaskPrompt(ctx context.Context, req mcp.GetPromptReque
    check upstream yourself (look up the key, which was sent as Idempotency-Key, or the target) and call resolve_residual with
    as=succeeded (and the result) if the effect happened, as=failed if it did not, and a note saying what you checked.
 4. accepted: upstream queued the call. Poll its handle; when upstream finishes, resolve_residual (or reconcile).
-5. Then continue the task. Guard every side-effecting call with begin_call → (perform only on proceed) → commit_call.
-   A replay decision returns the recorded result: use it instead of calling again.
+5. Then continue the task. Guard every side-effecting call with begin_call → (perform only on proceed) → commit_call
+   with the key, token and lease_secret of that proceed result (renew_lease takes them too). Keep lease_secret to
+   yourself: it is what makes you the holder. A replay decision returns the recorded result: use it instead of calling again.
+   You cannot commit your predecessor's attempts (their lease_secret is gone with them): settle them as in 3 and 4.
 `)
 	if len(page.Residuals) == 0 {
 		fmt.Fprintf(&b, "\nRight now task %q has no open residuals.\n", task)

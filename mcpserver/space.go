@@ -35,10 +35,11 @@ type space struct {
 
 const instructions = `toolfence keeps a ledger of side-effecting tool calls so that they happen at most once.
 Guard a call: begin_call(task, operation, target, args) → proceed (perform the call, then commit_call
-with the key and token and what upstream answered), replay (use the cached result, do not call),
-or blocked (do not call; follow the recovery). A successor agent starts with list_pending or the
-reconcile_task prompt, settles unknown and accepted residuals with reconcile or resolve_residual,
-and never repeats a call whose outcome is unknown.`
+with the key, token and lease_secret and what upstream answered; keep lease_secret to yourself),
+replay (use the cached result, do not call), or blocked (do not call; follow the recovery).
+A successor agent starts with list_pending or the reconcile_task prompt, settles unknown and
+accepted residuals with reconcile or resolve_residual, and never repeats a call whose outcome
+is unknown.`
 
 func newSpace(s *Server, ns string, ic *interceptor.Interceptor) *space {
 	sp := &space{srv: s, ns: ns, ic: ic, open: map[string]bool{}}
@@ -102,7 +103,9 @@ func (sp *space) watch(ctx context.Context, w ledger.Watcher) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(time.Second):
+			// The retry waits on the injected clock like the resync below, so tests
+			// drive it with lease.Fake instead of sleeping.
+			case <-sp.srv.opts.Clock.After(watchRetry):
 				continue
 			}
 		}
@@ -128,8 +131,12 @@ func (sp *space) watch(ctx context.Context, w ledger.Watcher) {
 	}
 }
 
-// resyncEvery is how often the watcher rebuilds the resource list from the ledger.
-const resyncEvery = time.Minute
+// resyncEvery is how often the watcher rebuilds the resource list from the ledger;
+// watchRetry is how long it waits after a failed subscription.
+const (
+	resyncEvery = time.Minute
+	watchRetry  = time.Second
+)
 
 // syncOpen lists the open residuals and makes the resource list match.
 func (sp *space) syncOpen(ctx context.Context) {

@@ -73,14 +73,18 @@ func (sp *space) addTools() {
 				"evidence from fenced-out holders and the audit of resolutions.", ro), sp.inspect},
 		{newTool[BeginInput, BeginResult](ToolBegin, "Begin a guarded call",
 			"Call this BEFORE a side-effecting tool call. decision=proceed: you hold the lease; perform the call once, "+
-				"then commit_call with key and token. decision=replay: the call already succeeded; use result and do NOT call again. "+
+				"then commit_call with key, token and lease_secret (a secret only you receive: keep it, it makes you the holder). "+
+				"decision=replay: the call already succeeded; use result and do NOT call again. "+
 				"decision=blocked: do NOT perform the call; follow violation.recovery.", write(false, false, false)), sp.begin},
 		{newTool[CommitInput, CommitResult](ToolCommit, "Commit a call's outcome",
-			"Record what upstream answered for the call begin_call let you perform, under its fencing token. "+
-				"A 202 or queued answer is outcome=accepted with the handle, never succeeded. "+
+			"Record what upstream answered for the call begin_call let you perform, under its fencing token and the lease_secret "+
+				"begin_call returned. The claimed outcome must agree with upstream_status: a 202 or queued answer is outcome=accepted "+
+				"with the handle, never succeeded; a timeout, 408, 409, 429 or 5xx is outcome=unknown, never failed; "+
+				"unknown is always allowed when you cannot tell. "+
 				"Refused (isError) when the lease was lost: the outcome is then kept as evidence only.", write(false, false, false)), sp.commit},
 		{newTool[RenewInput, RenewResult](ToolRenew, "Renew a lease",
-			"Extend the lease of a call still in flight, under its fencing token; refused when the lease was lost.",
+			"Extend the lease of a call still in flight, under its fencing token and the lease_secret begin_call returned; "+
+				"refused when the lease was lost.",
 			write(false, true, false)), sp.renew},
 		{newTool[ResolveInput, ResolveResult](ToolResolve, "Resolve a residual",
 			"Settle an unknown or accepted residual as succeeded or failed after checking upstream. Takes a new fencing "+

@@ -73,14 +73,15 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	require.NoError(t, residual.ValidKey(b.Key))
 	require.Positive(t, b.Token)
 	require.Equal(t, 1, b.Attempt)
-	require.Equal(t, "agent-a", b.Holder)
+	require.Regexp(t, `^[0-9a-f]{32}$`, b.LeaseSecret)
+	require.Equal(t, "agent-a#"+holderHash(b.LeaseSecret), b.Holder, "the holder carries the hash of the lease secret")
 	require.EqualValues(t, 60000, b.LeaseMS)
 	require.False(t, b.LeaseExpiresAt.IsZero())
 
 	list = ok[mcpserver.ListResult](t, c, "list_pending", m{"task": task})
 	require.Len(t, list.Residuals, 1)
 	require.Equal(t, residual.Pending, list.Residuals[0].State)
-	require.Equal(t, "agent-a", list.Residuals[0].Holder)
+	require.Equal(t, b.Holder, list.Residuals[0].Holder)
 	require.Equal(t, b.Key, list.Residuals[0].Key)
 	require.Contains(t, list.Residuals[0].Recovery, "do not act on it")
 
@@ -90,13 +91,14 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	require.Equal(t, mcpserver.DecisionBlocked, again.Decision)
 	require.Equal(t, "in_progress", again.Violation.Kind)
 	require.Positive(t, again.Violation.RetryAfterMS)
-	require.Equal(t, "agent-a", again.Violation.Holder)
+	require.Equal(t, b.Holder, again.Violation.Holder)
+	require.Empty(t, again.LeaseSecret)
 
-	rn := ok[mcpserver.RenewResult](t, c, "renew_lease", m{"key": b.Key, "token": b.Token, "lease_ms": 120000})
+	rn := ok[mcpserver.RenewResult](t, c, "renew_lease", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "lease_ms": 120000})
 	require.True(t, rn.LeaseExpiresAt.After(b.LeaseExpiresAt), "renewed lease ends later")
 
 	cm := ok[mcpserver.CommitResult](t, c, "commit_call", m{
-		"key": b.Key, "token": b.Token, "outcome": "succeeded", "result": m{"charge": "ch_1"}, "upstream_status": 200,
+		"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded", "result": m{"charge": "ch_1"}, "upstream_status": 200,
 	})
 	require.Equal(t, residual.Succeeded, cm.State)
 	require.Equal(t, 1, cm.Attempt)
@@ -119,7 +121,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
 	require.Equal(t, residual.Succeeded, v.State)
 	require.Len(t, v.Attempts, 1)
-	require.Equal(t, "agent-a", v.Attempts[0].Holder)
+	require.Equal(t, b.Holder, v.Attempts[0].Holder)
 	require.JSONEq(t, `{"charge":"ch_1"}`, string(v.Result))
 	require.NotEmpty(t, v.ResultDigest)
 
@@ -130,7 +132,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	}
 	u := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": op, "target": "bob@example.com", "args": m{"subject": "hi"}})
 	require.Equal(t, mcpserver.DecisionProceed, u.Decision)
-	ucm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": u.Key, "token": u.Token, "outcome": "unknown", "error": "timeout after 30s"})
+	ucm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": u.Key, "token": u.Token, "lease_secret": u.LeaseSecret, "outcome": "unknown", "error": "timeout after 30s"})
 	require.Equal(t, residual.Unknown, ucm.State)
 	ub := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": op, "target": "bob@example.com", "args": m{"subject": "hi"}})
 	require.Equal(t, mcpserver.DecisionBlocked, ub.Decision)
@@ -164,10 +166,10 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	// A queued answer is never a success: refused, then committed as accepted.
 	a := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": "export", "target": "report:9", "args": m{}})
 	require.Equal(t, mcpserver.DecisionProceed, a.Decision)
-	e := fails(t, c, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "succeeded", "upstream_status": 202, "handle": "/jobs/9"})
+	e := fails(t, c, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "succeeded", "upstream_status": 202, "handle": "/jobs/9"})
 	require.Equal(t, "refused", e.Kind)
 	require.Contains(t, e.Recovery, "accepted")
-	acm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "accepted", "upstream_status": 202, "handle": "/jobs/9"})
+	acm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "accepted", "upstream_status": 202, "handle": "/jobs/9"})
 	require.Equal(t, residual.Accepted, acm.State)
 	ab := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": "export", "target": "report:9", "args": m{}})
 	require.Equal(t, "awaiting_upstream", ab.Violation.Kind)
@@ -180,7 +182,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	require.Equal(t, 2, a2.Attempt, "a failed residual takes a new attempt")
 	require.Greater(t, a2.Token, rs.Token)
 	require.Equal(t, residual.Failed, ok[mcpserver.CommitResult](t, c, "commit_call", m{
-		"key": a2.Key, "token": a2.Token, "outcome": "failed", "upstream_status": 422,
+		"key": a2.Key, "token": a2.Token, "lease_secret": a2.LeaseSecret, "outcome": "failed", "upstream_status": 422,
 	}).State)
 
 	// Resources and the prompt.
@@ -212,6 +214,8 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	for _, want := range []string{"list_pending", "reconcile", "resolve_residual", "begin_call", open.Key, "1 open residual"} {
 		require.Contains(t, body, want)
 	}
+	require.Contains(t, body, "lease_secret", "the prompt says what commit_call needs")
+	require.NotContains(t, body, open.LeaseSecret, "the prompt never shows a secret")
 }
 
 // TestToolSchemas checks the advertised tools: reflected object schemas with the required
@@ -223,7 +227,7 @@ func TestToolSchemas(t *testing.T) {
 	require.NoError(t, err)
 	required := map[string][]string{
 		"list_pending": nil, "inspect_residual": {"key"}, "begin_call": {"args", "operation", "target", "task"},
-		"commit_call": {"key", "outcome", "token"}, "renew_lease": {"key", "lease_ms", "token"},
+		"commit_call": {"key", "lease_secret", "outcome", "token"}, "renew_lease": {"key", "lease_ms", "lease_secret", "token"},
 		"resolve_residual": {"as", "key", "note"}, "reconcile": nil,
 	}
 	for _, tl := range tools.Tools {
@@ -276,6 +280,7 @@ func TestToolSchemas(t *testing.T) {
 		case "commit_call":
 			require.Equal(t, []string{"succeeded", "accepted", "failed", "unknown"}, w.InputSchema.Properties["outcome"].Enum)
 			require.Equal(t, "integer", w.InputSchema.Properties["token"].Type)
+			require.Equal(t, "string", w.InputSchema.Properties["lease_secret"].Type)
 		case "resolve_residual":
 			require.Equal(t, []string{"succeeded", "failed"}, w.InputSchema.Properties["as"].Enum)
 		}

@@ -39,7 +39,8 @@ type BeginInput struct {
 type CommitInput struct {
 	Key            string          `json:"key" jsonschema_description:"The key begin_call returned."`
 	Token          uint64          `json:"token" jsonschema:"minimum=1" jsonschema_description:"The fencing token begin_call returned."`
-	Outcome        string          `json:"outcome" jsonschema:"enum=succeeded,enum=accepted,enum=failed,enum=unknown" jsonschema_description:"succeeded: upstream confirmed the effect; accepted: upstream queued it (202 / queued) - give the handle; failed: upstream confirmed no effect; unknown: you cannot tell (timeout, 5xx, crash)."`
+	LeaseSecret    string          `json:"lease_secret" jsonschema:"pattern=^[0-9a-f]{32}$" jsonschema_description:"The lease_secret begin_call returned with proceed: it proves you are the holder of the token."`
+	Outcome        string          `json:"outcome" jsonschema:"enum=succeeded,enum=accepted,enum=failed,enum=unknown" jsonschema_description:"succeeded: upstream confirmed the effect (2xx); accepted: upstream queued it (202 / queued) - give the handle; failed: upstream confirmed no effect (400, 401, 403, 404, 422); unknown: you cannot tell (timeout, 408, 409, 429, 5xx, crash). Must agree with upstream_status: a claim the status contradicts is refused unless it is more cautious (unknown always is)."`
 	Result         json.RawMessage `json:"result,omitempty" jsonschema_description:"The result to cache and replay to later calls with the same key."`
 	Handle         string          `json:"handle,omitempty" jsonschema_description:"Upstream handle (status URL, job id) of an accepted call."`
 	UpstreamStatus int             `json:"upstream_status,omitempty" jsonschema:"minimum=0,maximum=999" jsonschema_description:"Upstream HTTP status, if any."`
@@ -49,9 +50,10 @@ type CommitInput struct {
 
 // RenewInput is the input of renew_lease.
 type RenewInput struct {
-	Key     string `json:"key" jsonschema_description:"The key begin_call returned."`
-	Token   uint64 `json:"token" jsonschema:"minimum=1" jsonschema_description:"The fencing token begin_call returned."`
-	LeaseMS int64  `json:"lease_ms" jsonschema:"minimum=1" jsonschema_description:"New lease length in milliseconds from now."`
+	Key         string `json:"key" jsonschema_description:"The key begin_call returned."`
+	Token       uint64 `json:"token" jsonschema:"minimum=1" jsonschema_description:"The fencing token begin_call returned."`
+	LeaseSecret string `json:"lease_secret" jsonschema:"pattern=^[0-9a-f]{32}$" jsonschema_description:"The lease_secret begin_call returned with proceed: it proves you are the holder of the token."`
+	LeaseMS     int64  `json:"lease_ms" jsonschema:"minimum=1" jsonschema_description:"New lease length in milliseconds from now."`
 }
 
 // ResolveInput is the input of resolve_residual.
@@ -149,7 +151,13 @@ type BeginResult struct {
 	// Attempt and Token: the new attempt (proceed) or the recorded one (replay, blocked).
 	Attempt int    `json:"attempt,omitempty"`
 	Token   uint64 `json:"token,omitempty"`
-	Holder  string `json:"holder,omitempty"`
+	// Holder is the holder recorded on the attempt: the holder name, "#" and the first 16
+	// hex digits of the SHA-256 of the attempt's lease secret (for attempts begun over MCP).
+	Holder string `json:"holder,omitempty"`
+	// LeaseSecret (proceed only) is 128 random bits in hex, handed out once and stored
+	// nowhere: commit_call and renew_lease require it, so a client that only knows the
+	// (small, visible) token cannot settle or extend another holder's attempt.
+	LeaseSecret string `json:"lease_secret,omitempty"`
 	// LeaseExpiresAt and LeaseMS describe the lease of a proceed decision.
 	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
 	LeaseMS        int64     `json:"lease_ms,omitempty"`
