@@ -112,7 +112,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			require.Len(t, list.Residuals, 1)
 			require.Equal(t, a.Key, list.Residuals[0].Key)
 			require.Equal(t, residual.Pending, list.Residuals[0].State)
-			require.Regexp(t, `^agent-A#[0-9a-f]{16}$`, list.Residuals[0].Holder)
+			require.Regexp(t, `^agent-A#[0-9a-f]{32}$`, list.Residuals[0].Holder)
 			require.Equal(t, a.Holder, list.Residuals[0].Holder)
 			require.Equal(t, a.Token, list.Residuals[0].Token)
 
