@@ -10,13 +10,17 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// reserveCommit runs one guarded call's two durable steps on a fresh key.
-func reserveCommit(b *testing.B, l *Ledger, i uint64) error {
+func benchParams(i uint64) ledger.ReserveParams {
 	target := fmt.Sprint("bench-", i)
-	p := ledger.ReserveParams{
+	return ledger.ReserveParams{
 		Namespace: "bench", Key: residual.Key("bench", "task", "op", target), Task: "task",
 		Operation: "op", Target: target, Holder: "agent", RequestDigest: "digest", TTL: time.Minute,
 	}
+}
+
+// reserveCommit runs one guarded call's two durable steps on a fresh key.
+func reserveCommit(b *testing.B, l *Ledger, i uint64) error {
+	p := benchParams(i)
 	res, err := l.Reserve(b.Context(), p)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -34,8 +38,8 @@ func reserveCommit(b *testing.B, l *Ledger, i uint64) error {
 	return nil
 }
 
-func openBench(b *testing.B, mode SyncMode) *Ledger {
-	l, err := Open(b.TempDir(), Options{Sync: mode})
+func openBench(b *testing.B, opts Options) *Ledger {
+	l, err := Open(b.TempDir(), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -48,7 +52,7 @@ func openBench(b *testing.B, mode SyncMode) *Ledger {
 func BenchmarkReserveCommit(b *testing.B) {
 	for _, mode := range modes {
 		b.Run(mode.String(), func(b *testing.B) {
-			l := openBench(b, mode)
+			l := openBench(b, Options{Sync: mode})
 			var i uint64
 			for b.Loop() {
 				i++
@@ -65,7 +69,7 @@ func BenchmarkReserveCommit(b *testing.B) {
 func BenchmarkReserveCommitParallel(b *testing.B) {
 	for _, mode := range modes {
 		b.Run(mode.String(), func(b *testing.B) {
-			l := openBench(b, mode)
+			l := openBench(b, Options{Sync: mode})
 			var next atomic.Uint64
 			b.SetParallelism(32)
 			b.ResetTimer()
@@ -84,6 +88,30 @@ func BenchmarkReserveCommitParallel(b *testing.B) {
 			// Group commit: DB.Sync rounds per op (each op is two steps). SyncWrites: the
 			// directory-check rounds; badger itself msyncs once per step there.
 			b.ReportMetric(float64(rounds)/float64(b.N), "rounds/op")
+		})
+	}
+}
+
+// BenchmarkReplay is Reserve on a succeeded key with the same request digest: served from
+// the replay cache, or with the cache off from a read-only transaction and a JSON decode.
+func BenchmarkReplay(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		bytes int64
+	}{{"cache", 0}, {"no-cache", -1}} {
+		b.Run(c.name, func(b *testing.B) {
+			l := openBench(b, Options{ReplayCacheBytes: c.bytes})
+			if err := reserveCommit(b, l, 0); err != nil {
+				b.Fatal(err)
+			}
+			p := benchParams(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				res, err := l.Reserve(b.Context(), p)
+				if err != nil || res.Decision != ledger.Replay {
+					b.Fatalf("%v %+v", err, res)
+				}
+			}
 		})
 	}
 }

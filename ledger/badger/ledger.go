@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,6 +51,10 @@ type Options struct {
 	Sync SyncMode
 	// Logger receives badger's own log output. Defaults to nil: badger logs nothing.
 	Logger dbadger.Logger
+	// ReplayCacheBytes bounds the in-memory cache of succeeded residuals that serves
+	// replays without a transaction (approximate bytes, counted as stored JSON). Defaults
+	// to 8 MiB; a negative value turns the cache off.
+	ReplayCacheBytes int64
 
 	// tiny shrinks memtables, value threshold and value-log files to badger's minimums, so
 	// tests exercise memtable and value-log rotation with little data.
@@ -61,6 +66,12 @@ type Options struct {
 const (
 	defaultMemTableSize   = 16 << 20
 	defaultBlockCacheSize = 16 << 20
+	// valueThreshold is badger's maximum (and default) ValueThreshold: values this long or
+	// longer go to the value log, shorter ones stay in the WAL and the LSM tree. Set
+	// explicitly because the sync rounds depend on it (see sync.go).
+	valueThreshold = 1 << 20
+	// defaultReplayCacheBytes is the default of Options.ReplayCacheBytes.
+	defaultReplayCacheBytes = 8 << 20
 	// maxConflictRetries bounds the optimistic retries of one step.
 	maxConflictRetries = 200
 )
@@ -88,8 +99,16 @@ type Ledger struct {
 	clock lease.Clock
 	mode  SyncMode
 	gs    *groupSync
-	fs    *fileSyncer
-	hub   *hub
+	logs  *logSyncer
+	// dbSync: rounds call DB.Sync for the active logs (GroupCommit off Linux).
+	dbSync bool
+	hub    *hub
+	cache  *replayCache
+	// valueThreshold is the ValueThreshold badger was opened with.
+	valueThreshold int64
+	// durable is a badger read timestamp such that every commit at or below it is
+	// durable: set by each successful sync round (see sync.go).
+	durable atomic.Uint64
 
 	mu     sync.RWMutex // held shared by every step, exclusively by Close
 	closed bool
@@ -116,6 +135,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		WithLogger(opts.Logger).
 		WithMemTableSize(defaultMemTableSize).
 		WithBlockCacheSize(defaultBlockCacheSize).
+		WithValueThreshold(valueThreshold).
 		WithNumVersionsToKeep(1).
 		WithDetectConflicts(true)
 	if opts.tiny {
@@ -128,33 +148,60 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		}
 		return nil, fmt.Errorf("ledger/badger: open %s: %w", dir, err)
 	}
+	cacheBytes := cmp.Or(opts.ReplayCacheBytes, defaultReplayCacheBytes)
 	l := &Ledger{
 		db:    db,
 		dir:   dir,
 		clock: cmp.Or[lease.Clock](opts.Clock, lease.Real{}),
 		mode:  opts.Sync,
 		hub:   newHub(),
+		// Under SyncWrites every commit already msynced its WAL and value log; what remains
+		// is sealed files and the directory entries of new files (see sync.go).
+		logs:           newLogSyncer(dir, opts.Sync == GroupCommit && syncOwnLogs),
+		dbSync:         opts.Sync == GroupCommit && !syncOwnLogs,
+		cache:          newReplayCache(cacheBytes),
+		valueThreshold: bo.ValueThreshold,
 	}
-	fs := newFileSyncer(dir)
-	l.fs = fs
-	if opts.Sync == SyncWrites {
-		// Every commit already msynced its WAL and value log; what remains is making the
-		// directory entries of newly created files durable (see fileSyncer).
-		l.gs = newGroupSync(fs.sync)
-	} else {
-		l.gs = newGroupSync(func() error {
-			if err := db.Sync(); err != nil {
-				return err
-			}
-			return fs.sync()
-		})
-	}
+	l.gs = newGroupSync(l.syncRound)
 	// Make everything badger wrote while opening durable before the first step relies on it.
 	if err := l.gs.wait(l.gs.committed()); err != nil {
+		l.logs.close()
 		_ = db.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// syncRound is one group-commit round: steps 1 to 5 of the comment at the top of sync.go.
+func (l *Ledger) syncRound() error {
+	txn := l.db.NewTransaction(false)
+	applied := txn.ReadTs() // every commit up to it has been written to the logs
+	txn.Discard()
+	if l.dbSync {
+		if err := l.db.Sync(); err != nil {
+			return err
+		}
+	}
+	if err := l.logs.sync(); err != nil {
+		return err
+	}
+	// Rounds run one at a time and read timestamps only grow; max keeps it monotone anyway.
+	for {
+		cur := l.durable.Load()
+		if applied <= cur || l.durable.CompareAndSwap(cur, applied) {
+			return nil
+		}
+	}
+}
+
+// awaitDurable returns once every commit up to version is durable: at once when a round
+// already covered it, else after a round that starts now (the commit is visible, so it is
+// in the logs that round syncs). It fails when that round fails.
+func (l *Ledger) awaitDurable(version uint64) error {
+	if version <= l.durable.Load() {
+		return nil
+	}
+	return l.gs.wait(l.gs.committed())
 }
 
 // isLockErr reports whether err is badger's directory-lock failure. badger formats the
@@ -177,6 +224,7 @@ func (l *Ledger) Close() error {
 	}
 	l.closed = true
 	l.hub.close()
+	l.logs.close()
 	if err := l.db.Close(); err != nil {
 		return fmt.Errorf("ledger/badger: close %s: %w", l.dir, err)
 	}
@@ -201,12 +249,50 @@ func (l *Ledger) enter() (release func(), err error) {
 // now reads the ledger's clock in UTC, the form stored.
 func (l *Ledger) now() time.Time { return l.clock.Now().UTC() }
 
+// tx is one try of a step's transaction. Writes go through set and del, which note the
+// residual keys to evict from the replay cache and whether a value goes to the value log;
+// reads through readResidual note the newest version read, so an answer given from them
+// waits until it is durable.
+type tx struct {
+	l       *Ledger
+	txn     *dbadger.Txn
+	touched []string // residual store keys written or deleted
+	read    uint64   // highest badger version read
+	big     bool     // a value goes to the value log
+}
+
+// set stages key = value, noting a value that badger will put in the value log, so update
+// marks the commit for the sync rounds (see sync.go).
+func (t *tx) set(key, value []byte) error {
+	if int64(len(value)) >= t.l.valueThreshold {
+		t.big = true
+	}
+	t.touch(key)
+	return t.txn.Set(key, value)
+}
+
+// del stages the deletion of key.
+func (t *tx) del(key []byte) error {
+	t.touch(key)
+	return t.txn.Delete(key)
+}
+
+func (t *tx) touch(key []byte) {
+	if len(key) >= len(residualPrefix) && string(key[:len(residualPrefix)]) == residualPrefix {
+		t.touched = append(t.touched, string(key))
+	}
+}
+
+// noteRead records that the step's answer depends on an item of this version.
+func (t *tx) noteRead(version uint64) { t.read = max(t.read, version) }
+
 // update runs fn in a read-write transaction, retrying on badger.ErrConflict. fn returns
 // whether its writes must be committed and the step's own error (which may accompany a
 // write, as a refused commit's evidence does). A committed write is acknowledged only
-// after it is durable; ctx is checked before each try but does not cut that wait short,
-// since a step that committed must not report that it did not happen.
-func (l *Ledger) update(ctx context.Context, op string, fn func(txn *dbadger.Txn, now time.Time) (write bool, err error)) error {
+// after it is durable, and so is an answer fn gave from what it read without writing; ctx
+// is checked before each try but does not cut those waits short, since a step that
+// committed must not report that it did not happen.
+func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.Time) (write bool, err error)) error {
 	release, err := l.enter()
 	if err != nil {
 		return err
@@ -216,19 +302,31 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(txn *dbadger.Txn
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		txn := l.db.NewTransaction(true)
-		write, stepErr := fn(txn, l.now())
+		t := &tx{l: l, txn: l.db.NewTransaction(true)}
+		write, stepErr := fn(t, l.now())
 		if !write {
-			txn.Discard()
+			t.txn.Discard()
+			if err := l.awaitDurable(t.read); err != nil {
+				return fmt.Errorf("ledger/badger: %s: %w", op, err)
+			}
 			return stepErr
 		}
-		err := txn.Commit()
+		if t.big {
+			l.logs.markValueLog()
+		}
+		err := t.txn.Commit()
+		if t.big {
+			l.logs.doneValueLog()
+		}
 		if errors.Is(err, dbadger.ErrConflict) {
 			if attempt < maxConflictRetries {
 				continue
 			}
 			return fmt.Errorf("ledger/badger: %s: gave up after %d conflicting transactions: %w", op, attempt+1, err)
 		}
+		// The new versions are visible now (or nothing was written): evict what they
+		// replace, before anyone can be told the write happened.
+		l.cache.evict(t.touched)
 		if err != nil {
 			return fmt.Errorf("ledger/badger: %s: commit: %w", op, err)
 		}
@@ -239,8 +337,9 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(txn *dbadger.Txn
 	}
 }
 
-// view runs fn in a read-only transaction.
-func (l *Ledger) view(ctx context.Context, fn func(txn *dbadger.Txn, now time.Time) error) error {
+// view runs fn in a read-only transaction and, when fn succeeds, waits until every version
+// it noted is durable.
+func (l *Ledger) view(ctx context.Context, fn func(t *tx, now time.Time) error) error {
 	release, err := l.enter()
 	if err != nil {
 		return err
@@ -249,9 +348,13 @@ func (l *Ledger) view(ctx context.Context, fn func(txn *dbadger.Txn, now time.Ti
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	txn := l.db.NewTransaction(false)
-	defer txn.Discard()
-	return fn(txn, l.now())
+	t := &tx{l: l, txn: l.db.NewTransaction(false)}
+	err = fn(t, l.now())
+	t.txn.Discard()
+	if err != nil {
+		return err
+	}
+	return l.awaitDurable(t.read)
 }
 
 // Storage layout: residual JSON under "r/<namespace>\x00<key>"; the highest fencing token
@@ -283,49 +386,66 @@ func validNamespace(op, ns string) error {
 	return nil
 }
 
-// getResidual loads the residual of (ns, key), or returns an error wrapping
-// residual.ErrNotFound.
-func getResidual(txn *dbadger.Txn, ns, key string) (*residual.Residual, error) {
-	item, err := txn.Get(storeKey(residualPrefix, ns, key))
+// decodeItem decodes the residual stored in item and notes its version in t. name names
+// the residual in errors.
+func decodeItem(t *tx, item *dbadger.Item, name string, r *residual.Residual) error {
+	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, r) }); err != nil {
+		return fmt.Errorf("ledger/badger: decode residual %s: %w", name, err)
+	}
+	t.noteRead(item.Version())
+	return nil
+}
+
+// readResidual loads the residual of (ns, key) and its stored length, or returns an error
+// wrapping residual.ErrNotFound.
+func readResidual(t *tx, ns, key string) (*residual.Residual, int, error) {
+	item, err := t.txn.Get(storeKey(residualPrefix, ns, key))
 	if errors.Is(err, dbadger.ErrKeyNotFound) {
-		return nil, fmt.Errorf("%w: key %s in namespace %q", residual.ErrNotFound, key, ns)
+		return nil, 0, fmt.Errorf("%w: key %s in namespace %q", residual.ErrNotFound, key, ns)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger/badger: read %s: %w", key, err)
+		return nil, 0, fmt.Errorf("ledger/badger: read %s: %w", key, err)
 	}
 	var r residual.Residual
-	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
-		return nil, fmt.Errorf("ledger/badger: decode residual %s: %w", key, err)
+	if err := decodeItem(t, item, key, &r); err != nil {
+		return nil, 0, err
 	}
-	return &r, nil
+	return &r, int(item.ValueSize()), nil
+}
+
+// getResidual loads the residual of (ns, key), or returns an error wrapping
+// residual.ErrNotFound.
+func getResidual(t *tx, ns, key string) (*residual.Residual, error) {
+	r, _, err := readResidual(t, ns, key)
+	return r, err
 }
 
 // findResidual is getResidual with a missing residual as nil, nil.
-func findResidual(txn *dbadger.Txn, ns, key string) (*residual.Residual, error) {
-	r, err := getResidual(txn, ns, key)
+func findResidual(t *tx, ns, key string) (*residual.Residual, error) {
+	r, err := getResidual(t, ns, key)
 	if errors.Is(err, residual.ErrNotFound) {
 		return nil, nil
 	}
 	return r, err
 }
 
-func putResidual(txn *dbadger.Txn, r *residual.Residual) error {
+func putResidual(t *tx, r *residual.Residual) error {
 	v, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("ledger/badger: encode residual %s: %w", r.Key, err)
 	}
-	if err := txn.Set(storeKey(residualPrefix, r.Namespace, r.Key), v); err != nil {
+	if err := t.set(storeKey(residualPrefix, r.Namespace, r.Key), v); err != nil {
 		return fmt.Errorf("ledger/badger: write residual %s: %w", r.Key, err)
 	}
 	return nil
 }
 
 // nextToken returns one more than the highest token issued for (ns, key), counting the
-// stored counter and r's token, and stages the new counter in txn.
-func nextToken(txn *dbadger.Txn, ns, key string, r *residual.Residual) (uint64, error) {
+// stored counter and r's token, and stages the new counter in t.
+func nextToken(t *tx, ns, key string, r *residual.Residual) (uint64, error) {
 	k := storeKey(tokenPrefix, ns, key)
 	var last uint64
-	item, err := txn.Get(k)
+	item, err := t.txn.Get(k)
 	switch {
 	case errors.Is(err, dbadger.ErrKeyNotFound):
 	case err != nil:
@@ -345,7 +465,7 @@ func nextToken(txn *dbadger.Txn, ns, key string, r *residual.Residual) (uint64, 
 		last = max(last, r.Token)
 	}
 	next := last + 1
-	if err := txn.Set(k, binary.BigEndian.AppendUint64(nil, next)); err != nil {
+	if err := t.set(k, binary.BigEndian.AppendUint64(nil, next)); err != nil {
 		return 0, fmt.Errorf("ledger/badger: write token of %s: %w", key, err)
 	}
 	return next, nil

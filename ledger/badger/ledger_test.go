@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -144,7 +145,7 @@ func TestAckWaitsForSync(t *testing.T) {
 			l.gs.sync = func() error {
 				// The commit returned before this round started: its write is visible.
 				entered <- l.db.View(func(txn *dbadger.Txn) error {
-					_, err := getResidual(txn, p.Namespace, p.Key)
+					_, err := getResidual(&tx{l: l, txn: txn}, p.Namespace, p.Key)
 					return err
 				})
 				<-release
@@ -201,10 +202,16 @@ func TestManyWritesAcrossRotations(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	l.gs.mu.Lock() // fileSyncer runs inside rounds, under running
+	l.gs.mu.Lock() // logSyncer runs inside rounds, under running
 	require.False(t, l.gs.running)
-	require.Positive(t, l.fs.sealedSyncs, "rotated WAL and value-log files were fsynced")
-	require.Positive(t, l.fs.dirSyncs)
+	logs, rounds := l.logs, l.gs.rounds
+	require.Positive(t, logs.sealedSyncs, "rotated WAL and value-log files were fsynced")
+	require.Positive(t, logs.dirSyncs)
+	if syncOwnLogs {
+		require.Positive(t, logs.vlogSyncs, "rounds after big values synced the value log")
+		require.Less(t, logs.vlogSyncs, logs.walSyncs, "the value log is synced only after big values")
+	}
+	require.Equal(t, uint64(logs.listings), rounds, "the directory is listed every round (double rotations)")
 	l.gs.mu.Unlock()
 	for _, pattern := range []string{"*.sst", "000002.vlog"} {
 		files, err := filepath.Glob(filepath.Join(dir, pattern))
@@ -231,4 +238,65 @@ func reserveParams(target string) ledger.ReserveParams {
 		Namespace: "ns", Key: residual.Key("ns", "task", "op", target), Task: "task",
 		Operation: "op", Target: target, Holder: "agent", RequestDigest: "digest", TTL: time.Minute,
 	}
+}
+
+// Rounds fdatasync the value log only after a value that badger puts there (ValueThreshold
+// or longer) was committed, and such a residual survives a reopen. (Off Linux rounds call
+// DB.Sync, which syncs the value log every time: no count to check there.)
+func TestValueLogSyncedOnlyAfterBigValues(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Clock: lease.NewFake(start)}
+	l := openTest(t, dir, opts)
+	ctx := t.Context()
+	vlogSyncs := func() int {
+		l.gs.mu.Lock()
+		defer l.gs.mu.Unlock()
+		if !syncOwnLogs {
+			return -1
+		}
+		return l.logs.vlogSyncs
+	}
+	synced := func(n int) int { // n, or -1 where rounds do not count
+		if !syncOwnLogs {
+			return -1
+		}
+		return n
+	}
+	commit := func(target string, size int) {
+		p := reserveParams(target)
+		res, err := l.Reserve(ctx, p)
+		require.NoError(t, err)
+		_, err = l.Commit(ctx, ledger.CommitParams{
+			Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
+			Outcome: residual.Succeeded, Result: make([]byte, size),
+		})
+		require.NoError(t, err)
+	}
+	// vlogWritten reports whether badger wrote any entry after the value log's header.
+	vlogWritten := func() bool {
+		l.gs.mu.Lock()
+		name := l.logs.newest[vlogExt].name
+		l.gs.mu.Unlock()
+		f, err := os.Open(filepath.Join(dir, name))
+		require.NoError(t, err)
+		defer f.Close()
+		buf := make([]byte, 64<<10)
+		n, err := io.ReadFull(f, buf)
+		require.NoError(t, err)
+		return slices.ContainsFunc(buf[20:n], func(b byte) bool { return b != 0 }) // 20: vlogHeaderSize
+	}
+	commit("small", 256<<10) // the default result cap: stays in the WAL
+	require.Equal(t, synced(0), vlogSyncs())
+	require.False(t, vlogWritten(), "nothing below the threshold reaches the value log")
+	commit("big", valueThreshold) // its JSON is longer than the threshold
+	require.Equal(t, synced(1), vlogSyncs(), "the commit's round synced the value log")
+	require.True(t, vlogWritten())
+	commit("small-again", 1<<10)
+	require.Equal(t, synced(1), vlogSyncs())
+
+	require.NoError(t, l.Close())
+	l = openTest(t, dir, opts)
+	r, err := l.Get(ctx, ledger.GetParams{Namespace: "ns", Key: reserveParams("big").Key})
+	require.NoError(t, err)
+	require.Len(t, r.Result, valueThreshold)
 }

@@ -14,9 +14,12 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// Reserve implements ledger.Ledger. Concurrent reserves of one key serialise through
-// badger's optimistic conflict detection: both read the key, one commits, the other
-// conflicts, retries and sees the winner's pending residual.
+// Reserve implements ledger.Ledger. Every decision but Acquired is answered from a
+// read-only transaction, or from the replay cache for a succeeded key (reserveRead);
+// Acquired is only ever decided, again, in the read-write transaction that writes it.
+// Concurrent reserves of one key serialise through badger's optimistic conflict detection:
+// both read the key, one commits, the other conflicts, retries and sees the winner's
+// pending residual.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -24,28 +27,97 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 	if err := validNamespace("reserve", p.Namespace); err != nil {
 		return nil, err
 	}
-	var res *ledger.ReserveResult
-	err := l.update(ctx, "reserve", func(txn *dbadger.Txn, now time.Time) (bool, error) {
-		r, err := findResidual(txn, p.Namespace, p.Key)
+	res, err := l.reserveRead(ctx, p)
+	if err != nil || res != nil {
+		return res, err
+	}
+	err = l.update(ctx, "reserve", func(t *tx, now time.Time) (bool, error) {
+		r, err := findResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
-		token, err := nextToken(txn, p.Namespace, p.Key, r)
+		if d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now); d != ledger.Acquired {
+			// Someone else's write landed since the read-only try. Write nothing; update
+			// answers once what was read is durable.
+			r.State = r.EffectiveState(now)
+			res = &ledger.ReserveResult{Decision: d, Residual: r}
+			return false, nil
+		}
+		token, err := nextToken(t, p.Namespace, p.Key, r)
 		if err != nil {
 			return false, err
 		}
 		d, r, ls := ledger.ApplyReserve(r, p, token, now)
 		res = &ledger.ReserveResult{Decision: d, Residual: r, Lease: ls}
 		if d != ledger.Acquired {
-			return false, nil // writes nothing: the staged token is discarded
+			return false, nil // unreachable (same rule, same inputs); write nothing
 		}
-		return true, putResidual(txn, r)
+		if err := putResidual(t, r); err != nil {
+			return false, err // commit nothing, not even the token bump
+		}
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	if res.Decision == ledger.Acquired {
 		l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: residual.Pending})
+	}
+	return res, nil
+}
+
+// reserveRead is Reserve's read-only first try. It returns the answer for every decision
+// but Acquired, once what it read is durable, and nil, nil when the key is free: only the
+// read-write transaction may reserve, and it decides again. A succeeded residual comes from
+// the replay cache when there, and is added to it when read.
+func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
+	ck := string(storeKey(residualPrefix, p.Namespace, p.Key))
+	release, err := l.enter()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		release()
+		return nil, err
+	}
+	cached, now := l.cache.get(ck), l.now()
+	release()
+	if cached != nil {
+		r := cached.Clone()
+		d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now) // Replay or PayloadMismatch
+		r.State = r.EffectiveState(now)
+		return &ledger.ReserveResult{Decision: d, Residual: r}, nil
+	}
+
+	stamp := l.cache.stamp(ck) // before the read transaction opens; see replayCache
+	var res *ledger.ReserveResult
+	var fill *residual.Residual
+	var fillLen int
+	err = l.view(ctx, func(t *tx, now time.Time) error {
+		r, n, err := readResidual(t, p.Namespace, p.Key)
+		if errors.Is(err, residual.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now)
+		if d == ledger.Acquired {
+			t.read = 0 // no answer given from this read: the write path covers it
+			return nil
+		}
+		if r.State == residual.Succeeded {
+			fill, fillLen = r.Clone(), n
+		}
+		r.State = r.EffectiveState(now)
+		res = &ledger.ReserveResult{Decision: d, Residual: r}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if fill != nil {
+		l.cache.add(ck, fill, fillLen, stamp) // durable: view waited for it
 	}
 	return res, nil
 }
@@ -61,15 +133,15 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	}
 	var out *residual.Residual
 	var fenceErr error
-	err := l.update(ctx, "commit", func(txn *dbadger.Txn, now time.Time) (bool, error) {
+	err := l.update(ctx, "commit", func(t *tx, now time.Time) (bool, error) {
 		out, fenceErr = nil, nil
-		r, err := getResidual(txn, p.Namespace, p.Key)
+		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
 		// ApplyCommit either settles r or appends evidence; both are written.
 		fenceErr = ledger.ApplyCommit(r, p, now)
-		if err := putResidual(txn, r); err != nil {
+		if err := putResidual(t, r); err != nil {
 			return false, err
 		}
 		out = r
@@ -93,15 +165,18 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 		return lease.Lease{}, err
 	}
 	var out lease.Lease
-	err := l.update(ctx, "renew", func(txn *dbadger.Txn, now time.Time) (bool, error) {
-		r, err := getResidual(txn, p.Namespace, p.Key)
+	err := l.update(ctx, "renew", func(t *tx, now time.Time) (bool, error) {
+		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
 		if out, err = ledger.ApplyRenew(r, p, now); err != nil {
 			return false, err
 		}
-		return true, putResidual(txn, r)
+		if err := putResidual(t, r); err != nil {
+			return false, err // commit nothing, not even the token bump
+		}
+		return true, nil
 	})
 	if err != nil {
 		return lease.Lease{}, err
@@ -119,12 +194,12 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 		return nil, err
 	}
 	var out *residual.Residual
-	err := l.update(ctx, "resolve", func(txn *dbadger.Txn, now time.Time) (bool, error) {
-		r, err := getResidual(txn, p.Namespace, p.Key)
+	err := l.update(ctx, "resolve", func(t *tx, now time.Time) (bool, error) {
+		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
-		token, err := nextToken(txn, p.Namespace, p.Key, r)
+		token, err := nextToken(t, p.Namespace, p.Key, r)
 		if err != nil {
 			return false, err
 		}
@@ -132,7 +207,10 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 			return false, err
 		}
 		out = r
-		return true, putResidual(txn, r)
+		if err := putResidual(t, r); err != nil {
+			return false, err // commit nothing, not even the token bump
+		}
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
@@ -151,18 +229,13 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 		return nil, err
 	}
 	var out *residual.Residual
-	err := l.update(ctx, "append evidence", func(txn *dbadger.Txn, now time.Time) (bool, error) {
-		r, err := getResidual(txn, p.Namespace, p.Key)
+	err := l.update(ctx, "append evidence", func(t *tx, now time.Time) (bool, error) {
+		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
-		ev := p.Evidence
-		if ev.At.IsZero() {
-			ev.At = now
-		}
-		r.Evidence = append(r.Evidence, ev)
-		r.UpdatedAt = now
-		if err := putResidual(txn, r); err != nil {
+		ledger.ApplyEvidence(r, p.Evidence, now)
+		if err := putResidual(t, r); err != nil {
 			return false, err
 		}
 		out = r
@@ -185,8 +258,8 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 		return nil, err
 	}
 	var out *residual.Residual
-	err := l.view(ctx, func(txn *dbadger.Txn, now time.Time) error {
-		r, err := getResidual(txn, p.Namespace, p.Key)
+	err := l.view(ctx, func(t *tx, now time.Time) error {
+		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return err
 		}
@@ -209,9 +282,9 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	}
 	limit := ledger.PageLimit(p.Limit)
 	page := &ledger.Page{Residuals: []*residual.Residual{}}
-	err := l.view(ctx, func(txn *dbadger.Txn, now time.Time) error {
+	err := l.view(ctx, func(t *tx, now time.Time) error {
 		prefix := nsPrefix(p.Namespace)
-		it := txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: min(limit+1, 100)})
+		it := t.txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: min(limit+1, 100)})
 		defer it.Close()
 		seek := append(append([]byte(nil), prefix...), p.Cursor...)
 		for it.Seek(seek); it.ValidForPrefix(prefix); it.Next() {
@@ -224,8 +297,8 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 				continue
 			}
 			var r residual.Residual
-			if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
-				return fmt.Errorf("ledger/badger: decode residual %s: %w", key, err)
+			if err := decodeItem(t, item, key, &r); err != nil {
+				return err
 			}
 			r.State = r.EffectiveState(now)
 			if !p.Matches(&r) {
@@ -265,8 +338,10 @@ func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 		prefix = nsPrefix(p.Namespace)
 	}
 	var candidates [][]byte
-	err := l.view(ctx, func(txn *dbadger.Txn, _ time.Time) error {
-		it := txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 100})
+	err := l.view(ctx, func(t *tx, _ time.Time) error {
+		// Candidates only: decoded without noting versions, since GC answers nothing from
+		// this read (each deletion re-checks its candidate and is synced).
+		it := t.txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 100})
 		defer it.Close()
 		for it.Rewind(); it.ValidForPrefix(prefix); it.Next() {
 			var r residual.Residual
@@ -288,10 +363,10 @@ func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 		batch := candidates[:min(gcBatch, len(candidates))]
 		candidates = candidates[len(batch):]
 		deleted := 0
-		err := l.update(ctx, "gc", func(txn *dbadger.Txn, _ time.Time) (bool, error) {
+		err := l.update(ctx, "gc", func(t *tx, _ time.Time) (bool, error) {
 			deleted = 0
 			for _, k := range batch {
-				item, err := txn.Get(k)
+				item, err := t.txn.Get(k)
 				if errors.Is(err, dbadger.ErrKeyNotFound) {
 					continue
 				}
@@ -305,7 +380,7 @@ func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 				if !collectable(&r) {
 					continue
 				}
-				if err := txn.Delete(k); err != nil {
+				if err := t.del(k); err != nil {
 					return false, fmt.Errorf("ledger/badger: gc delete %q: %w", k, err)
 				}
 				deleted++

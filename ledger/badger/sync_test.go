@@ -65,58 +65,154 @@ func TestGroupSyncPoison(t *testing.T) {
 	require.Equal(t, 1, calls, "no further sync after poisoning")
 }
 
-// fileSyncer fsyncs sealed log files once, never the newest of each kind, and the
-// directory only when a file appeared.
-func TestFileSyncerSealedFilesAndDir(t *testing.T) {
+// syncRecorder replaces a logSyncer's fsync and records what each round synced: "name"
+// for an fdatasync, "name!" for a full fsync.
+type syncRecorder struct {
+	synced []string
+	fail   func(name string) error
+}
+
+func (r *syncRecorder) install(s *logSyncer) {
+	s.fsync = func(f *os.File, dataOnly bool) error {
+		name := filepath.Base(f.Name())
+		if r.fail != nil {
+			if err := r.fail(name); err != nil {
+				return err
+			}
+		}
+		if !dataOnly {
+			name += "!"
+		}
+		r.synced = append(r.synced, name)
+		return syncFile(f, dataOnly)
+	}
+}
+
+// The log syncer lists the directory every round, fsyncs each sealed file once, fdatasyncs the newest WAL every round and the newest value log
+// only in rounds after a big value.
+func TestLogSyncerRounds(t *testing.T) {
 	dir := t.TempDir()
 	touch := func(name string) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
 	}
-	var synced []string
-	f := newFileSyncer(dir)
-	f.fsync = func(path string) error {
-		synced = append(synced, filepath.Base(path))
-		return fsyncPath(path)
-	}
+	s := newLogSyncer(dir, true)
+	t.Cleanup(s.close)
+	rec := &syncRecorder{}
+	rec.install(s)
 	round := func() []string {
-		synced = nil
-		require.NoError(t, f.sync())
-		return synced
+		rec.synced = nil
+		require.NoError(t, s.sync())
+		return rec.synced
 	}
+	dirName := filepath.Base(dir) + "!"
 
 	touch("00001.mem")
 	touch("000001.vlog")
 	touch("MANIFEST")
-	require.Equal(t, []string{filepath.Base(dir)}, round(), "new files: directory only; newest logs are DB.Sync's")
-	require.Empty(t, round(), "nothing new, nothing sealed")
+	require.Equal(t, []string{dirName, "00001.mem"}, round(), "first round: list, sync the directory and the WAL")
+	require.Equal(t, []string{"00001.mem"}, round(), "nothing new: the WAL only")
+	require.Equal(t, 2, s.listings, "every round lists the directory")
+
+	s.markValueLog()
+	s.doneValueLog()
+	require.Equal(t, []string{"00001.mem", "000001.vlog"}, round(), "a big value was committed")
+	require.Equal(t, []string{"00001.mem"}, round(), "the mark is consumed by one round")
+
+	// A big-value commit marked before a round but done after it may write the value log
+	// after that round synced it: the next round must sync it again.
+	s.markValueLog()
+	require.Equal(t, []string{"00001.mem", "000001.vlog"}, round(), "marked, still committing")
+	s.doneValueLog()
+	require.Equal(t, []string{"00001.mem", "000001.vlog"}, round(), "done after the previous round: synced again")
+	require.Equal(t, []string{"00001.mem"}, round(), "covered now")
 
 	touch("00002.mem") // memtable rotation: 00001.mem is sealed
-	require.ElementsMatch(t, []string{"00001.mem", filepath.Base(dir)}, round())
-	require.Empty(t, round(), "a sealed file is synced once")
+	require.Equal(t, []string{"00001.mem!", dirName, "00002.mem"}, round())
+	require.Equal(t, []string{"00002.mem"}, round(), "a sealed file is synced once")
+	require.Equal(t, 9, s.listings)
+
+	touch("000002.vlog") // the value log rotates only while a big value is written
+	s.markValueLog()
+	s.doneValueLog()
+	require.Equal(t, []string{"000001.vlog!", dirName, "00002.mem", "000002.vlog"}, round())
 
 	touch("00003.mem")
-	touch("000002.vlog")
 	require.NoError(t, os.Remove(filepath.Join(dir, "00001.mem"))) // flushed to L0
-	require.ElementsMatch(t, []string{"00002.mem", "000001.vlog", filepath.Base(dir)}, round())
-	require.NotContains(t, f.sealed, "00001.mem", "vanished files are forgotten")
+	require.Equal(t, []string{"00002.mem!", dirName, "00003.mem"}, round())
+	require.NotContains(t, s.sealed, "00001.mem", "vanished files are forgotten")
+	require.Equal(t, 11, s.walSyncs, "one per round")
+	require.Equal(t, 4, s.vlogSyncs, "one per round while a big value may be uncovered")
 }
 
-// A sealed file that vanishes between listing and fsync was flushed to a table: not an error.
-func TestFileSyncerVanishedFile(t *testing.T) {
+// Under SyncWrites badger synced the logs: rounds only handle new files.
+func TestLogSyncerSyncWritesMode(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"00001.mem", "000001.vlog"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
+	}
+	s := newLogSyncer(dir, false)
+	t.Cleanup(s.close)
+	rec := &syncRecorder{}
+	rec.install(s)
+	s.markValueLog()
+	require.NoError(t, s.sync())
+	require.Equal(t, []string{filepath.Base(dir) + "!"}, rec.synced)
+	rec.synced = nil
+	require.NoError(t, s.sync())
+	require.Empty(t, rec.synced)
+}
+
+// A round with no WAL to sync fails rather than acknowledging nothing.
+func TestLogSyncerNoWAL(t *testing.T) {
+	s := newLogSyncer(t.TempDir(), true)
+	t.Cleanup(s.close)
+	require.ErrorContains(t, s.sync(), "no .mem file")
+}
+
+// A sealed file that vanishes between listing and fsync was flushed to a table: not an
+// error. Other sync errors are.
+func TestLogSyncerVanishedFile(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"00001.mem", "00002.mem"} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
 	}
-	f := newFileSyncer(dir)
-	f.fsync = func(path string) error {
-		if filepath.Base(path) == "00001.mem" {
-			return &os.PathError{Op: "open", Path: path, Err: os.ErrNotExist}
+	s := newLogSyncer(dir, true)
+	t.Cleanup(s.close)
+	rec := &syncRecorder{fail: func(name string) error {
+		if name == "00001.mem" {
+			return &os.PathError{Op: "fsync", Path: name, Err: os.ErrNotExist}
 		}
 		return nil
-	}
-	require.NoError(t, f.sync())
-	f.fsync = func(string) error { return errors.New("EIO") }
-	require.NoError(t, f.sync(), "nothing new or unsynced")
+	}}
+	rec.install(s)
+	require.NoError(t, s.sync())
+	require.Equal(t, []string{filepath.Base(dir) + "!", "00002.mem"}, rec.synced)
+
+	rec.fail = func(string) error { return errors.New("EIO") }
+	require.ErrorContains(t, s.sync(), "EIO", "the WAL sync fails")
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "00003.mem"), nil, 0o600))
-	require.ErrorContains(t, f.sync(), "EIO")
+	require.ErrorContains(t, s.sync(), "EIO", "the sealed file's sync fails")
+}
+
+// A double rotation between two rounds (the next WAL created, flushed and deleted while the
+// one after it took the writes) must not leave the round syncing a stale WAL.
+func TestLogSyncerDoubleRotation(t *testing.T) {
+	dir := t.TempDir()
+	touch := func(name string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), nil, 0o600))
+	}
+	s := newLogSyncer(dir, true)
+	t.Cleanup(s.close)
+	rec := &syncRecorder{}
+	rec.install(s)
+	touch("00001.mem")
+	require.NoError(t, s.sync())
+
+	touch("00002.mem")
+	touch("00003.mem")
+	require.NoError(t, os.Remove(filepath.Join(dir, "00002.mem")))
+	rec.synced = nil
+	require.NoError(t, s.sync())
+	require.Contains(t, rec.synced, "00003.mem", "the live WAL is synced")
+	require.NotEqual(t, "00001.mem", rec.synced[len(rec.synced)-1], "not the stale one")
 }
