@@ -100,10 +100,15 @@ func DefaultClassifier(resp Response, err error) residual.State {
 	}
 }
 
-// classify runs c and enforces the invariants no classifier may break: the outcome is one of
-// the four commit outcomes (anything else is unknown), and a queued answer is never a success.
-// A classifier that panics yields unknown: the call ran, its outcome must not be guessed.
-func classify(c Classifier, resp Response, err error) (out residual.State) {
+// Classify runs c (DefaultClassifier when nil) and enforces the invariants no classifier may
+// break: the outcome is one of the four commit outcomes (anything else is unknown), an error
+// is never a success, and a queued answer is never a success. A classifier that panics
+// yields unknown: the call ran, its outcome must not be guessed. Every surface that records
+// an outcome (Do, the MCP server's commit_call) classifies through it.
+func Classify(c Classifier, resp Response, err error) (out residual.State) {
+	if c == nil {
+		c = DefaultClassifier
+	}
 	defer func() {
 		if recover() != nil {
 			out = residual.Unknown

@@ -244,7 +244,7 @@ func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 	if op.Classify != nil {
 		classifier = op.Classify
 	}
-	outcome := classify(classifier, resp, callErr)
+	outcome := Classify(classifier, resp, callErr)
 
 	// 5. Commit under the fence.
 	sum := sha256.Sum256(resp.Body)
@@ -340,18 +340,26 @@ func (ic *Interceptor) renewer(key string, ttl time.Duration) lease.RenewFunc {
 	}
 }
 
-// cacheable applies redaction and the size cap to a result. A redactor that panics caches
-// nothing, so an unredacted secret is never stored.
-func (ic *Interceptor) cacheable(operation string, body []byte) (cached []byte, truncated bool) {
+// Redact returns the form of an operation's result that may be stored: the result passed
+// through Config.Redact (on a copy, so the caller's bytes are untouched), or the result
+// itself when no redactor is set. A redactor that panics yields nil, so an unredacted secret
+// is never stored. Every surface that caches results (Do, the MCP server's commit_call)
+// stores what it returns.
+func (ic *Interceptor) Redact(operation string, result []byte) (stored []byte) {
+	if ic.cfg.Redact == nil {
+		return result
+	}
 	defer func() {
 		if recover() != nil {
-			cached, truncated = nil, false
+			stored = nil
 		}
 	}()
-	if ic.cfg.Redact != nil {
-		// A copy, so a redactor that edits in place cannot touch the caller's output.
-		body = ic.cfg.Redact(operation, bytes.Clone(body))
-	}
+	return ic.cfg.Redact(operation, bytes.Clone(result))
+}
+
+// cacheable applies redaction and the size cap to a result.
+func (ic *Interceptor) cacheable(operation string, body []byte) ([]byte, bool) {
+	body = ic.Redact(operation, body)
 	if len(body) > ic.cfg.MaxResult {
 		return body[:ic.cfg.MaxResult], true
 	}

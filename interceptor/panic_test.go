@@ -42,3 +42,27 @@ func TestPanickingClassifierAndRedactor(t *testing.T) {
 	require.Empty(t, r.Result, "nothing unredacted is cached")
 	require.Equal(t, res.ResultDigest, r.ResultDigest)
 }
+
+// What a probe learned is cached the way a tool's result is: through the redactor.
+func TestReconcileRedactsProbeResult(t *testing.T) {
+	t.Parallel()
+	f := setup(t, withConfig(func(c *interceptor.Config) {
+		c.Redact = func(op string, b []byte) []byte { return []byte(`{"secret":"[redacted]"}`) }
+		c.Operations = map[string]interceptor.Operation{
+			"charge": {Probe: func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
+				return interceptor.ProbeResult{Outcome: residual.Succeeded, Result: []byte(`{"secret":"s3cr3t"}`)}, nil
+			}},
+		}
+	}))
+	_, err := f.ic.Do(f.ctx, interceptor.Call{Operation: "charge", Target: "t"},
+		func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
+			return interceptor.Response{Status: 503}, nil
+		})
+	requireViolation(t, err, interceptor.UnknownOutcome, f.key("charge", "t"))
+	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Key: f.key("charge", "t")})
+	require.NoError(t, err)
+	require.Len(t, rep.Resolved, 1)
+	r := f.get(f.key("charge", "t"))
+	require.Equal(t, residual.Succeeded, r.State)
+	require.JSONEq(t, `{"secret":"[redacted]"}`, string(r.Result))
+}

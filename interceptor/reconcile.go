@@ -125,7 +125,7 @@ func (ic *Interceptor) reconcileOne(ctx context.Context, r *residual.Residual, b
 	}
 	stored, err := ic.ledger.Resolve(ctx, ledger.ResolveParams{
 		Namespace: ic.cfg.Namespace, Key: r.Key, As: pr.Outcome, By: by,
-		Note: "settled by probe", Evidence: pr.Evidence, Result: pr.Result,
+		Note: "settled by probe", Evidence: pr.Evidence, Result: ic.redactProbe(r.Operation, pr.Result),
 	})
 	if err != nil {
 		return open("resolve failed: " + err.Error())
@@ -140,4 +140,13 @@ func safeProbe(ctx context.Context, probe Probe, r *residual.Residual) (pr Probe
 		}
 	}()
 	return probe(ctx, r.Clone())
+}
+
+// redactProbe stores a probe's result the way Do stores a tool's: redacted. No result stays
+// nil (Resolve then keeps what is cached).
+func (ic *Interceptor) redactProbe(operation string, result []byte) []byte {
+	if result == nil {
+		return nil
+	}
+	return ic.Redact(operation, result)
 }

@@ -113,23 +113,11 @@ func checkClaim(classify interceptor.Classifier, claimed residual.State, in Comm
 	if claimed == residual.Unknown {
 		return nil
 	}
-	if classify == nil {
-		classify = interceptor.DefaultClassifier
-	}
 	resp := interceptor.Response{Body: body, Status: in.UpstreamStatus, Handle: in.Handle}
 	if in.UpstreamStatus == 0 {
 		resp.Outcome = claimed
 	}
-	got := classify(resp, nil)
-	switch got {
-	case residual.Succeeded:
-		if interceptor.Queued(resp.Status, resp.Body) {
-			got = residual.Accepted
-		}
-	case residual.Accepted, residual.Failed, residual.Unknown:
-	default:
-		got = residual.Unknown
-	}
+	got := interceptor.Classify(classify, resp, nil)
 	if got == claimed || claimed == residual.Accepted && got == residual.Succeeded {
 		return nil
 	}

@@ -314,3 +314,20 @@ func TestLeaseSecretSchema(t *testing.T) {
 		}
 	}
 }
+
+// commit_call stores a result the way the interceptor does: through its redactor, with the
+// digest of the whole result.
+func TestCommitRedactsTheResult(t *testing.T) {
+	t.Parallel()
+	e := setupWith(t, interceptor.Config{
+		Redact: func(op string, b []byte) []byte { return []byte(`{"card":"[redacted]"}`) },
+	}, nil)
+	c := e.dial(tokA, legacy)
+	b := beginOn(t, c, "invoice:redact")
+	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
+	ok[mcpserver.CommitResult](t, c, "commit_call", commitArgs(b, "succeeded", m{"result": m{"card": "4242"}}))
+	r, err := e.led.Get(ctx(t), ledger.GetParams{Namespace: nsA, Key: b.Key})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"card":"[redacted]"}`, string(r.Result))
+	require.NotContains(t, string(r.Result), "4242")
+}

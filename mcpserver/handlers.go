@@ -409,7 +409,8 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 
 	sum := sha256.Sum256(result)
 	digest := hex.EncodeToString(sum[:])
-	cached, truncated := result, false
+	// Store what the interceptor would: redacted (the digest stays that of the whole result).
+	cached, truncated := sp.ic.Redact(r.Operation, result), false
 	if len(cached) > o.MaxResult {
 		cached, truncated = cached[:o.MaxResult], true
 	}

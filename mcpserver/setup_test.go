@@ -109,11 +109,19 @@ func probes() map[string]interceptor.Operation {
 
 func setup(t *testing.T, mod func(*mcpserver.Options)) *env {
 	t.Helper()
+	return setupWith(t, interceptor.Config{}, mod)
+}
+
+// setupWith is setup with settings for the namespace-A interceptor (its Namespace and Clock
+// are set here).
+func setupWith(t *testing.T, cfg interceptor.Config, mod func(*mcpserver.Options)) *env {
+	t.Helper()
 	clock := lease.NewFake(t0)
 	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, led.Close()) })
-	ic, err := interceptor.New(led, interceptor.Config{Namespace: nsA, Clock: clock})
+	cfg.Namespace, cfg.Clock = nsA, clock
+	ic, err := interceptor.New(led, cfg)
 	require.NoError(t, err)
 	var tokens mcpserver.Tokens
 	require.NoError(t, tokens.Add(tokA, nsA))
