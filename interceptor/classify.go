@@ -102,19 +102,14 @@ func DefaultClassifier(resp Response, err error) residual.State {
 
 // Classify runs c (DefaultClassifier when nil) and enforces the invariants no classifier may
 // break: the outcome is one of the four commit outcomes (anything else is unknown), an error
-// is never a success, and a queued answer is never a success. A classifier that panics
-// yields unknown: the call ran, its outcome must not be guessed. Every surface that records
-// an outcome (Do, the MCP server's commit_call) classifies through it.
-func Classify(c Classifier, resp Response, err error) (out residual.State) {
+// is never a success, and a queued answer is never a success. Every surface that records an
+// outcome (Do, the MCP server's commit_call) classifies through it. A panic in c propagates:
+// each caller decides what it means (Do records unknown).
+func Classify(c Classifier, resp Response, err error) residual.State {
 	if c == nil {
 		c = DefaultClassifier
 	}
-	defer func() {
-		if recover() != nil {
-			out = residual.Unknown
-		}
-	}()
-	out = c(resp, err)
+	out := c(resp, err)
 	switch out {
 	case residual.Succeeded:
 		if err != nil {
@@ -129,4 +124,15 @@ func Classify(c Classifier, resp Response, err error) (out residual.State) {
 	default:
 		return residual.Unknown
 	}
+}
+
+// classifyRan classifies the outcome of a call that ran: a classifier that panics yields
+// unknown, since the call may have had its effect and its outcome must not be guessed.
+func classifyRan(c Classifier, resp Response, err error) (out residual.State) {
+	defer func() {
+		if recover() != nil {
+			out = residual.Unknown
+		}
+	}()
+	return Classify(c, resp, err)
 }

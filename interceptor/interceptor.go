@@ -244,7 +244,7 @@ func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 	if op.Classify != nil {
 		classifier = op.Classify
 	}
-	outcome := Classify(classifier, resp, callErr)
+	outcome := classifyRan(classifier, resp, callErr)
 
 	// 5. Commit under the fence.
 	sum := sha256.Sum256(resp.Body)
