@@ -11,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
+	"github.com/toolfence/toolfence/residual"
 )
 
 // tables lists the tables of schema.
@@ -42,7 +44,7 @@ func TestMigrateUpDownIdempotent(t *testing.T) {
 	require.Equal(t, [2]int{latest, latest}, [2]int{from, to}, "a second migrate does nothing")
 
 	admin := adminConn(t, schema)
-	require.Equal(t, []string{"toolfence_residuals", "toolfence_schema_migrations", "toolfence_tokens", "toolfence_watchers"},
+	require.Equal(t, []string{"toolfence_residuals", "toolfence_schema_migrations", "toolfence_watchers"},
 		tables(t, admin, schema))
 
 	// The up SQL itself is idempotent: running it again over the migrated schema works.
@@ -191,4 +193,81 @@ func TestMissingSearchPathSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, schema, l.Schema())
 	require.NoError(t, l.Close())
+}
+
+// Migration 2 moves the token counters of collected keys into tombstones and back: across
+// an up and a down, no key's token ever goes back, and tombstones are never read as
+// residuals.
+func TestMigrationKeepsTokensAcrossVersions(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	ctx := context.Background()
+	opts := postgres.Options{Schema: schema}
+	_, _, err := postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	_, to, err := postgres.MigrateDown(ctx, testDSN(), 1, opts)
+	require.NoError(t, err)
+	require.Equal(t, 1, to)
+
+	// At version 1 key A was reserved 7 times and then collected: only its counter is left.
+	admin := adminConn(t, schema)
+	pa := params("A", "h")
+	_, err = admin.Exec(ctx, `INSERT INTO toolfence_tokens (namespace, key, token) VALUES ($1, $2, 7)`, pa.Namespace, pa.Key)
+	require.NoError(t, err)
+
+	l := open(t, schema, postgres.Options{}) // migrates to the latest version
+	require.NotContains(t, tables(t, admin, schema), "toolfence_tokens")
+	_, err = l.Get(ctx, ledger.GetParams{Namespace: pa.Namespace, Key: pa.Key})
+	require.ErrorIs(t, err, residual.ErrNotFound, "a tombstone is not a residual")
+	page, err := l.List(ctx, ledger.ListParams{Namespace: ns})
+	require.NoError(t, err)
+	require.Empty(t, page.Residuals)
+	ra, err := l.Reserve(ctx, pa)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Acquired, ra.Decision)
+	require.Equal(t, uint64(8), ra.Lease.Token, "the counter of a key collected at version 1 carries on")
+	_, err = l.Commit(ctx, commitOf(pa, ra, residual.Succeeded))
+	require.NoError(t, err)
+
+	// Key C is settled and collected at version 2: a tombstone holds its token.
+	pc := params("C", "h")
+	rc, err := l.Reserve(ctx, pc)
+	require.NoError(t, err)
+	_, err = l.Commit(ctx, commitOf(pc, rc, residual.Failed))
+	require.NoError(t, err)
+	gc, err := l.GC(ctx, ledger.GCParams{Namespace: ns, Before: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, 2, gc.Deleted)
+	_, err = l.Get(ctx, ledger.GetParams{Namespace: pc.Namespace, Key: pc.Key})
+	require.ErrorIs(t, err, residual.ErrNotFound)
+	_, err = l.Commit(ctx, commitOf(pc, rc, residual.Succeeded))
+	require.ErrorIs(t, err, residual.ErrLeaseLost, "a collected key takes no commit")
+	var state string
+	var token int64
+	require.NoError(t, admin.QueryRow(ctx, `SELECT state, token FROM toolfence_residuals WHERE key = $1`, pc.Key).Scan(&state, &token))
+	require.Equal(t, [2]any{"collected", int64(1)}, [2]any{state, token})
+	require.NoError(t, l.Close())
+
+	// Down to 1: every key's token is back in toolfence_tokens and the tombstones are gone.
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), 1, opts)
+	require.NoError(t, err)
+	rows, err := admin.Query(ctx, `SELECT key, token FROM toolfence_tokens ORDER BY token`)
+	require.NoError(t, err)
+	type kt struct {
+		Key   string
+		Token int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[kt])
+	require.NoError(t, err)
+	require.Equal(t, []kt{{pc.Key, 1}, {pa.Key, 8}}, got)
+	var n int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM toolfence_residuals`).Scan(&n))
+	require.Equal(t, 0, n, "the tombstones are deleted")
+
+	// And up again: C continues after its tombstone.
+	l = open(t, schema, postgres.Options{})
+	rc, err = l.Reserve(ctx, pc)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), rc.Lease.Token)
+	require.Len(t, rc.Residual.Attempts, 1, "a key reserved after GC starts with a fresh history")
 }

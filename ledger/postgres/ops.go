@@ -16,40 +16,36 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// reserveSQL is Reserve in one statement: insert the pending residual with the next token
-// if the key has no residual (the primary key decides, never a prior read), raise the
-// token counter in the same statement, and otherwise return the stored row. The last
-// columns are the ledger's clock, the checked token, whether this statement inserted, and
-// how many notifications it sent. Zero rows means the conflicting row was committed after
-// the statement's snapshot: run it again.
+// reserveSQL is Reserve in one statement: insert the pending residual with token 1 if the
+// key has no row (the primary key decides, never a prior read), and otherwise return the
+// stored row, which may be a tombstone left by GC. A key that had a row once keeps it (GC
+// leaves a tombstone holding the token), so a new row's token is always 1. The last columns
+// are the ledger's clock, whether this statement inserted, and how many notifications it
+// sent. Zero rows means the conflicting row was committed after the statement's snapshot:
+// run it again.
+//
+// The clock here is the statement's start on the server (statement_timestamp()): a lease
+// counted from it ends no later than one counted from any moment of the statement, and
+// every column gets the same instant without a materialised subquery (which measurably
+// slowed this hot statement).
 //
 // $1 namespace, $2 key, $3 task, $4 operation, $5 target, $6 request digest, $7 holder,
 // $8 reservation id, $9 ttl µs, $10 time offset µs.
 var reserveSQL = notifyModes(func(notify func(string) string) string {
-	return `WITH c AS MATERIALIZED (SELECT ` + now(10) + ` AS now),
-t AS MATERIALIZED (SELECT coalesce((SELECT token FROM toolfence_tokens WHERE namespace = $1 AND key = $2), 0) + 1 AS next),
-ins AS (
+	start := statementNow(10)
+	return `WITH ins AS (
 	INSERT INTO toolfence_residuals (namespace, key, task, operation, target, state, request_digest,
 		token, att_n, att_holder, att_token, att_lease_expires, att_started, att_request_digest,
 		att_reservation, created_at, updated_at)
-	SELECT $1, $2, $3, $4, $5, 'pending', $6, t.next, 1, $7, t.next,
-		c.now + $9::bigint * interval '1 microsecond', c.now, $6, $8, c.now, c.now
-	FROM c, t
+	VALUES ($1, $2, $3, $4, $5, 'pending', $6, 1, 1, $7, 1, ` + start + ` + $9::bigint * interval '1 microsecond',
+		` + start + `, $6, $8, ` + start + `, ` + start + `)
 	ON CONFLICT (namespace, key) DO NOTHING
 	RETURNING ` + cols("") + `
 ),
-bump AS (
-	INSERT INTO toolfence_tokens AS k (namespace, key, token) SELECT namespace, key, token FROM ins
-	ON CONFLICT (namespace, key) DO UPDATE SET token = k.token + 1
-	RETURNING token
-),
 nt AS (` + notify("ins") + `)
-SELECT ` + cols("ins") + `, c.now,
-	CASE WHEN ins.token = bump.token THEN bump.token ELSE toolfence_check_token(ins.token, bump.token) END,
-	true, (SELECT count(*) FROM nt)
-FROM ins, bump, c
+SELECT ` + cols("ins") + `, ins.created_at, true, (SELECT count(*) FROM nt) FROM ins
 UNION ALL
-SELECT ` + cols("r") + `, c.now, 0, false, 0 FROM toolfence_residuals r, c
+SELECT ` + cols("r") + `, ` + start + `, false, 0 FROM toolfence_residuals r
 WHERE r.namespace = $1 AND r.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
 })
 
@@ -88,19 +84,15 @@ func (l *Ledger) notifyAfter(ctx context.Context, c *pgxpool.Conn, owed int64, n
 	_, _ = c.Exec(ctx, `SELECT pg_notify($1, $2)`, l.channel(), string(payload))
 }
 
-// lockSQL reads a residual under FOR UPDATE, the ledger's clock after the lock is granted,
-// and the key's token counter ($1 namespace, $2 key, $3 offset µs).
-var lockSQL = `SELECT ` + cols("s") + `, ` + now(3) + `,
-	coalesce((SELECT token FROM toolfence_tokens k WHERE k.namespace = $1 AND k.key = $2), 0)
+// lockSQL reads a residual (or tombstone) under FOR UPDATE and the ledger's clock after the
+// lock is granted ($1 namespace, $2 key, $3 offset µs).
+var lockSQL = `SELECT ` + cols("s") + `, ` + now(3) + `
 FROM (SELECT ` + cols("") + ` FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE) s`
 
-// getSQL reads a residual and the ledger's clock ($1 namespace, $2 key, $3 offset µs).
-var getSQL = `SELECT ` + cols("") + `, ` + now(3) + ` FROM toolfence_residuals WHERE namespace = $1 AND key = $2`
-
-// bumpSQL raises the token counter to $3 and fails (TF409) if it was already there.
-const bumpSQL = `INSERT INTO toolfence_tokens AS k (namespace, key, token) VALUES ($1, $2, $3)
-	ON CONFLICT (namespace, key) DO UPDATE SET token = greatest(k.token + 1, EXCLUDED.token)
-	RETURNING toolfence_check_token($3, token)`
+// getSQL reads a residual (never a tombstone) and the ledger's clock ($1 namespace, $2 key,
+// $3 offset µs).
+var getSQL = `SELECT ` + cols("") + `, ` + now(3) + ` FROM toolfence_residuals
+WHERE namespace = $1 AND key = $2 AND state <> '` + collected + `'`
 
 // fence is the SQL condition that the current attempt is pending under holder $3 and token
 // $4 with more than $margin left at the ledger's clock (evaluated per row, after any lock
@@ -113,21 +105,23 @@ func fence(margin string, off int) string {
 
 // commitSQL is Commit under a valid fence in one statement: terminal state, outcome and
 // release in the same row write. Zero rows means the fence does not hold (or the residual is
-// missing): Commit then takes the locking path, which records evidence.
+// missing): Commit then takes the locking path, which records evidence. The fence is checked
+// against clock_timestamp(), evaluated per row after any lock wait; the attempt's end is
+// stamped with the statement's start.
 //
 // $1 namespace, $2 key, $3 holder, $4 token, $5 outcome, $6 response digest, $7 error,
 // $8 result, $9 result digest, $10 result truncated, $11 handle, $12 margin µs,
 // $13 offset µs.
 var commitSQL = notifyModes(func(notify func(string) string) string {
+	at := statementNow(13)
 	return `WITH upd AS (UPDATE toolfence_residuals r SET
-	state = $5, att_outcome = $5, att_ended = c.now, att_released = true,
+	state = $5, att_outcome = $5, att_ended = ` + at + `, att_released = true,
 	att_response_digest = $6, att_error = $7,
 	result = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $8 ELSE r.result END,
 	result_digest = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $9 ELSE r.result_digest END,
 	result_truncated = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $10 ELSE r.result_truncated END,
 	handle = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $11 ELSE r.handle END,
-	updated_at = c.now
-FROM (SELECT ` + now(13) + ` AS now) c
+	updated_at = ` + at + `
 WHERE ` + fence("$12::bigint * interval '1 microsecond'", 13) + `
 RETURNING ` + cols("r") + `),
 nt AS (` + notify("upd") + `)
@@ -173,10 +167,10 @@ var errRaced = errors.New("postgres: raced with a concurrent step")
 func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string) (*ledger.ReserveResult, error) {
 	for range 8 {
 		var clock time.Time
-		var check, notified int64
+		var notified int64
 		var inserted bool
 		res, rw, err := scanRow(c.QueryRow(ctx, reserveSQL[l.mode()], p.Namespace, p.Key, p.Task, p.Operation, p.Target,
-			p.RequestDigest, p.Holder, reservation, p.TTL.Microseconds(), l.offset.Load()), &clock, &check, &inserted, &notified)
+			p.RequestDigest, p.Holder, reservation, p.TTL.Microseconds(), l.offset.Load()), &clock, &inserted, &notified)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // the conflicting row was committed after our snapshot
@@ -189,9 +183,11 @@ func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.Rese
 		if own := ownReservation(res, rw, reservation); own != nil {
 			return own, nil
 		}
-		d, cur, _ := ledger.ApplyReserve(res, p, 0, clock.UTC())
-		if d != ledger.Acquired {
-			return &ledger.ReserveResult{Decision: d, Residual: cur}, nil
+		if !rw.collected() {
+			d, cur, _ := ledger.ApplyReserve(res, p, 0, clock.UTC())
+			if d != ledger.Acquired {
+				return &ledger.ReserveResult{Decision: d, Residual: cur}, nil
+			}
 		}
 		out, err := l.reserveLocked(ctx, c, p, reservation)
 		if errors.Is(err, errRaced) {
@@ -220,58 +216,61 @@ func ownReservation(res *residual.Residual, rw *row, reservation string) *ledger
 	return acquired(res)
 }
 
-// reserveLocked takes over an existing residual in a transaction: lock, apply the rules,
-// write the new attempt and raise the token counter.
+// reserveLocked takes over an existing residual, or a tombstone, in a transaction: lock,
+// apply the rules, and write the new attempt with the token after the stored one. On a
+// tombstone the key starts afresh, as if it had no residual, but its token keeps growing.
 func (l *Ledger) reserveLocked(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string) (*ledger.ReserveResult, error) {
 	var out *ledger.ReserveResult
-	err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, rw *row, now time.Time, counter uint64) (*change, error) {
+	err := l.locked(ctx, c, p.Namespace, p.Key, true, func(r *residual.Residual, rw *row, now time.Time) (*change, error) {
 		if own := ownReservation(r, rw, reservation); own != nil {
 			out = own
 			return nil, nil
 		}
-		d, cur, ls := ledger.ApplyReserve(r, p, max(counter, r.Token)+1, now)
+		next := r.Token + 1
+		if rw.collected() {
+			r = nil
+		}
+		d, cur, ls := ledger.ApplyReserve(r, p, next, now)
 		out = &ledger.ReserveResult{Decision: d, Residual: cur, Lease: ls}
 		if d != ledger.Acquired {
 			return nil, nil
 		}
-		return &change{r: cur, reservation: reservation, token: cur.Token}, nil
+		return &change{r: cur, reservation: reservation}, nil
 	})
 	return out, err
 }
 
-// errMissing is returned by locked when the row does not exist.
+// errMissing is returned by locked when the residual does not exist (or is a tombstone).
 var errMissing = errors.New("postgres: residual missing")
 
-// change is what a locked step writes: the residual, the reservation id of a new attempt
-// (empty keeps the stored one) and the token the key's counter is raised to (0: none).
+// change is what a locked step writes: the residual and the reservation id of a new attempt
+// (empty keeps the stored one).
 type change struct {
 	r           *residual.Residual
 	reservation string
-	token       uint64
 }
 
 // locked runs decide on the residual (namespace, key) read under FOR UPDATE in a
-// transaction, with the ledger's clock read after the lock was granted and the key's token
-// counter. When decide returns a change, locked writes it (and notifies watchers) and
-// commits; otherwise it rolls back. A missing residual gives errRaced wrapped around
-// errMissing.
-func (l *Ledger) locked(ctx context.Context, c *pgxpool.Conn, namespace, key string,
-	decide func(r *residual.Residual, rw *row, now time.Time, counter uint64) (*change, error)) error {
+// transaction, with the ledger's clock read after the lock was granted. When decide returns
+// a change, locked writes it (and notifies watchers) and commits; otherwise it rolls back. A
+// missing residual gives errRaced wrapped around errMissing; so does a tombstone unless
+// tombstones is set, in which case decide gets it (rw.collected() reports it).
+func (l *Ledger) locked(ctx context.Context, c *pgxpool.Conn, namespace, key string, tombstones bool,
+	decide func(r *residual.Residual, rw *row, now time.Time) (*change, error)) error {
 	tx, err := c.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var clock time.Time
-	var counter int64
-	r, rw, err := scanRow(tx.QueryRow(ctx, lockSQL, namespace, key, l.offset.Load()), &clock, &counter)
-	if errors.Is(err, pgx.ErrNoRows) {
+	r, rw, err := scanRow(tx.QueryRow(ctx, lockSQL, namespace, key, l.offset.Load()), &clock)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && rw.collected() && !tombstones {
 		return fmt.Errorf("%w: %w", errRaced, errMissing)
 	}
 	if err != nil {
 		return err
 	}
-	ch, err := decide(r, rw, clock.UTC(), uint64(counter))
+	ch, err := decide(r, rw, clock.UTC())
 	if err != nil || ch == nil {
 		return err
 	}
@@ -286,23 +285,14 @@ func (l *Ledger) locked(ctx context.Context, c *pgxpool.Conn, namespace, key str
 	return nil
 }
 
-// write stores ch.r (read under FOR UPDATE in tx) and, when ch.token is not zero, raises
-// the key's token counter to it, in one round trip. It returns the notifications owed.
+// write stores ch.r (read under FOR UPDATE in tx) and returns the notifications owed.
 func (l *Ledger) write(ctx context.Context, tx pgx.Tx, ch *change) (int64, error) {
 	args, err := writeArgs(ch.r, ch.reservation)
 	if err != nil {
 		return 0, err
 	}
-	b := &pgx.Batch{}
-	var owed int64
-	b.Queue(writeSQL[l.mode()], args...).QueryRow(func(row pgx.Row) error {
-		var n int64
-		return row.Scan(&n, &owed)
-	})
-	if ch.token != 0 {
-		b.Queue(bumpSQL, ch.r.Namespace, ch.r.Key, int64(ch.token))
-	}
-	err = tx.SendBatch(ctx, b).Close()
+	var n, owed int64
+	err = tx.QueryRow(ctx, writeSQL[l.mode()], args...).Scan(&n, &owed)
 	return owed, err
 }
 
@@ -340,7 +330,7 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 				return err
 			}
 		}
-		err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, _ *row, now time.Time, _ uint64) (*change, error) {
+		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
 			out = r
 			if mayHaveLanded && committedBy(r, p) {
 				fenceErr = nil
@@ -427,7 +417,7 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 }
 
 // Resolve implements ledger.Ledger: a short transaction locks the residual, applies
-// ledger.ApplyResolve with the next fencing token, writes it and raises the counter.
+// ledger.ApplyResolve with the next fencing token and writes it.
 func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -438,17 +428,17 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 	var out *residual.Residual
 	var ruleErr error
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
-		err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, _ *row, now time.Time, counter uint64) (*change, error) {
+		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
 			if mayHaveLanded && resolvedBy(r, p) {
 				out, ruleErr = r, nil
 				return nil, nil
 			}
-			if ruleErr = ledger.ApplyResolve(r, p, max(counter, r.Token)+1, now); ruleErr != nil {
+			if ruleErr = ledger.ApplyResolve(r, p, r.Token+1, now); ruleErr != nil {
 				out = nil
 				return nil, nil
 			}
 			out = r
-			return &change{r: r, token: r.Token}, nil
+			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {
 			out, ruleErr = nil, fmt.Errorf("%w: resolve of key %s in namespace %q", residual.ErrNotFound, p.Key, p.Namespace)
@@ -485,7 +475,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 	var ruleErr error
 	var at time.Time
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
-		err := l.locked(ctx, c, p.Namespace, p.Key, func(r *residual.Residual, _ *row, now time.Time, _ uint64) (*change, error) {
+		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
 			out, ruleErr, at = r, nil, now
 			if mayHaveLanded && len(r.Evidence) > 0 && sameEvidence(r.Evidence[len(r.Evidence)-1], p.Evidence) {
 				r.State = r.EffectiveState(now)

@@ -52,7 +52,7 @@ const effectiveSQL = `CASE WHEN r.state = 'pending' AND NOT (r.att_outcome = '' 
 // $4 operation, $5 target (” matches all), $6 effective states (empty matches all),
 // $7 limit, $8 offset µs.
 var listSQL = `SELECT ` + cols("r") + `, c.now FROM toolfence_residuals r, (SELECT ` + now(8) + ` AS now) c
-WHERE r.namespace = $1 AND r.key > $2
+WHERE r.namespace = $1 AND r.key > $2 AND r.state <> '` + collected + `'
 	AND ($3 = '' OR r.task = $3) AND ($4 = '' OR r.operation = $4) AND ($5 = '' OR r.target = $5)
 	AND (cardinality($6::text[]) = 0 OR ` + effectiveSQL + ` = ANY($6::text[]))
 ORDER BY r.key LIMIT $7`
@@ -103,17 +103,28 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	return page, nil
 }
 
-// GC implements ledger.Ledger in one statement: it deletes succeeded and failed residuals
-// last updated before p.Before. Open residuals and the token counters are never touched.
+// gcSQL replaces succeeded and failed residuals last updated before $2 ($1 namespace, ”
+// for all) by tombstones: the key and its last token stay, everything else is cleared, so
+// a key reserved again after GC gets a higher token than any it had.
+var gcSQL = `UPDATE toolfence_residuals SET state = '` + collected + `', task = '', operation = '',
+	target = '', request_digest = '', att_n = 0, att_holder = '', att_token = token,
+	att_lease_expires = updated_at, att_started = updated_at, att_ended = NULL,
+	att_request_digest = '', att_response_digest = '', att_outcome = '', att_error = '',
+	att_released = false, att_reservation = '', prior_attempts = '[]', result = NULL,
+	result_digest = '', result_truncated = false, handle = '', evidence = '[]',
+	resolutions = '[]'
+WHERE ($1 = '' OR namespace = $1) AND state IN ('succeeded', 'failed') AND updated_at < $2`
+
+// GC implements ledger.Ledger in one statement: succeeded and failed residuals last updated
+// before p.Before become tombstones (see gcSQL), which no read returns. Open residuals are
+// never touched. Deleted counts the residuals collected.
 func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
 	if err := l.check(); err != nil {
 		return ledger.GCResult{}, err
 	}
 	var deleted int64
 	_, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
-		tag, err := c.Exec(ctx, `DELETE FROM toolfence_residuals
-			WHERE ($1 = '' OR namespace = $1) AND state IN ('succeeded', 'failed') AND updated_at < $2`,
-			p.Namespace, p.Before.UTC())
+		tag, err := c.Exec(ctx, gcSQL, p.Namespace, p.Before.UTC())
 		deleted += tag.RowsAffected()
 		return err
 	})

@@ -31,10 +31,6 @@ const maxTries = 5
 
 var backoff = [maxTries]time.Duration{0, 0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond}
 
-// errTokenMoved is raised by toolfence_check_token (SQLSTATE TF409): the token counter
-// moved under a statement, which rolled back; the step is tried again.
-const errTokenMoved = "TF409"
-
 // try runs fn on one connection acquired under actx, with fn running under ctx, and
 // classifies its failure. A broken connection is ambiguous unless pgx knows the statement
 // was never sent.
@@ -59,10 +55,6 @@ func (l *Ledger) try(actx, ctx context.Context, fn func(context.Context, *pgxpoo
 			return notSent, err
 		}
 		return ambiguous, err
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == errTokenMoved {
-		return notSent, err
 	}
 	return final, err
 }

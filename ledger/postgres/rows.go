@@ -34,6 +34,21 @@ func now(n int) string {
 	return fmt.Sprintf("(clock_timestamp() + $%d::bigint * interval '1 microsecond')", n)
 }
 
+// statementNow is the ledger's clock at the start of the statement: the server's
+// statement_timestamp() plus the test-only offset ($n, microseconds). Every use in one
+// statement gives the same instant.
+func statementNow(n int) string {
+	return fmt.Sprintf("(statement_timestamp() + $%d::bigint * interval '1 microsecond')", n)
+}
+
+// collected is the state of a tombstone: the row GC leaves of a residual it collected,
+// keeping only the key and its last token so that the key's tokens keep growing. Ledger
+// reads never return tombstones.
+const collected = "collected"
+
+// collected reports whether the row is a tombstone.
+func (r *row) collected() bool { return r.state == collected }
+
 // row is one stored residual as its columns.
 type row struct {
 	namespace, key, task, operation, target, state, requestDigest string
