@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -305,4 +306,63 @@ func TestCommitInFlightSurvivesCallerCancel(t *testing.T) {
 
 	_, err = f.l.Reserve(cctx, params("charge:cancel-2", "worker"))
 	require.ErrorIs(t, err, context.Canceled, "an ended context starts no new write")
+}
+
+// A commit that cannot finish within the write timeout (here: blocked on a row lock another
+// session holds) returns ErrOutcomeUnknown instead of hanging; the blocked statement is
+// cancelled on the server and its connection is never reused, so the ledger keeps working
+// and the residual is either still pending under the holder's fence or committed, never
+// anything else.
+func TestWriteTimeoutEndsABlockedCommit(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	app := "tf-timeout-" + strings.ToLower(rand.Text()[:10])
+	l, err := postgres.Open(context.Background(), withParams(url.Values{"application_name": {app}}),
+		postgres.Options{Schema: schema, MaxConns: 2, WriteTimeout: 400 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	ctx := context.Background()
+	p := params("charge:timeout", "worker")
+	res, err := l.Reserve(ctx, p)
+	require.NoError(t, err)
+
+	locker := adminConn(t, schema)
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Commit(ctx, commitOf(p, res, residual.Succeeded))
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a commit blocked on a lock outlived its write timeout")
+	}
+	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.Contains(t, err.Error(), "could not be re-read")
+
+	// The server was asked to cancel the blocked statement: nobody of ours waits on the lock.
+	admin := adminConn(t, schema)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&n))
+		return n == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, tx.Rollback(ctx))
+
+	got, err := l.Get(ctx, ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err, "the pool hands out no connection with a stale reply")
+	require.Equal(t, residual.Pending, got.State, "the cancelled commit did not land")
+	out, err := l.Commit(ctx, commitOf(p, res, residual.Succeeded))
+	require.NoError(t, err, "the holder's fence still holds: its commit goes through now")
+	require.Equal(t, residual.Succeeded, out.State)
+	for i := range 4 { // every pooled connection works
+		_, err := l.Reserve(ctx, params(fmt.Sprintf("after-timeout-%d", i), "worker"))
+		require.NoError(t, err)
+	}
 }

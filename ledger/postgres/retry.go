@@ -34,7 +34,12 @@ var backoff = [maxTries]time.Duration{0, 0, 20 * time.Millisecond, 100 * time.Mi
 // try runs fn on one connection acquired under actx, with fn running under ctx, and
 // classifies its failure. A broken connection is ambiguous unless pgx knows the statement
 // was never sent.
-func (l *Ledger) try(actx, ctx context.Context, fn func(context.Context, *pgxpool.Conn) error) (failure, error) {
+//
+// A non-zero deadline bounds fn on the connection itself (a socket deadline), so that the
+// statements of a write can run under a context that is never cancelled, which pgx need not
+// watch. When the deadline cuts a statement off, the server is asked to cancel it and the
+// connection is closed, never reused: its reply may still be on the way.
+func (l *Ledger) try(actx, ctx context.Context, deadline time.Time, fn func(context.Context, *pgxpool.Conn) error) (failure, error) {
 	c, err := l.pool.Acquire(actx)
 	if err != nil {
 		if l.closed.Load() {
@@ -43,11 +48,30 @@ func (l *Ledger) try(actx, ctx context.Context, fn func(context.Context, *pgxpoo
 		return notSent, err
 	}
 	defer c.Release()
+	pc := c.Conn().PgConn()
+	if !deadline.IsZero() {
+		if err := pc.Conn().SetDeadline(deadline); err != nil {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = pc.Close(cctx)
+			cancel()
+			return notSent, err
+		}
+	}
 	err = fn(ctx, c)
+	if !deadline.IsZero() && !pc.IsClosed() {
+		if err != nil && pgconn.Timeout(err) {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = pc.CancelRequest(cctx)
+			_ = pc.Close(cctx)
+			cancel()
+		} else {
+			_ = pc.Conn().SetDeadline(time.Time{})
+		}
+	}
 	switch {
 	case err == nil:
 		return succeeded, nil
-	case c.Conn().PgConn().IsClosed():
+	case pc.IsClosed():
 		// pgx reports a write that failed as safe to retry. A read that failed after the
 		// statement was sent can surface as "conn closed", which pgx also calls safe to
 		// retry: that one is ambiguous.
@@ -65,34 +89,40 @@ func (l *Ledger) try(actx, ctx context.Context, fn func(context.Context, *pgxpoo
 // mayHaveLanded says such a break happened.
 //
 // For a write, the statements run under a context that keeps ctx's values but not its
-// cancellation, bounded by the write timeout: a caller that gives up while a write is in
-// flight never turns it into an ambiguous one, and a write that may have landed is
-// re-read even when the caller has gone. Until something may have landed, the caller's ctx
-// still ends the wait for a connection and the waits between tries.
+// cancellation, bounded by the write timeout (a deadline on the connection): a caller that
+// gives up while a write is in flight never turns it into an ambiguous one, and a write that
+// may have landed is re-read even when the caller has gone. Until something may have
+// landed, the caller's ctx still ends the wait for a connection and the waits between
+// tries; afterwards the write timeout does.
 func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error) (mayHaveLanded bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	run := ctx
+	run, landedWait := ctx, ctx
+	var deadline time.Time
 	if write {
-		var cancel context.CancelFunc
-		run, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.writeTimeout)
-		defer cancel()
+		run = context.WithoutCancel(ctx)
+		deadline = time.Now().Add(l.writeTimeout)
 	}
 	for n := 0; ; n++ {
 		wait := ctx
 		if mayHaveLanded {
-			wait = run
+			wait = landedWait
 		}
-		f, err := l.try(wait, run, func(ctx context.Context, c *pgxpool.Conn) error { return fn(ctx, c, mayHaveLanded) })
+		f, err := l.try(wait, run, deadline, func(ctx context.Context, c *pgxpool.Conn) error { return fn(ctx, c, mayHaveLanded) })
 		switch f {
 		case succeeded:
 			return mayHaveLanded, nil
 		case final:
 			return mayHaveLanded, err
 		case ambiguous:
+			if !mayHaveLanded && write {
+				var cancel context.CancelFunc
+				landedWait, cancel = context.WithDeadline(run, deadline)
+				defer cancel()
+			}
 			mayHaveLanded = true
-			wait = run
+			wait = landedWait
 		}
 		if n+1 >= maxTries || l.closed.Load() || wait.Err() != nil {
 			return mayHaveLanded, errors.Join(err, wait.Err())
