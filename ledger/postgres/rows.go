@@ -67,17 +67,20 @@ type row struct {
 	resultTruncated                                               bool
 	handle                                                        string
 	createdAt, updatedAt                                          time.Time
+
+	// dst backs the scan destinations (the columns and up to 11 extra), so that scanning a
+	// row allocates no slice.
+	dst [40]any
 }
 
 // dest returns scan destinations for the columns, followed by extra.
 func (r *row) dest(extra ...any) []any {
-	return append([]any{
+	return append(append(r.dst[:0],
 		&r.namespace, &r.key, &r.task, &r.operation, &r.target, &r.state, &r.requestDigest, &r.token,
 		&r.attN, &r.attHolder, &r.attToken, &r.attExpires, &r.attStarted, &r.attEnded,
 		&r.attRequestDigest, &r.attResponseDigest, &r.attOutcome, &r.attError, &r.attReleased,
 		&r.attReservation, &r.prior, &r.result, &r.resultDigest, &r.resultTruncated,
-		&r.handle, &r.evidence, &r.resolutions, &r.createdAt, &r.updatedAt,
-	}, extra...)
+		&r.handle, &r.evidence, &r.resolutions, &r.createdAt, &r.updatedAt), extra...)
 }
 
 // scanRow scans one row of columns (plus extra destinations) into a residual.
