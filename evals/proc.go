@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,23 +25,27 @@ type CommandFunc func(role string, args ...string) *exec.Cmd
 
 // proc is one child process: a worker or the sink.
 type proc struct {
-	cmd      *exec.Cmd
-	stdin    io.WriteCloser
-	barriers chan string
-	done     chan struct{}
-	waitErr  error
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	done    chan struct{}
+	waitErr error
 
-	mu      sync.Mutex
-	results []Belief
-	stderr  bytes.Buffer
-	first   string // first stdout line (the sink's URL)
-	gotLine chan struct{}
+	mu sync.Mutex
+	// reached holds, per barrier name, the trials (batch indexes) whose agent 0 passed it;
+	// barChanged is closed and replaced whenever it grows.
+	reached    map[string]map[int]bool
+	barChanged chan struct{}
+	results    []Belief
+	stderr     bytes.Buffer
+	first      string // first stdout line (the sink's URL)
+	gotLine    chan struct{}
 }
 
 // startProc starts cmd with piped stdin (so a child never outlives the parent's interest)
 // and collects its stdout protocol lines.
 func startProc(cmd *exec.Cmd) (*proc, error) {
-	p := &proc{cmd: cmd, barriers: make(chan string, 64), done: make(chan struct{}), gotLine: make(chan struct{})}
+	p := &proc{cmd: cmd, done: make(chan struct{}), gotLine: make(chan struct{}),
+		reached: map[string]map[int]bool{}, barChanged: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -71,10 +76,7 @@ func startProc(cmd *exec.Cmd) (*proc, error) {
 			}
 			switch {
 			case strings.HasPrefix(line, "BARRIER "):
-				select {
-				case p.barriers <- strings.TrimPrefix(line, "BARRIER "):
-				default:
-				}
+				p.barrierLine(strings.TrimPrefix(line, "BARRIER "))
 			case strings.HasPrefix(line, "RESULT "):
 				var b Belief
 				if json.Unmarshal([]byte(strings.TrimPrefix(line, "RESULT ")), &b) == nil {
@@ -107,21 +109,75 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-// waitBarrier waits until agent 0 announces name. It fails when the process exits first or
-// the timeout passes.
-func (p *proc) waitBarrier(name string, timeout time.Duration) error {
+// barrierLine records "<trial> <agent> <name>": agent 0 of trial passed name.
+func (p *proc) barrierLine(rest string) {
+	f := strings.Fields(rest)
+	if len(f) != 3 || f[1] != "0" {
+		return
+	}
+	k, err := strconv.Atoi(f[0])
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.reached[f[2]]
+	if m == nil {
+		m = map[int]bool{}
+		p.reached[f[2]] = m
+	}
+	if !m[k] {
+		m[k] = true
+		close(p.barChanged)
+		p.barChanged = make(chan struct{})
+	}
+}
+
+// finished returns the trials whose agent 0 finished.
+func (p *proc) finished() map[int]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[int]bool, len(p.reached[barrierDone]))
+	for k := range p.reached[barrierDone] {
+		out[k] = true
+	}
+	return out
+}
+
+// waitBarriers waits until agent 0 of each of n trials announced name or finished without
+// it, and returns the trials that announced name. It fails (returning those that did) when
+// the process exits first or the timeout passes.
+func (p *proc) waitBarriers(name string, n int, timeout time.Duration) (map[int]bool, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	for {
-		select {
-		case b := <-p.barriers:
-			if b == "0 "+name {
-				return nil
+	snapshot := func() (map[int]bool, int, chan struct{}) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		out := make(map[int]bool, len(p.reached[name]))
+		for k := range p.reached[name] {
+			out[k] = true
+		}
+		settled := len(out)
+		for k := range p.reached[barrierDone] {
+			if !out[k] {
+				settled++
 			}
+		}
+		return out, settled, p.barChanged
+	}
+	for {
+		got, settled, ch := snapshot()
+		if settled >= n {
+			return got, nil
+		}
+		select {
+		case <-ch:
 		case <-p.done:
-			return fmt.Errorf("worker exited before barrier %s: %s", name, p.stderrTail())
+			got, _, _ = snapshot()
+			return got, fmt.Errorf("worker exited before barrier %s (%d of %d trials reached it): %s", name, len(got), n, p.stderrTail())
 		case <-t.C:
-			return fmt.Errorf("worker did not reach barrier %s within %v", name, timeout)
+			got, _, _ = snapshot()
+			return got, fmt.Errorf("%d of %d trials did not reach barrier %s within %v", n-len(got), n, name, timeout)
 		}
 	}
 }
@@ -201,6 +257,55 @@ func (c sinkClient) waitHeld(ctx context.Context, intent string, timeout time.Du
 // release lets the held answer go ("respond") or drops the connection ("drop").
 func (c sinkClient) release(ctx context.Context, intent, action string) error {
 	u := c.base + "/control/release?intent=" + url.QueryEscape(intent) + "&action=" + action
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// heldIntents long-polls until the sink holds the answers of at least n intents whose
+// name starts with prefix (n 0: it answers at once) and returns the intents it holds, with
+// an error when the timeout passed first.
+func (c sinkClient) heldIntents(ctx context.Context, prefix string, n int, timeout time.Duration) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout+5*time.Second)
+	defer cancel()
+	u := c.base + "/control/held?prefix=" + url.QueryEscape(prefix) + "&n=" + strconv.Itoa(n) + "&timeout=" + max(timeout, time.Millisecond).String()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var ans struct {
+		Held    int      `json:"held"`
+		Intents []string `json:"intents"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(ans.Intents))
+	for _, in := range ans.Intents {
+		out[in] = true
+	}
+	if resp.StatusCode != http.StatusOK {
+		return out, fmt.Errorf("the sink holds %d of %d answers for %s (status %d)", ans.Held, n, prefix, resp.StatusCode)
+	}
+	return out, nil
+}
+
+// releaseAll lets every held answer of an intent starting with prefix go ("respond") or
+// drops their connections ("drop").
+func (c sinkClient) releaseAll(ctx context.Context, prefix, action string) error {
+	u := c.base + "/control/release?prefix=" + url.QueryEscape(prefix) + "&action=" + action
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
 	if err != nil {
 		return err

@@ -1,9 +1,12 @@
 package evals
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"html"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +25,8 @@ type Cell struct {
 	// HarnessErrors counts trials where a worker misbehaved (timeout, exit code); they are
 	// graded all the same.
 	HarnessErrors int `json:"harness_errors"`
+	// Omitted counts the trials of the cell report.json does not list (see Report.Results).
+	Omitted int `json:"trials_omitted,omitempty"`
 }
 
 // Report is the result of a Run.
@@ -33,36 +38,24 @@ type Report struct {
 	Duration  time.Duration `json:"duration_ns"`
 	Scenarios []Scenario    `json:"-"`
 	Subjects  []string      `json:"subjects"`
-	Cells     []Cell        `json:"cells"`
-	Results   []TrialResult `json:"trials"`
+	// Batch is how many trials of a cell shared each worker process.
+	Batch int    `json:"batch"`
+	Cells []Cell `json:"cells"`
+	// Results lists the graded trials: every trial of a run of up to 20,000 trials; beyond
+	// that, every toolfence trial that is not EXACTLY_ONCE, every trial with a harness error
+	// or a note (other than the mode queued-202 chose), and the first 1,000 trials of each
+	// baseline cell that are not EXACTLY_ONCE. Omitted counts the others (they are counted
+	// in Cells).
+	Results []TrialResult `json:"trials"`
+	Omitted int           `json:"trials_omitted"`
 }
 
-func newReport(cfg Config, scens []Scenario, subs []string, results []TrialResult, d time.Duration) *Report {
-	rep := &Report{Seed: cfg.Seed, Trials: cfg.Trials, LeaseTTL: cfg.LeaseTTL.String(),
-		Started: time.Now().Add(-d).UTC(), Duration: d, Scenarios: scens, Subjects: subs, Results: results}
-	idx := map[string]*Cell{}
-	for _, sc := range scens {
-		for _, sub := range subs {
-			rep.Cells = append(rep.Cells, Cell{Scenario: sc.Name, Subject: sub, Counts: map[Outcome]int{}})
-		}
-	}
-	for i := range rep.Cells {
-		c := &rep.Cells[i]
-		idx[c.Scenario+"\x00"+c.Subject] = c
-	}
-	for _, r := range results {
-		c := idx[r.Scenario+"\x00"+r.Subject]
-		if c == nil {
-			continue
-		}
-		c.Trials++
-		c.Counts[r.Grade.Outcome]++
-		c.Reconciled += r.Grade.Reconciled
-		if r.Error != "" {
-			c.HarnessErrors++
-		}
-	}
-	return rep
+// newReport returns the report of graded cells (in scenario × subject order) and the
+// trials kept for listing.
+func newReport(cfg Config, scens []Scenario, subs []string, cells []Cell, kept []TrialResult, omitted int, d time.Duration) *Report {
+	return &Report{Seed: cfg.Seed, Trials: cfg.Trials, LeaseTTL: cfg.LeaseTTL.String(), Batch: cfg.Batch,
+		Started: time.Now().Add(-d).UTC(), Duration: d, Scenarios: scens, Subjects: subs,
+		Cells: cells, Results: kept, Omitted: omitted}
 }
 
 func (r *Report) hasStress() bool {
@@ -262,21 +255,88 @@ func (r *Report) Write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(struct {
-		*Report
-		Scenarios []scenarioDoc `json:"scenarios"`
-	}{r, scenarioDocs(r.Scenarios)}, "", "  ")
-	if err != nil {
-		return err
+	if err := r.writeJSON(filepath.Join(dir, "report.json")); err != nil {
+		return fmt.Errorf("evals: writing report.json: %w", err)
 	}
 	for name, body := range map[string][]byte{
-		"report.json": append(js, '\n'), "report.md": []byte(r.Markdown()), "report.svg": []byte(r.SVG()),
+		"report.md": []byte(r.Markdown()), "report.svg": []byte(r.SVG()),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
 			return fmt.Errorf("evals: writing %s: %w", name, err)
 		}
 	}
 	return nil
+}
+
+// writeJSON writes report.json to path: the header and the cells indented, then the
+// trials one compact line each, streamed (a large run's list is never built in memory).
+func (r *Report) writeJSON(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	if err := r.encodeJSON(w); err != nil {
+		f.Close()
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// encodeJSON writes the report as JSON to w (see writeJSON).
+func (r *Report) encodeJSON(w io.Writer) error {
+	head := *r
+	head.Results = nil
+	js, err := json.MarshalIndent(struct {
+		*Report
+		Scenarios []scenarioDoc `json:"scenarios"`
+	}{&head, scenarioDocs(r.Scenarios)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	// Replace the empty "trials": null with one line per trial.
+	const empty = `"trials": null`
+	i := bytes.LastIndex(js, []byte(empty))
+	if i < 0 {
+		return fmt.Errorf("evals: report.json: no trials field")
+	}
+	bw := &errWriter{w: w}
+	bw.write(js[:i])
+	bw.write([]byte(`"trials": [`))
+	for k, t := range r.Results {
+		line, err := json.Marshal(t)
+		if err != nil {
+			return err
+		}
+		if k > 0 {
+			bw.write([]byte(","))
+		}
+		bw.write([]byte("\n    "))
+		bw.write(line)
+	}
+	if len(r.Results) > 0 {
+		bw.write([]byte("\n  "))
+	}
+	bw.write([]byte("]"))
+	bw.write(js[i+len(empty):])
+	bw.write([]byte("\n"))
+	return bw.err
+}
+
+// errWriter keeps the first write error.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) write(b []byte) {
+	if e.err == nil {
+		_, e.err = e.w.Write(b)
+	}
 }
 
 type scenarioDoc struct {

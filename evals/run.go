@@ -36,8 +36,12 @@ type Config struct {
 	Command CommandFunc
 	// Progress receives a progress bar (stderr); nil shows none.
 	Progress io.Writer
-	// Parallel is how many trials run at once. Defaults to 2.
+	// Parallel is how many batches run at once. Defaults to 2.
 	Parallel int
+	// Batch is how many trials of one cell share each worker process (they run at once in
+	// it, die together at the barrier, and share the batch's store directory; each keeps
+	// its own intent, task, agents and grade). Defaults to min(Trials, 500).
+	Batch int
 	// LeaseTTL is the toolfence lease and the baselines' pending TTL. Defaults to 500ms.
 	LeaseTTL time.Duration
 	// StressMessages is the message count of the stress-003 scenario. Defaults to 500.
@@ -61,31 +65,19 @@ type runner struct {
 
 func (r *runner) workerTimeout() time.Duration { return 20*r.cfg.LeaseTTL + 10*time.Second }
 
-func (r *runner) rngFor(t *trial) *rand.Rand {
+// rngFor returns the random source of trial index of a cell: it depends on the seed and
+// the trial, not on the batch the trial ran in.
+func (r *runner) rngFor(scenario, subject string, index int) *rand.Rand {
 	h := r.cfg.Seed
-	for _, c := range t.Scenario + "/" + t.Subject {
+	for _, c := range scenario + "/" + subject {
 		h = h*31 + int64(c)
 	}
-	return rand.New(rand.NewSource(h*1_000_003 + int64(t.Index)))
-}
-
-// waitHeld waits until the sink holds intent's answer, or the worker exits first.
-func (r *runner) waitHeld(ctx context.Context, p *proc, intent string) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- r.sink.waitHeld(ctx, intent, r.workerTimeout()) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-p.done:
-		return fmt.Errorf("worker exited before the sink held its answer: %s", p.stderrTail())
-	}
+	return rand.New(rand.NewSource(h*1_000_003 + int64(index)))
 }
 
 // stress runs the seed-003 stress test against one subject in one worker process and
-// returns one result (and the beliefs) per message.
-func (r *runner) stress(subject string) ([]TrialResult, [][]Belief) {
+// stores one trial per message.
+func (r *runner) stress(subject string, st *store) {
 	t0 := time.Now()
 	dir := filepath.Join(r.cfg.WorkDir, "stores", StressScenario+"."+subject)
 	_ = os.MkdirAll(dir, 0o755)
@@ -113,16 +105,10 @@ func (r *runner) stress(subject string) ([]TrialResult, [][]Belief) {
 	if err != nil {
 		runErr = err.Error()
 	}
-	elapsed := time.Since(t0)
-	results := make([]TrialResult, r.cfg.StressMessages)
-	beliefs := make([][]Belief, r.cfg.StressMessages)
-	for i := range results {
-		intent := StressIntent(prefix, i)
-		results[i] = TrialResult{Scenario: StressScenario, Subject: subject, Index: i, Intent: intent,
-			Beliefs: byIntent[intent], Error: runErr, Elapsed: elapsed / time.Duration(len(results))}
-		beliefs[i] = byIntent[intent]
+	elapsed := time.Since(t0) / time.Duration(max(r.cfg.StressMessages, 1))
+	for i := range r.cfg.StressMessages {
+		st.put(StressScenario, subject, i, byIntent[StressIntent(prefix, i)], nil, runErr, elapsed)
 	}
-	return results, beliefs
 }
 
 // TrialResult is one graded trial.
@@ -150,6 +136,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.Parallel = cmp.Or(cfg.Parallel, 2)
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 500*time.Millisecond)
 	cfg.StressMessages = cmp.Or(cfg.StressMessages, 500)
+	cfg.Batch = cmp.Or(cfg.Batch, min(cfg.Trials, 500))
+	if cfg.Trials < 0 || cfg.Batch < 0 || cfg.Parallel < 0 {
+		return nil, fmt.Errorf("%w: Trials, Batch and Parallel must not be negative", ErrInvalidConfig)
+	}
 	scens, subs, err := selectCells(cfg)
 	if err != nil {
 		return nil, err
@@ -162,8 +152,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer os.RemoveAll(dir)
 		cfg.WorkDir = dir
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.WorkDir, "stores"), 0o755); err != nil {
-		return nil, err
+	for _, d := range []string{"stores", "specs"} {
+		if err := os.MkdirAll(filepath.Join(cfg.WorkDir, d), 0o755); err != nil {
+			return nil, err
+		}
 	}
 	started := time.Now()
 	logPath := filepath.Join(cfg.WorkDir, "sink.log")
@@ -189,72 +181,78 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.PostgresDSN != "" && slices.Contains(subs, SubjectToolfencePostgres) {
 		defer func() { _ = dropSchema(cfg.PostgresDSN, r.schema) }()
 	}
-	var trials []*trial
+	st := newStore()
+	var batches []*batch
 	stress := false
 	for _, sc := range scens {
 		if sc.Name == StressScenario {
 			stress = true
+			for _, sub := range subs {
+				st.addCell(sc.Name, sub, cfg.StressMessages)
+			}
 			continue
 		}
 		for _, sub := range subs {
-			for i := range cfg.Trials {
-				id := fmt.Sprintf("%s.%s.%d", sc.Name, sub, i)
-				trials = append(trials, &trial{r: r, Scenario: sc.Name, Subject: sub, Index: i,
-					Intent: "inv-" + id, Task: "task-" + id, store: filepath.Join(cfg.WorkDir, "stores", id)})
+			st.addCell(sc.Name, sub, cfg.Trials)
+			for k, lo := 0, 0; lo < cfg.Trials; k, lo = k+1, lo+cfg.Batch {
+				idx := make([]int, 0, cfg.Batch)
+				for i := lo; i < min(lo+cfg.Batch, cfg.Trials); i++ {
+					idx = append(idx, i)
+				}
+				batches = append(batches, newBatch(r, sc.Name, sub, k, idx))
 			}
 		}
 	}
-	rand.New(rand.NewSource(cfg.Seed)).Shuffle(len(trials), func(i, j int) { trials[i], trials[j] = trials[j], trials[i] })
+	rand.New(rand.NewSource(cfg.Seed)).Shuffle(len(batches), func(i, j int) { batches[i], batches[j] = batches[j], batches[i] })
 	byName := map[string]Scenario{}
 	for _, sc := range scens {
 		byName[sc.Name] = sc
 	}
 
-	results := make([]TrialResult, len(trials))
-	beliefs := make([][]Belief, len(trials))
-	steps := len(trials)
+	steps := cfg.Trials * len(subs) * (len(scens) - boolInt(stress))
 	if stress {
 		steps += len(subs)
 	}
 	bar := newProgress(cfg.Progress, steps)
 	var wg sync.WaitGroup
-	next := make(chan int)
+	next := make(chan *batch)
 	for range cfg.Parallel {
 		wg.Go(func() {
-			for i := range next {
-				t := trials[i]
+			for b := range next {
 				t0 := time.Now()
-				if !IsToolfence(t.Subject) || t.Subject == SubjectToolfenceBadger {
-					_ = os.MkdirAll(t.store, 0o755)
+				if !IsToolfence(b.Subject) || b.Subject == SubjectToolfenceBadger || b.Subject == SubjectToolfenceNoProbe {
+					_ = os.MkdirAll(b.store, 0o755)
 				}
-				bs, err := byName[t.Scenario].run(ctx, t)
-				res := TrialResult{Scenario: t.Scenario, Subject: t.Subject, Index: t.Index, Intent: t.Intent,
-					Beliefs: bs, Notes: t.Notes, Elapsed: time.Since(t0)}
-				if err != nil {
-					res.Error = err.Error()
+				err := byName[b.Scenario].run(ctx, b)
+				elapsed := time.Since(t0)
+				for _, t := range b.trials {
+					var harness string
+					if err != nil {
+						harness = err.Error()
+					}
+					st.put(b.Scenario, b.Subject, t.Index, t.Beliefs, t.Notes, harness, elapsed)
 				}
-				results[i], beliefs[i] = res, bs
-				_ = os.RemoveAll(t.store)
-				bar.step(t.Scenario + " × " + t.Subject)
+				b.cleanup()
+				bar.add(len(b.trials), b.Scenario+" × "+b.Subject)
 			}
 		})
 	}
-	for i := range trials {
+	for _, b := range batches {
 		if ctx.Err() != nil {
 			break
 		}
-		next <- i
+		next <- b
 	}
 	close(next)
 	wg.Wait()
+	batches = nil
 	if stress {
 		for _, sub := range subs {
 			if ctx.Err() != nil {
 				break
 			}
-			rs, bs := r.stress(sub)
-			results, beliefs = append(results, rs...), append(beliefs, bs...)
-			bar.step(StressScenario + " × " + sub)
+			r.stress(sub, st)
+			bar.add(1, StressScenario+" × "+sub)
 		}
 	}
 	bar.done()
@@ -270,30 +268,91 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	case <-time.After(5 * time.Second):
 		sinkProc.kill()
 	}
-	recs, err := ReadLogFile(logPath)
-	if err != nil {
+	if err := ScanLogFile(logPath, func(rec Record) error { st.addRecord(rec); return nil }); err != nil {
 		return nil, err
 	}
-	byIntent := map[string][]Record{}
-	for _, rec := range recs {
-		byIntent[rec.Intent] = append(byIntent[rec.Intent], rec)
-	}
-	for i := range results {
-		results[i].Grade = GradeTrial(results[i].Intent, byIntent[results[i].Intent], beliefs[i])
-		if results[i].Error != "" && results[i].Grade.Outcome == Blocked {
-			results[i].Grade.Detail = strings.TrimSpace(results[i].Grade.Detail + " harness: " + results[i].Error)
-		}
-	}
-	slices.SortFunc(results, func(a, b TrialResult) int {
-		return cmp.Or(cmp.Compare(a.Scenario, b.Scenario), cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Index, b.Index))
-	})
-	rep := newReport(cfg, scens, subs, results, time.Since(started))
+	rep := gradeAll(cfg, scens, subs, st, time.Since(started))
 	if cfg.Out != "" {
 		if err := rep.Write(cfg.Out); err != nil {
 			return rep, err
 		}
 	}
 	return rep, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// gradeAll grades every trial from its sink records and beliefs, tallies the cells and
+// keeps the trials the report lists: all of them up to keepAllTrials trials; beyond, every
+// toolfence trial that is not EXACTLY_ONCE, every trial with a harness error or a note, and
+// the first keepPerBaselineCell trials of each baseline cell that are not EXACTLY_ONCE.
+func gradeAll(cfg Config, scens []Scenario, subs []string, st *store, d time.Duration) *Report {
+	total := 0 // trials, not stress messages
+	for c, slots := range st.slots {
+		if st.names[c][0] != StressScenario {
+			total += len(slots)
+		}
+	}
+	keepAll := total <= keepAllTrials
+	var kept []TrialResult
+	cells := make([]Cell, 0, len(st.slots))
+	omitted := 0
+	for c, slots := range st.slots {
+		sc, sub := st.names[c][0], st.names[c][1]
+		cell := Cell{Scenario: sc, Subject: sub, Counts: map[Outcome]int{}}
+		baselineKept := 0
+		for i := range slots {
+			sl := &slots[i]
+			intent := fmt.Sprintf("inv-%s.%s.b%d.%d", sc, sub, i/cfg.Batch, i)
+			if sc == StressScenario {
+				intent = StressIntent(StressScenario+"."+sub, i)
+			}
+			beliefs := st.beliefs(intent, sl, sc == StressScenario)
+			g := GradeTrial(intent, st.records(intent, sl), beliefs)
+			res := TrialResult{Scenario: sc, Subject: sub, Index: i, Intent: intent, Beliefs: beliefs, Elapsed: sl.elapsed}
+			if sl.extra != nil {
+				res.Notes, res.Error = sl.extra.notes, sl.extra.err
+			}
+			if res.Error != "" && g.Outcome == Blocked {
+				g.Detail = strings.TrimSpace(g.Detail + " harness: " + res.Error)
+			}
+			res.Grade = g
+			cell.Trials++
+			cell.Counts[g.Outcome]++
+			cell.Reconciled += g.Reconciled
+			if res.Error != "" {
+				cell.HarnessErrors++
+			}
+			notable := len(res.Notes) > 0 && !onlyModeNote(res.Notes) || res.Error != ""
+			switch {
+			case keepAll, notable, g.Outcome != ExactlyOnce && IsToolfence(sub):
+				kept = append(kept, res)
+			case g.Outcome != ExactlyOnce && baselineKept < keepPerBaselineCell:
+				kept = append(kept, res)
+				baselineKept++
+			default:
+				omitted++
+				cell.Omitted++
+			}
+			*sl = slot{} // graded: let it go
+		}
+		cells = append(cells, cell)
+	}
+	slices.SortFunc(kept, func(a, b TrialResult) int {
+		return cmp.Or(cmp.Compare(a.Scenario, b.Scenario), cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Index, b.Index))
+	})
+	return newReport(cfg, scens, subs, cells, kept, omitted, d)
+}
+
+// onlyModeNote reports whether notes are just the queued-202 scenario's record of the mode
+// it chose (every trial of it has one): that alone does not keep a trial in a large report.
+func onlyModeNote(notes []string) bool {
+	return len(notes) == 1 && strings.HasPrefix(notes[0], "mode ")
 }
 
 // ErrInvalidConfig is wrapped by Run's errors for an unusable Config (unknown scenario or
@@ -359,17 +418,19 @@ func newProgress(w io.Writer, total int) *progress {
 	return p
 }
 
-func (p *progress) step(label string) {
+// add counts n more finished steps (trials, or a stress cell).
+func (p *progress) add(n int, label string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.n++
+	prev := p.n
+	p.n += n
 	if p.w == nil {
 		return
 	}
 	const width = 30
-	fill := p.n * width / max(p.total, 1)
+	fill := min(p.n, p.total) * width / max(p.total, 1)
 	if !p.tty {
-		if p.n*10/max(p.total, 1) != (p.n-1)*10/max(p.total, 1) || p.n == p.total {
+		if p.n*10/max(p.total, 1) != prev*10/max(p.total, 1) || p.n == p.total {
 			fmt.Fprintf(p.w, "[%s%s] %d/%d %5.1fs\n", strings.Repeat("=", fill), strings.Repeat(" ", width-fill),
 				p.n, p.total, time.Since(p.start).Seconds())
 		}

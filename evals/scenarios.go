@@ -10,12 +10,13 @@ import (
 )
 
 // Scenario is one way of hurting a guarded call. Run drives the worker processes of one
-// trial and returns the beliefs of the workers that finished.
+// batch of trials and hands every trial the beliefs of its agents that finished; an error
+// is a harness error of every trial of the batch.
 type Scenario struct {
 	Name string
 	// Doc says what the scenario does, for the report and docs/evals.md.
 	Doc string
-	run func(ctx context.Context, t *trial) ([]Belief, error)
+	run func(ctx context.Context, b *batch) error
 }
 
 // Scenarios lists every scenario in report order.
@@ -38,189 +39,326 @@ var Scenarios = []Scenario{
 // StressScenario names the seed-003 stress test, whose cells count messages.
 const StressScenario = "stress-003"
 
-// trial is one run of one scenario against one subject.
+// trial is one run of one scenario against one subject: the unit of grading. It has its
+// own task, intent, payload and agents; it shares its worker processes with the other
+// trials of its batch.
 type trial struct {
-	r        *runner
-	Scenario string
-	Subject  string
-	Index    int
-	Intent   string
-	Task     string
-	store    string
-	Notes    []string
+	Index   int
+	Intent  string
+	Task    string
+	Notes   []string
+	Beliefs []Belief
 }
 
 func (t *trial) note(format string, args ...any) {
 	t.Notes = append(t.Notes, fmt.Sprintf(format, args...))
 }
 
-// spec returns the worker spec of this trial for a worker named name.
-func (t *trial) spec(name string) WorkerSpec {
-	s := WorkerSpec{
-		Name: name, Subject: t.Subject, Store: t.store, Sink: t.r.sink.base,
-		Task: t.Task, Intent: t.Intent, Text: "charge invoice " + t.Intent + " 42.00 EUR",
-		LeaseMS: int(t.r.cfg.LeaseTTL / time.Millisecond), TimeoutMS: int(t.r.cfg.LeaseTTL / 2 / time.Millisecond),
-		BudgetMS: int(8 * t.r.cfg.LeaseTTL / time.Millisecond),
+// text is the trial's payload wording.
+func (t *trial) text() string { return "charge invoice " + t.Intent + " 42.00 EUR" }
+
+// batch is the trials of one scenario × subject cell that share worker processes: every
+// process of a batch carries all its trials at once, so they live, stop at a barrier and
+// die together, and they share the batch's store directory.
+type batch struct {
+	r        *runner
+	Scenario string
+	Subject  string
+	// ID is "<scenario>.<subject>.b<k>"; every intent of the batch starts with "inv-"+ID+".".
+	ID       string
+	trials   []*trial
+	byIntent map[string]*trial
+	store    string
+	// specs are the spec files of the batch's workers, removed with the batch.
+	specs []string
+}
+
+// newBatch returns batch k of the cell with the trials of the given indexes.
+func newBatch(r *runner, scenario, subject string, k int, indexes []int) *batch {
+	b := &batch{r: r, Scenario: scenario, Subject: subject, ID: fmt.Sprintf("%s.%s.b%d", scenario, subject, k),
+		byIntent: make(map[string]*trial, len(indexes))}
+	b.store = filepath.Join(r.cfg.WorkDir, "stores", b.ID)
+	for _, i := range indexes {
+		t := &trial{Index: i, Intent: fmt.Sprintf("inv-%s.%d", b.ID, i), Task: fmt.Sprintf("task-%s.%s.%d", scenario, subject, i)}
+		b.trials = append(b.trials, t)
+		b.byIntent[t.Intent] = t
 	}
-	if t.Subject == SubjectToolfencePostgres {
-		s.Store, s.Schema = t.r.cfg.PostgresDSN, t.r.schema
+	return b
+}
+
+// cleanup removes the batch's store directory and spec files.
+func (b *batch) cleanup() {
+	_ = os.RemoveAll(b.store)
+	for _, p := range b.specs {
+		_ = os.Remove(p)
+	}
+}
+
+// prefix is what every intent of the batch starts with (for the sink's batched control).
+func (b *batch) prefix() string { return "inv-" + b.ID + "." }
+
+// noteAll notes the same thing on every trial of the batch.
+func (b *batch) noteAll(format string, args ...any) {
+	for _, t := range b.trials {
+		t.note(format, args...)
+	}
+}
+
+// timeout is how long a worker process of the batch may run: it grows with the batch.
+func (b *batch) timeout() time.Duration {
+	return b.r.workerTimeout() + time.Duration(len(b.trials))*50*time.Millisecond
+}
+
+// spec returns the worker spec of a process named name carrying every trial of the batch;
+// each, when set, adjusts a trial's part of it.
+func (b *batch) spec(name string, each func(t *trial, ts *TrialSpec)) WorkerSpec {
+	lease := b.r.cfg.LeaseTTL
+	s := WorkerSpec{
+		Name: name, Subject: b.Subject, Store: b.store, Sink: b.r.sink.base,
+		LeaseMS: int(lease / time.Millisecond), TimeoutMS: int(lease / 2 / time.Millisecond),
+		// Every trial of the batch starts at once: the budget grows with the batch.
+		BudgetMS: int((8*lease + time.Duration(len(b.trials))*10*time.Millisecond) / time.Millisecond),
+	}
+	if b.Subject == SubjectToolfencePostgres {
+		s.Store, s.Schema = b.r.cfg.PostgresDSN, b.r.schema
+	}
+	for _, t := range b.trials {
+		ts := TrialSpec{Task: t.Task, Intent: t.Intent, Text: t.text()}
+		if each != nil {
+			each(t, &ts)
+		}
+		s.Batch = append(s.Batch, ts)
 	}
 	return s
 }
 
-func (t *trial) start(s WorkerSpec) (*proc, error) {
-	b, err := jsonMarshal(s)
+// start starts a worker process of the batch (the spec goes through a file: a batch's spec
+// is larger than one argument may be).
+func (b *batch) start(s WorkerSpec) (*proc, error) {
+	js, err := jsonMarshal(s)
 	if err != nil {
 		return nil, err
 	}
-	return startProc(t.r.cfg.Command("worker", "--spec", string(b)))
-}
-
-// runToEnd runs one worker to completion and returns its beliefs.
-func (t *trial) runToEnd(s WorkerSpec) ([]Belief, error) {
-	p, err := t.start(s)
-	if err != nil {
+	path := filepath.Join(b.r.cfg.WorkDir, "specs", fmt.Sprintf("%s.%s.%d.json", b.ID, s.Name, len(b.specs)))
+	b.specs = append(b.specs, path)
+	if err := os.WriteFile(path, js, 0o644); err != nil {
 		return nil, err
 	}
-	return p.wait(t.r.workerTimeout())
+	return startProc(b.r.cfg.Command("worker", "--spec-file", path))
 }
 
-func crashAt(barrier string) func(ctx context.Context, t *trial) ([]Belief, error) {
-	return func(ctx context.Context, t *trial) ([]Belief, error) {
-		s := t.spec("w1")
+// collect hands every belief to the trial of its intent.
+func (b *batch) collect(bs []Belief) {
+	for _, bl := range bs {
+		if t := b.byIntent[bl.Intent]; t != nil {
+			t.Beliefs = append(t.Beliefs, bl)
+		}
+	}
+}
+
+// wait waits for p to exit and collects its beliefs.
+func (b *batch) wait(p *proc) error {
+	bs, err := p.wait(b.timeout())
+	b.collect(bs)
+	return err
+}
+
+// runToEnd runs one worker process to completion and collects its beliefs.
+func (b *batch) runToEnd(s WorkerSpec) error {
+	p, err := b.start(s)
+	if err != nil {
+		return err
+	}
+	return b.wait(p)
+}
+
+// noteMissed notes, on every trial not in reached, that the worker named name did not
+// reach what the parent waited for.
+func (b *batch) noteMissed(name string, reached map[int]bool, err error) {
+	for k, t := range b.trials {
+		if !reached[k] {
+			t.note("%s: %v", name, err)
+		}
+	}
+}
+
+// waitHeld waits until the sink holds the first answer of every trial of the batch. A
+// trial whose agent finished without a held answer stops the wait from waiting for it;
+// the process exiting or the timeout ends the wait. It returns the trials (batch indexes)
+// whose answer is held, with an error when not all are.
+func (b *batch) waitHeld(ctx context.Context, p *proc) (map[int]bool, error) {
+	deadline := time.Now().Add(b.timeout())
+	for {
+		done := p.finished()
+		held, err := b.r.sink.heldIntents(ctx, b.prefix(), len(b.trials)-len(done), 200*time.Millisecond)
+		if err == nil || ctx.Err() != nil {
+			got := map[int]bool{}
+			for k, t := range b.trials {
+				if held[t.Intent] {
+					got[k] = true
+				}
+			}
+			if len(got) == len(b.trials) {
+				return got, nil
+			}
+			if len(got)+len(done) >= len(b.trials) || ctx.Err() != nil {
+				return got, fmt.Errorf("the sink holds %d of %d answers; the others finished first", len(got), len(b.trials))
+			}
+		}
+		select {
+		case <-p.done:
+			held, _ := b.r.sink.heldIntents(ctx, b.prefix(), 0, 0)
+			got := map[int]bool{}
+			for k, t := range b.trials {
+				if held[t.Intent] {
+					got[k] = true
+				}
+			}
+			return got, fmt.Errorf("worker exited before the sink held its answer: %s", p.stderrTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			held, _ := b.r.sink.heldIntents(ctx, b.prefix(), 0, 0)
+			got := map[int]bool{}
+			for k, t := range b.trials {
+				if held[t.Intent] {
+					got[k] = true
+				}
+			}
+			return got, fmt.Errorf("the sink held %d of %d answers within %v", len(got), len(b.trials), b.timeout())
+		}
+	}
+}
+
+func crashAt(barrier string) func(ctx context.Context, b *batch) error {
+	return func(ctx context.Context, b *batch) error {
+		s := b.spec("w1", nil)
 		s.StopAt = barrier
-		p, err := t.start(s)
+		p, err := b.start(s)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		var out []Belief
-		if err := p.waitBarrier(barrier, t.r.workerTimeout()); err != nil {
-			t.note("w1: %v", err)
-			bs, _ := p.wait(t.r.workerTimeout())
-			out = append(out, bs...)
-		} else {
-			p.kill()
-		}
-		bs, err := t.runToEnd(t.spec("w2"))
-		return append(out, bs...), err
-	}
-}
-
-func crashB1(drift bool) func(ctx context.Context, t *trial) ([]Belief, error) {
-	return func(ctx context.Context, t *trial) ([]Belief, error) {
-		s := t.spec("w1")
-		s.Hold = true
-		p, err := t.start(s)
-		if err != nil {
-			return nil, err
-		}
-		if err := t.r.waitHeld(ctx, p, t.Intent); err != nil {
-			t.note("w1: %v", err)
-			p.kill()
-			return nil, err
+		// Every trial's agent 0 stops at the barrier (or finishes without reaching it); then
+		// one SIGKILL kills them all there.
+		reached, err := p.waitBarriers(barrier, len(b.trials), b.timeout())
+		if err != nil || len(reached) < len(b.trials) {
+			if err == nil {
+				err = fmt.Errorf("finished before barrier %s", barrier)
+			}
+			b.noteMissed("w1", reached, err)
 		}
 		p.kill()
-		_ = t.r.sink.release(ctx, t.Intent, "drop")
-		s2 := t.spec("w2")
-		if drift {
-			s2.Text = "Please bill 42 EUR for invoice " + t.Intent + " (re-worded)"
+		b.collect(p.beliefs())
+		return b.runToEnd(b.spec("w2", nil))
+	}
+}
+
+func crashB1(drift bool) func(ctx context.Context, b *batch) error {
+	return func(ctx context.Context, b *batch) error {
+		p, err := b.start(b.spec("w1", func(_ *trial, ts *TrialSpec) { ts.Hold = true }))
+		if err != nil {
+			return err
 		}
-		return t.runToEnd(s2)
+		held, err := b.waitHeld(ctx, p)
+		if err != nil {
+			b.noteMissed("w1", held, err)
+		}
+		// Every answer is held: one SIGKILL kills every trial at b1.
+		p.kill()
+		_ = b.r.sink.releaseAll(ctx, b.prefix(), "drop")
+		b.collect(p.beliefs())
+		return b.runToEnd(b.spec("w2", func(t *trial, ts *TrialSpec) {
+			if drift {
+				ts.Text = "Please bill 42 EUR for invoice " + t.Intent + " (re-worded)"
+			}
+		}))
 	}
 }
 
-func single(mode string) func(ctx context.Context, t *trial) ([]Belief, error) {
-	return func(ctx context.Context, t *trial) ([]Belief, error) {
-		s := t.spec("w1")
-		s.Mode = mode
-		return t.runToEnd(s)
+func single(mode string) func(ctx context.Context, b *batch) error {
+	return func(ctx context.Context, b *batch) error {
+		return b.runToEnd(b.spec("w1", func(_ *trial, ts *TrialSpec) { ts.Mode = mode }))
 	}
 }
 
-func queued(ctx context.Context, t *trial) ([]Belief, error) {
-	s := t.spec("w1")
-	s.Mode = ModeQueued
-	if t.r.rngFor(t).Intn(2) == 1 {
-		s.Mode = ModeQueuedFail
-	}
-	t.note("mode %s", s.Mode)
-	return t.runToEnd(s)
+func queued(ctx context.Context, b *batch) error {
+	return b.runToEnd(b.spec("w1", func(t *trial, ts *TrialSpec) {
+		ts.Mode = ModeQueued
+		if b.r.rngFor(b.Scenario, b.Subject, t.Index).Intn(2) == 1 {
+			ts.Mode = ModeQueuedFail
+		}
+		t.note("mode %s", ts.Mode)
+	}))
 }
 
-func zombie(ctx context.Context, t *trial) ([]Belief, error) {
-	s := t.spec("w1")
-	s.Hold = true
-	p, err := t.start(s)
+func zombie(ctx context.Context, b *batch) error {
+	p, err := b.start(b.spec("w1", func(_ *trial, ts *TrialSpec) { ts.Hold = true }))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := t.r.waitHeld(ctx, p, t.Intent); err != nil {
-		p.kill()
-		return nil, err
+	held, err := b.waitHeld(ctx, p)
+	if err != nil {
+		b.noteMissed("w1", held, err)
 	}
+	// Every trial's first worker is stopped while the sink holds its answer.
 	if err := p.signal(syscall.SIGSTOP); err != nil {
 		p.kill()
-		return nil, err
+		return err
 	}
-	time.Sleep(t.r.cfg.LeaseTTL + 150*time.Millisecond) // past the lease, in real time
-	out, err := t.runToEnd(t.spec("w2"))
-	if err != nil {
-		t.note("w2: %v", err)
+	time.Sleep(b.r.cfg.LeaseTTL + 150*time.Millisecond) // past every lease, in real time
+	if err := b.runToEnd(b.spec("w2", nil)); err != nil {
+		b.noteAll("w2: %v", err)
 	}
-	_ = t.r.sink.release(ctx, t.Intent, "respond")
+	_ = b.r.sink.releaseAll(ctx, b.prefix(), "respond")
 	_ = p.signal(syscall.SIGCONT)
-	bs, err := p.wait(t.r.workerTimeout())
-	if err != nil {
-		t.note("zombie: %v", err)
+	if err := b.wait(p); err != nil {
+		b.noteAll("zombie: %v", err)
 	}
-	out = append(out, bs...)
-	bs, err = t.runToEnd(t.spec("w3"))
-	return append(out, bs...), err
+	return b.runToEnd(b.spec("w3", nil))
 }
 
-func concurrent(ctx context.Context, t *trial) ([]Belief, error) {
+func concurrent(ctx context.Context, b *batch) error {
 	const n = 4
-	if t.Subject == SubjectToolfenceBadger || t.Subject == SubjectToolfenceNoProbe {
-		s := t.spec("w")
+	if b.Subject == SubjectToolfenceBadger || b.Subject == SubjectToolfenceNoProbe {
+		s := b.spec("w", nil)
 		s.Agents = n
-		return t.runToEnd(s)
+		return b.runToEnd(s)
 	}
 	procs := make([]*proc, 0, n)
 	for i := range n {
-		p, err := t.start(t.spec(fmt.Sprintf("w%d", i+1)))
+		p, err := b.start(b.spec(fmt.Sprintf("w%d", i+1), nil))
 		if err != nil {
-			return nil, err
+			for _, p := range procs {
+				p.kill()
+			}
+			return err
 		}
 		procs = append(procs, p)
 	}
-	var out []Belief
 	var firstErr error
 	for _, p := range procs {
-		bs, err := p.wait(t.r.workerTimeout())
-		out = append(out, bs...)
-		if err != nil && firstErr == nil {
+		if err := b.wait(p); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
-	return out, firstErr
+	return firstErr
 }
 
-func ledgerDown(ctx context.Context, t *trial) ([]Belief, error) {
-	s := t.spec("w1")
-	switch t.Subject {
+func ledgerDown(ctx context.Context, b *batch) error {
+	s := b.spec("w1", nil)
+	switch b.Subject {
 	case SubjectToolfencePostgres:
 		s.Store = "postgres://postgres@127.0.0.1:1/down?sslmode=disable&connect_timeout=1"
 	default:
-		down := filepath.Join(filepath.Dir(t.store), filepath.Base(t.store)+".down")
+		down := b.store + ".down"
 		if err := os.WriteFile(down, []byte("not a directory\n"), 0o644); err != nil {
-			return nil, err
+			return err
 		}
+		defer os.Remove(down)
 		s.Store = down
 	}
-	out, err := t.runToEnd(s)
-	if err != nil {
-		t.note("w1: %v", err)
+	if err := b.runToEnd(s); err != nil {
+		b.noteAll("w1: %v", err)
 	}
-	bs, err := t.runToEnd(t.spec("w2"))
-	return append(out, bs...), err
+	return b.runToEnd(b.spec("w2", nil))
 }

@@ -11,8 +11,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,22 +46,44 @@ type SinkConfig struct {
 }
 
 // Sink is the effect sink: an HTTP API that performs the "side effect" by appending a record
-// to its own fsync'd log before answering. It is safe for concurrent use.
+// to its own fsync'd log before answering. Concurrent requests share fsyncs (group commit):
+// a request is answered only after an fsync that started after its record was written.
+// It is safe for concurrent use.
 type Sink struct {
 	cfg SinkConfig
 	f   *os.File
+
+	// written is the Seq of the last record written to the file (not necessarily synced).
+	written atomic.Int64
+	gc      groupCommit
 
 	mu      sync.Mutex
 	seq     int64
 	nEffect int64
 	nJob    int64
 	seen    map[string]int           // requests per intent
-	byKey   map[string][]*Record     // effects and accepted records by Idempotency-Key
+	byKey   map[string][]lookupRec   // effects and accepted records by Idempotency-Key
 	answers map[string]storedAnswer  // first answer per Idempotency-Key (when honouring)
 	jobs    map[string]*job          // by job id
 	held    map[string]*heldResponse // by intent
 	changed chan struct{}            // closed and replaced whenever held changes
 	honor   bool
+}
+
+// lookupRec is what the sink keeps in memory of a record, for /lookup.
+type lookupRec struct {
+	seq              int64
+	kind, intent, id string
+	job              string
+}
+
+// groupCommit lets one fsync cover every record written before it started.
+type groupCommit struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	synced  int64 // every record with Seq <= synced is durable
+	syncing bool
+	syncs   int64
 }
 
 type storedAnswer struct {
@@ -88,18 +113,21 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("evals: sink: %w", err)
 	}
-	return &Sink{
-		cfg: cfg, f: f, seen: map[string]int{}, byKey: map[string][]*Record{},
+	s := &Sink{
+		cfg: cfg, f: f, seen: map[string]int{}, byKey: map[string][]lookupRec{},
 		answers: map[string]storedAnswer{}, jobs: map[string]*job{}, held: map[string]*heldResponse{},
 		changed: make(chan struct{}), honor: cfg.HonorIdempotency,
-	}, nil
+	}
+	s.gc.cond = sync.NewCond(&s.gc.mu)
+	return s, nil
 }
 
 // Close closes the log.
 func (s *Sink) Close() error { return s.f.Close() }
 
-// appendLocked numbers rec, writes it to the log and fsyncs; s.mu must be held.
-func (s *Sink) appendLocked(rec *Record) error {
+// writeLocked numbers rec and writes it to the log, without syncing; s.mu must be held (so
+// records reach the file in Seq order). Call syncTo(rec.Seq) before acting on it.
+func (s *Sink) writeLocked(rec *Record) error {
 	s.seq++
 	rec.Seq = s.seq
 	rec.At = time.Now().UTC()
@@ -110,7 +138,45 @@ func (s *Sink) appendLocked(rec *Record) error {
 	if _, err := s.f.Write(append(b, '\n')); err != nil {
 		return err
 	}
-	return s.f.Sync()
+	s.written.Store(rec.Seq)
+	return nil
+}
+
+// syncTo returns once record seq is durable: after an fsync that started when it was
+// already written. One fsync covers every record written before it started; callers that
+// arrive while one runs wait for it and, if it does not cover them, share the next one.
+// It must be called without s.mu.
+func (s *Sink) syncTo(seq int64) error {
+	g := &s.gc
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.synced < seq {
+		if g.syncing {
+			g.cond.Wait()
+			continue
+		}
+		g.syncing = true
+		target := s.written.Load()
+		g.mu.Unlock()
+		err := s.f.Sync()
+		g.mu.Lock()
+		g.syncing = false
+		g.cond.Broadcast()
+		if err != nil {
+			return err
+		}
+		g.syncs++
+		g.synced = max(g.synced, target)
+	}
+	return nil
+}
+
+// Syncs returns how many fsyncs the sink's log took so far (group commit makes it fewer
+// than the records under concurrency).
+func (s *Sink) Syncs() int64 {
+	s.gc.mu.Lock()
+	defer s.gc.mu.Unlock()
+	return s.gc.syncs
 }
 
 // Handler returns the sink's HTTP API:
@@ -119,7 +185,8 @@ func (s *Sink) appendLocked(rec *Record) error {
 //	GET  /status/{job}             a queued job's status
 //	GET  /lookup?key=K|intent=I    effects and jobs, for probes
 //	GET  /control/held?intent=I    long-poll until a held response exists for I
-//	POST /control/release?intent=I&action=respond|drop
+//	GET  /control/held?prefix=P&n=N   … until N are held for intents starting with P
+//	POST /control/release?intent=I|prefix=P&action=respond|drop
 //	POST /control/idempotency?on=1|0
 func (s *Sink) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -194,13 +261,20 @@ func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "unknown mode "+mode, http.StatusBadRequest)
 		return
 	}
-	if err := s.appendLocked(rec); err != nil {
+	if err := s.writeLocked(rec); err != nil {
 		s.mu.Unlock()
 		http.Error(w, "sink log: "+err.Error(), http.StatusServiceUnavailable)
 		return
 	}
+	s.mu.Unlock()
+	if err := s.syncTo(rec.Seq); err != nil {
+		http.Error(w, "sink log: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	// Durable: publish it to lookups, queue its job, hold its answer.
+	s.mu.Lock()
 	if key != "" {
-		s.byKey[key] = append(s.byKey[key], rec)
+		s.byKey[key] = append(s.byKey[key], lookupRec{seq: rec.Seq, kind: rec.Kind, intent: rec.Intent, id: rec.ID, job: rec.Job})
 		if _, ok := s.answers[key]; !ok && mode != ModeFail {
 			s.answers[key] = storedAnswer{status, answer}
 		}
@@ -265,7 +339,6 @@ func dropConn(w http.ResponseWriter) {
 func (s *Sink) complete(j *job, fail bool) {
 	time.Sleep(s.cfg.CompleteAfter)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	rec := &Record{Intent: j.intent, Key: j.key, Digest: j.digest, Job: j.id}
 	if fail {
 		rec.Kind = KindJobFailed
@@ -273,15 +346,22 @@ func (s *Sink) complete(j *job, fail bool) {
 		s.nEffect++
 		rec.Kind, rec.ID = KindEffect, fmt.Sprintf("e-%d", s.nEffect)
 	}
-	if err := s.appendLocked(rec); err != nil {
+	err := s.writeLocked(rec)
+	s.mu.Unlock()
+	if err == nil {
+		err = s.syncTo(rec.Seq)
+	}
+	if err != nil {
 		return // the job stays queued; probes keep seeing it open
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if fail {
 		j.status = "failed"
 	} else {
 		j.status, j.effect = "done", rec.ID
 		if j.key != "" {
-			s.byKey[j.key] = append(s.byKey[j.key], rec)
+			s.byKey[j.key] = append(s.byKey[j.key], lookupRec{seq: rec.Seq, kind: rec.Kind, intent: rec.Intent, id: rec.ID, job: rec.Job})
 		}
 	}
 }
@@ -324,24 +404,26 @@ func (s *Sink) lookup(w http.ResponseWriter, r *http.Request) {
 	key, intent := r.URL.Query().Get("key"), r.URL.Query().Get("intent")
 	ans := LookupAnswer{Effects: []LookupEffect{}, Jobs: []LookupJob{}}
 	s.mu.Lock()
-	var recs []*Record
+	var recs []lookupRec
 	if key != "" {
-		recs = s.byKey[key]
+		recs = slices.Clone(s.byKey[key])
 	} else {
 		for _, rs := range s.byKey {
 			for _, rec := range rs {
-				if rec.Intent == intent {
+				if rec.intent == intent {
 					recs = append(recs, rec)
 				}
 			}
 		}
 	}
+	// Records are published after their fsync, not always in Seq order.
+	slices.SortFunc(recs, func(a, b lookupRec) int { return int(a.seq - b.seq) })
 	for _, rec := range recs {
-		switch rec.Kind {
+		switch rec.kind {
 		case KindEffect:
-			ans.Effects = append(ans.Effects, LookupEffect{ID: rec.ID, Job: rec.Job})
+			ans.Effects = append(ans.Effects, LookupEffect{ID: rec.id, Job: rec.job})
 		case KindAccepted:
-			j := s.jobs[rec.Job]
+			j := s.jobs[rec.job]
 			ans.Jobs = append(ans.Jobs, LookupJob{Job: j.id, Status: j.status, Effect: j.effect})
 		}
 	}
@@ -350,25 +432,70 @@ func (s *Sink) lookup(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, b)
 }
 
+// heldLocked counts the held answers of intent, or (prefix set) of every intent starting
+// with prefix; s.mu must be held.
+func (s *Sink) heldLocked(intent, prefix string) int {
+	if prefix == "" {
+		if s.held[intent] != nil {
+			return 1
+		}
+		return 0
+	}
+	n := 0
+	for in := range s.held {
+		if strings.HasPrefix(in, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitHeld long-polls until the answer of intent is held, or (prefix set) until n answers
+// of intents starting with prefix are; it answers {"held": count, "intents": [...]} (the
+// intents with prefix only), with 408 when the timeout passed first.
 func (s *Sink) waitHeld(w http.ResponseWriter, r *http.Request) {
-	intent := r.URL.Query().Get("intent")
-	timeout, err := time.ParseDuration(r.URL.Query().Get("timeout"))
+	q := r.URL.Query()
+	intent, prefix := q.Get("intent"), q.Get("prefix")
+	want := 1
+	if prefix != "" {
+		if n, err := strconv.Atoi(q.Get("n")); err == nil && n >= 0 {
+			want = n
+		}
+	}
+	timeout, err := time.ParseDuration(q.Get("timeout"))
 	if err != nil || timeout <= 0 {
 		timeout = 10 * time.Second
+	}
+	answer := func(status, n int) {
+		ans := struct {
+			Held    int      `json:"held"`
+			Intents []string `json:"intents,omitempty"`
+		}{Held: n}
+		if prefix != "" {
+			s.mu.Lock()
+			for in := range s.held {
+				if strings.HasPrefix(in, prefix) {
+					ans.Intents = append(ans.Intents, in)
+				}
+			}
+			s.mu.Unlock()
+		}
+		b, _ := json.Marshal(ans)
+		writeJSON(w, status, b)
 	}
 	deadline := time.After(timeout)
 	for {
 		s.mu.Lock()
-		h, ch := s.held[intent], s.changed
+		n, ch := s.heldLocked(intent, prefix), s.changed
 		s.mu.Unlock()
-		if h != nil {
-			writeJSON(w, http.StatusOK, []byte(`{"seq":`+strconv.FormatInt(h.seq, 10)+`}`))
+		if n >= want {
+			answer(http.StatusOK, n)
 			return
 		}
 		select {
 		case <-ch:
 		case <-deadline:
-			http.Error(w, "nothing held", http.StatusRequestTimeout)
+			answer(http.StatusRequestTimeout, n)
 			return
 		case <-r.Context().Done():
 			return
@@ -376,23 +503,33 @@ func (s *Sink) waitHeld(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// release lets the held answer of intent (or of every intent starting with prefix) go
+// ("respond") or drops its connection ("drop"); 404 when nothing matched.
 func (s *Sink) release(w http.ResponseWriter, r *http.Request) {
-	intent, action := r.URL.Query().Get("intent"), r.URL.Query().Get("action")
+	q := r.URL.Query()
+	intent, prefix, action := q.Get("intent"), q.Get("prefix"), q.Get("action")
 	if action != "drop" {
 		action = "respond"
 	}
+	var hs []*heldResponse
 	s.mu.Lock()
-	h := s.held[intent]
+	for in, h := range s.held {
+		if prefix != "" && strings.HasPrefix(in, prefix) || prefix == "" && in == intent {
+			hs = append(hs, h)
+		}
+	}
 	s.mu.Unlock()
-	if h == nil {
+	if len(hs) == 0 {
 		http.Error(w, "nothing held", http.StatusNotFound)
 		return
 	}
-	select {
-	case h.action <- action:
-	default:
+	for _, h := range hs {
+		select {
+		case h.action <- action:
+		default:
+		}
 	}
-	w.WriteHeader(http.StatusNoContent)
+	writeJSON(w, http.StatusOK, []byte(`{"released":`+strconv.Itoa(len(hs))+`}`))
 }
 
 func writeJSON(w http.ResponseWriter, status int, body []byte) {

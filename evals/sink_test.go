@@ -3,6 +3,7 @@ package evals
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -157,4 +158,95 @@ func TestSinkHoldsTheAnswerUntilReleased(t *testing.T) {
 	require.NoError(t, c.waitHeld(t.Context(), "b", 5*time.Second))
 	require.NoError(t, c.release(context.Background(), "b", "drop"))
 	require.Error(t, (<-got).err, "a dropped held answer never reaches the client")
+}
+
+// TestSinkGroupCommitKeepsOneRecordPerEffect sends many requests at once: they share
+// fsyncs, and the log still has exactly one record per effect, numbered without gaps.
+func TestSinkGroupCommitKeepsOneRecordPerEffect(t *testing.T) {
+	t.Parallel()
+	s, srv, path := newTestSink(t, false)
+	const n = 200
+	ids := make(chan string, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			status, body, err := postEffect(t, srv.URL, "", "g-"+jsonInt(i), "")
+			if err == nil && status != http.StatusOK {
+				err = fmt.Errorf("status %d", status)
+			}
+			errs <- err
+			ids <- body["effect_id"]
+		}()
+	}
+	seen := map[string]bool{}
+	for range n {
+		require.NoError(t, <-errs)
+		seen[<-ids] = true
+	}
+	require.Len(t, seen, n, "every request got its own effect")
+	recs, err := ReadLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, n, "one record per effect")
+	intents := map[string]bool{}
+	for i, r := range recs {
+		require.Equal(t, int64(i+1), r.Seq)
+		require.True(t, seen[r.ID], "the log names the effect the client got")
+		intents[r.Intent] = true
+	}
+	require.Len(t, intents, n)
+	require.Positive(t, s.Syncs())
+	require.LessOrEqual(t, s.Syncs(), int64(n), "never more fsyncs than records")
+	t.Logf("%d records, %d fsyncs", n, s.Syncs())
+}
+
+// TestSinkHoldsAndReleasesABatch holds the first answers of a batch of intents, waits for
+// all of them by prefix, and drops them all at once.
+func TestSinkHoldsAndReleasesABatch(t *testing.T) {
+	t.Parallel()
+	_, srv, path := newTestSink(t, false)
+	const n = 5
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, _, err := postEffect(t, srv.URL, "hold=1", "inv-x.b0."+jsonInt(i), "")
+			errs <- err
+		}()
+	}
+	go func() { _, _, _ = postEffect(t, srv.URL, "hold=1", "inv-y.b0.0", "") }() // another batch
+	c := sinkClient{base: srv.URL, hc: http.DefaultClient}
+	held, err := c.heldIntents(t.Context(), "inv-x.b0.", n, 5*time.Second)
+	require.NoError(t, err)
+	require.Len(t, held, n)
+	_, err = c.heldIntents(t.Context(), "inv-x.b0.", n+1, 50*time.Millisecond)
+	require.Error(t, err, "only n are held")
+	require.NoError(t, c.releaseAll(t.Context(), "inv-x.b0.", "drop"))
+	for range n {
+		require.Error(t, <-errs, "every held answer of the batch was dropped")
+	}
+	held, err = c.heldIntents(t.Context(), "inv-y.b0.", 1, 5*time.Second)
+	require.NoError(t, err)
+	require.Len(t, held, 1, "the other batch is still held")
+	require.NoError(t, c.releaseAll(t.Context(), "inv-y.b0.", "respond"))
+	recs, err := ReadLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, n+1, "every effect was logged before its answer was held")
+}
+
+// TestWorkerPostNeverResendsOnItsOwn: a POST with an Idempotency-Key counts as replayable
+// to net/http, which would resend it on a reused connection the sink dropped: a second
+// effect no agent asked for. The worker's request must reach the sink once.
+func TestWorkerPostNeverResendsOnItsOwn(t *testing.T) {
+	t.Parallel()
+	_, srv, path := newTestSink(t, false)
+	warm := &worker{spec: WorkerSpec{Sink: srv.URL, Intent: "warm", Text: "x", TimeoutMS: 5000}}
+	status, _, err := warm.post(t.Context(), "k0", "h", false)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	// The keep-alive connection is idle in the pool: the dropped request goes over it.
+	w := &worker{spec: WorkerSpec{Sink: srv.URL, Intent: "a", Text: "x", Mode: ModeDrop, TimeoutMS: 5000}}
+	_, _, err = w.post(t.Context(), "k1", "h", true)
+	require.Error(t, err, "the answer was dropped")
+	recs, err := ReadLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2, "the warm-up and the dropped request, each once")
 }

@@ -45,6 +45,20 @@ type Record struct {
 // a torn last line (a sink killed mid-write) is ignored.
 func ReadLog(r io.Reader) ([]Record, error) {
 	var out []Record
+	err := ScanLog(r, func(rec Record) error {
+		out = append(out, rec)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ScanLog parses a sink log record by record, calling fn for each in log order, so a log
+// of millions of records is never held in memory at once. It returns fn's first error, or
+// an error naming the line of a malformed record; a torn last line is ignored.
+func ScanLog(r io.Reader, fn func(Record) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	line := 0
@@ -52,7 +66,7 @@ func ReadLog(r io.Reader) ([]Record, error) {
 	for sc.Scan() {
 		line++
 		if pendingErr != nil {
-			return nil, pendingErr
+			return pendingErr
 		}
 		b := sc.Bytes()
 		if len(b) == 0 {
@@ -64,12 +78,14 @@ func ReadLog(r io.Reader) ([]Record, error) {
 			pendingErr = fmt.Errorf("evals: sink log line %d: %w", line, err)
 			continue
 		}
-		out = append(out, rec)
+		if err := fn(rec); err != nil {
+			return err
+		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("evals: reading sink log: %w", err)
+		return fmt.Errorf("evals: reading sink log: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // ReadLogFile reads the sink log at path (see ReadLog).
@@ -80,4 +96,14 @@ func ReadLogFile(path string) ([]Record, error) {
 	}
 	defer f.Close()
 	return ReadLog(f)
+}
+
+// ScanLogFile scans the sink log at path (see ScanLog).
+func ScanLogFile(path string, fn func(Record) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("evals: %w", err)
+	}
+	defer f.Close()
+	return ScanLog(f, fn)
 }

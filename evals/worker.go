@@ -3,6 +3,7 @@ package evals
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,10 +37,13 @@ const (
 	// BarrierB2 is after the guarded call returned: the terminal commit and the release
 	// are done, the agent has not reported yet.
 	BarrierB2 = "b2"
+	// barrierDone is announced when a trial's agent 0 finished (it passes no barrier after).
+	barrierDone = "done"
 )
 
-// WorkerSpec is what one worker process runs: one guarded call of one subject, by one or
-// more agents (goroutines) of the process.
+// WorkerSpec is what one worker process runs: the guarded call of one subject for each
+// trial of its batch (or for its single trial), each by one or more agents (goroutines) of
+// the process, all at once.
 type WorkerSpec struct {
 	Name    string `json:"name"`
 	Subject string `json:"subject"`
@@ -56,7 +60,7 @@ type WorkerSpec struct {
 	// answer of that request until the parent releases it (barrier b1).
 	Mode string `json:"mode,omitempty"`
 	Hold bool   `json:"hold,omitempty"`
-	// StopAt names the barrier where agent 0 stops and waits to be killed.
+	// StopAt names the barrier where agent 0 of every trial stops and waits to be killed.
 	StopAt string `json:"stop_at,omitempty"`
 	// Agents is the number of agents running the call at once in this process (default 1).
 	Agents int `json:"agents,omitempty"`
@@ -68,6 +72,25 @@ type WorkerSpec struct {
 	BudgetMS int `json:"budget_ms"`
 	// Stress, when set, replaces the single call by the seed-003 stress test.
 	Stress *StressSpec `json:"stress,omitempty"`
+	// Batch, when set, replaces the single trial of Task, Intent, Text, Mode and Hold: the
+	// process runs every trial of the batch at once, each with its own task, intent, wording,
+	// sink mode and agents (with their own interceptor and holder). The trials share the
+	// process (and so its kill), the store and StopAt.
+	Batch []TrialSpec `json:"batch,omitempty"`
+	// Active bounds how many agents of the process do guarded work at once (reserving,
+	// calling the sink, committing, probing); an agent sleeping, stopped at a barrier or
+	// waiting for an answer the sink holds or hangs on does not count. It keeps a batch of
+	// hundreds of trials from stretching every call past the lease. Defaults to 16.
+	Active int `json:"active,omitempty"`
+}
+
+// TrialSpec is one trial of a batch: the identity of its call and its sink mode.
+type TrialSpec struct {
+	Task   string `json:"task"`
+	Intent string `json:"intent"`
+	Text   string `json:"text"`
+	Mode   string `json:"mode,omitempty"`
+	Hold   bool   `json:"hold,omitempty"`
 }
 
 // StressSpec is seed 003's stress test: Messages messages, DupRate of them delivered
@@ -120,26 +143,39 @@ func IsToolfence(subject string) bool {
 // operation is the tool name every eval call uses.
 const operation = "charge"
 
-// WorkerMain runs a worker process: it reads the spec from --spec (JSON), prints
-// "BARRIER <agent> <name>" at every barrier and "RESULT <belief JSON>" per agent on stdout,
-// and, at the barrier named by StopAt, blocks reading stdin until it is killed (or stdin
-// closes). It returns the process exit code.
+// WorkerMain runs a worker process: it reads the spec from --spec or --spec-file (JSON),
+// prints "BARRIER <trial> <agent> <name>" at every barrier (trial is the index in the
+// batch, 0 for a single trial) and "RESULT <belief JSON>" per agent on stdout as soon as
+// that agent is done (the belief names its intent; "BARRIER <trial> 0 done" comes first),
+// and, at the barrier named by StopAt, blocks each trial's agent 0 until the process is
+// killed (or stdin closes, then it exits 3). It returns the process exit code.
 func WorkerMain(ctx context.Context, args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("eval-worker", flag.ContinueOnError)
 	specJSON := fs.String("spec", "", "worker spec (JSON)")
+	specFile := fs.String("spec-file", "", "file holding the worker spec (JSON), instead of --spec")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	raw := []byte(*specJSON)
+	if *specFile != "" {
+		b, err := os.ReadFile(*specFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "evals: worker: --spec-file:", err)
+			return 2
+		}
+		raw = b
+	}
 	var spec WorkerSpec
-	if err := json.Unmarshal([]byte(*specJSON), &spec); err != nil {
+	if err := json.Unmarshal(raw, &spec); err != nil {
 		fmt.Fprintln(os.Stderr, "evals: worker: bad --spec:", err)
 		return 2
 	}
-	w := &worker{spec: spec, out: stdout, mu: &sync.Mutex{}}
-	for _, b := range w.run(ctx) {
+	active := cmp.Or(max(spec.Active, 0), 16)
+	w := &worker{spec: spec, out: stdout, mu: &sync.Mutex{}, gate: newGate(active), hangs: make(chan struct{}, 4*active)}
+	w.run(ctx, func(b Belief) {
 		line, _ := json.Marshal(b)
 		w.print("RESULT " + string(line))
-	}
+	})
 	return 0
 }
 
@@ -148,13 +184,139 @@ type worker struct {
 	mu    *sync.Mutex
 	out   io.Writer
 	quiet bool
+	// trial is this trial's index in the batch (BARRIER lines name it).
+	trial int
+	// gate admits Active agents of the process to guarded work at once.
+	gate *gate
+	// hangs admits a bounded number of agents to a first request the sink hangs on, before
+	// they reserve: hundreds of them at once would time out in the sink's queue, before it
+	// performed the effect, instead of hanging after it.
+	hangs chan struct{}
 }
+
+// gate admits a bounded number of agents of the process to guarded work at once, first
+// come first served, with agents that already did guarded work (a reservation to commit,
+// an outcome to settle) ahead of agents starting their first call: a trial that holds a
+// lease is not kept waiting behind trials that have not begun.
+type gate struct {
+	mu     sync.Mutex
+	active int
+	limit  int
+	urgent []chan struct{}
+	normal []chan struct{}
+}
+
+func newGate(limit int) *gate { return &gate{limit: max(limit, 1)} }
+
+// enter waits for a place; urgent waiters go first.
+func (g *gate) enter(urgent bool) {
+	g.mu.Lock()
+	if g.active < g.limit && len(g.urgent) == 0 && (urgent || len(g.normal) == 0) {
+		g.active++
+		g.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	if urgent {
+		g.urgent = append(g.urgent, ch)
+	} else {
+		g.normal = append(g.normal, ch)
+	}
+	g.mu.Unlock()
+	<-ch // the place was handed over by leave
+}
+
+// leave gives the place to the next waiter, or frees it.
+func (g *gate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var q *[]chan struct{}
+	switch {
+	case len(g.urgent) > 0:
+		q = &g.urgent
+	case len(g.normal) > 0:
+		q = &g.normal
+	default:
+		g.active--
+		return
+	}
+	ch := (*q)[0]
+	*q = (*q)[1:]
+	close(ch)
+}
+
+// ticket is one agent's place in the worker's gate: enter before guarded work, leave
+// before sleeping, stopping or waiting for a held or hanging answer. Each agent runs on
+// one goroutine, so a ticket needs no lock.
+type ticket struct {
+	gate    *gate
+	in      bool
+	started bool
+	hangs   chan struct{}
+}
+
+func (t *ticket) enter() {
+	if t != nil && t.gate != nil && !t.in {
+		t.gate.enter(t.started)
+		t.in, t.started = true, true
+	}
+}
+
+func (t *ticket) leave() {
+	if t != nil && t.in {
+		t.gate.leave()
+		t.in = false
+	}
+}
+
+// enterHang takes a place among the agents whose first request the sink will hang on.
+func (t *ticket) enterHang(hangs chan struct{}) {
+	if hangs != nil {
+		hangs <- struct{}{}
+		t.hangs = hangs
+	}
+}
+
+// leaveHang gives that place up (once).
+func (t *ticket) leaveHang() {
+	if t.hangs != nil {
+		<-t.hangs
+		t.hangs = nil
+	}
+}
+
+// stdinClosed is closed when the parent closes the worker's stdin.
+var stdinClosed = sync.OnceValue(func() chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, bufio.NewReader(os.Stdin))
+		close(c)
+	}()
+	return c
+})
 
 // forMessage returns a worker for one stress delivery: same process, another intent.
 func (w *worker) forMessage(intent string) *worker {
 	c := *w
 	c.spec.Intent, c.spec.Text, c.spec.Stress, c.quiet = intent, "deliver "+intent, nil, true
+	c.gate, c.hangs = nil, nil
 	return &c
+}
+
+// forTrial returns a worker for trial k of the batch: same process, the trial's identity.
+func (w *worker) forTrial(k int, t TrialSpec) *worker {
+	c := *w
+	c.spec.Task, c.spec.Intent, c.spec.Text, c.spec.Mode, c.spec.Hold = t.Task, t.Intent, t.Text, t.Mode, t.Hold
+	c.spec.Batch, c.trial = nil, k
+	return &c
+}
+
+// trials returns the trials this process runs: the batch, or the spec's single trial.
+func (w *worker) trials() []TrialSpec {
+	if len(w.spec.Batch) > 0 {
+		return w.spec.Batch
+	}
+	return []TrialSpec{{Task: w.spec.Task, Intent: w.spec.Intent, Text: w.spec.Text, Mode: w.spec.Mode, Hold: w.spec.Hold}}
 }
 
 func (w *worker) print(line string) {
@@ -166,62 +328,81 @@ func (w *worker) print(line string) {
 	}
 }
 
-// barrier announces that agent passed name; agent 0 stops at spec.StopAt until killed.
-func (w *worker) barrier(agent int, name string) {
+// barrier announces that agent passed name; agent 0 of every trial stops at spec.StopAt
+// (leaving the gate) until the process is killed.
+func (w *worker) barrier(agent int, name string, tk *ticket) {
 	if w.quiet {
 		return
 	}
-	w.print(fmt.Sprintf("BARRIER %d %s", agent, name))
+	w.print(fmt.Sprintf("BARRIER %d %d %s", w.trial, agent, name))
 	if agent == 0 && name == w.spec.StopAt {
-		_, _ = io.Copy(io.Discard, bufio.NewReader(os.Stdin))
+		tk.leave()
+		<-stdinClosed()
 		os.Exit(3) // the parent closed stdin instead of killing us
 	}
 }
 
 func (w *worker) agents() int { return max(w.spec.Agents, 1) }
 
-func (w *worker) run(ctx context.Context) []Belief {
-	out := make([]Belief, w.agents())
+// run runs the process's trials (or the stress test) and emits every agent's belief, with
+// its Intent set, as soon as the agent is done.
+func (w *worker) run(ctx context.Context, emit func(Belief)) {
 	name := func(i int) string {
 		if w.agents() == 1 {
 			return w.spec.Name
 		}
 		return fmt.Sprintf("%s.%d", w.spec.Name, i)
 	}
+	failAll := func(reason string) {
+		if w.spec.Stress != nil {
+			emit(Belief{Worker: w.spec.Name, State: BeliefBlocked, Reason: reason})
+			return
+		}
+		for _, t := range w.trials() {
+			for i := range w.agents() {
+				emit(Belief{Worker: name(i), State: BeliefBlocked, Reason: reason, Intent: t.Intent})
+			}
+		}
+	}
 	var runAgent func(ctx context.Context, w *worker, i int) Belief
 	switch w.spec.Subject {
 	case SubjectToolfenceBadger, SubjectToolfencePostgres, SubjectToolfenceNoProbe:
 		l, err := w.openLedger(ctx)
 		if err != nil {
-			for i := range out {
-				out[i] = Belief{Worker: name(i), State: BeliefBlocked, Reason: "ledger unavailable, not dispatched: " + err.Error()}
-			}
-			return out
+			failAll("ledger unavailable, not dispatched: " + err.Error())
+			return
 		}
 		defer l.Close()
 		runAgent = func(ctx context.Context, w *worker, i int) Belief { return w.toolfenceAgent(ctx, l, i) }
 	default:
 		g, err := w.baseline()
 		if err != nil {
-			for i := range out {
-				out[i] = Belief{Worker: name(i), State: BeliefBlocked, Reason: err.Error()}
-			}
-			return out
+			failAll(err.Error())
+			return
 		}
 		runAgent = func(ctx context.Context, w *worker, i int) Belief { return w.baselineAgent(ctx, g, i) }
 	}
 	if w.spec.Stress != nil {
-		return w.stress(ctx, runAgent)
+		for _, b := range w.stress(ctx, runAgent) {
+			emit(b)
+		}
+		return
 	}
 	var wg sync.WaitGroup
-	for i := range out {
-		wg.Go(func() {
-			out[i] = runAgent(ctx, w, i)
-			out[i].Worker = name(i)
-		})
+	for k, t := range w.trials() {
+		tw := w.forTrial(k, t)
+		for i := range w.agents() {
+			wg.Go(func() {
+				b := runAgent(ctx, tw, i)
+				b.Worker, b.Intent = name(i), t.Intent
+				if i == 0 {
+					tw.print(fmt.Sprintf("BARRIER %d 0 %s", k, barrierDone))
+				}
+				emit(b)
+			})
+		}
 	}
 	wg.Wait()
-	return out
 }
 
 // stress delivers the stress messages to Consumers goroutines and returns one belief per
@@ -252,7 +433,7 @@ func (w *worker) stress(ctx context.Context, runAgent func(ctx context.Context, 
 
 func (w *worker) openLedger(ctx context.Context) (ledger.Ledger, error) {
 	if w.spec.Subject == SubjectToolfencePostgres {
-		conns := max(w.spec.Agents, 1) + 1
+		conns := min(w.agents()*len(w.trials())+1, 8)
 		if w.spec.Stress != nil {
 			conns = min(w.spec.Stress.Consumers, 20)
 		}
@@ -282,6 +463,11 @@ func (w *worker) baseline() (baselines.Guard, error) {
 	return nil, fmt.Errorf("evals: unknown subject %q", w.spec.Subject)
 }
 
+// httpClient keeps enough idle connections to the sink for a batch of concurrent agents.
+var httpClient = &http.Client{Transport: &http.Transport{
+	Proxy: nil, MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 30 * time.Second,
+}}
+
 // payload is the business request the sink receives.
 func (w *worker) payload() []byte {
 	b, _ := json.Marshal(map[string]any{"intent": w.spec.Intent, "text": w.spec.Text, "amount_cents": 4200})
@@ -302,7 +488,7 @@ func (w *worker) post(ctx context.Context, key, holder string, first bool) (int,
 	if first && w.spec.Hold && w.spec.Mode != ModeHang {
 		// A held answer outlives the client timeout and the call's own deadline: the parent,
 		// not the clock, decides what becomes of it (a kill, or a late answer to a zombie).
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 	} else {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(max(w.spec.TimeoutMS, 50))*time.Millisecond)
 	}
@@ -311,18 +497,34 @@ func (w *worker) post(ctx context.Context, key, holder string, first bool) (int,
 	if err != nil {
 		return 0, nil, err
 	}
+	// Never let the transport resend the request by itself: with an Idempotency-Key header a
+	// POST counts as replayable, and a resend on a dropped keep-alive connection would be a
+	// second effect no agent asked for.
+	req.GetBody = nil
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Holder", holder)
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpClient.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, body, err
+}
+
+// postGated is post for an agent holding tk: a request the sink will hold (b1) or hang on
+// leaves the gate while it waits, any other keeps its place (so a batch does not flood the
+// sink with hundreds of requests at once and push them past the client timeout).
+func (w *worker) postGated(ctx context.Context, tk *ticket, key, holder string, first bool) (int, []byte, error) {
+	if first && (w.spec.Hold || w.spec.Mode == ModeHang) {
+		tk.leave()
+		defer tk.enter()
+		defer tk.leaveHang()
+	}
+	return w.post(ctx, key, holder, first)
 }
 
 // resultID extracts the effect id (or, for a queued answer, the job id) from a sink answer.
@@ -370,15 +572,21 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 	if err != nil {
 		return Belief{State: BeliefBlocked, Reason: err.Error()}
 	}
+	tk := &ticket{gate: w.gate}
+	defer tk.leave()
+	defer tk.leaveHang()
+	if w.spec.Mode == ModeHang {
+		tk.enterHang(w.hangs)
+	}
 	first := true
 	var firstMu sync.Mutex
 	tool := func(ctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
-		w.barrier(agent, BarrierReserved)
+		w.barrier(agent, BarrierReserved, tk)
 		firstMu.Lock()
 		f := first
 		first = false
 		firstMu.Unlock()
-		status, body, err := w.post(ctx, d.Key, holder, f)
+		status, body, err := w.postGated(ctx, tk, d.Key, holder, f)
 		if err != nil {
 			return interceptor.Response{}, err
 		}
@@ -391,13 +599,15 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 	ctx = interceptor.WithTask(ctx, w.spec.Task)
 	call := interceptor.Call{Operation: operation, Target: w.spec.Intent, Args: w.payload()}
 	deadline := w.deadline()
-	w.barrier(agent, BarrierB0)
+	w.barrier(agent, BarrierB0, tk)
 	reconciled := 0
 	var last error
 	for time.Now().Before(deadline) {
+		tk.enter()
 		res, err := ic.Do(ctx, call, tool)
+		tk.leave()
 		if err == nil {
-			w.barrier(agent, BarrierB2)
+			w.barrier(agent, BarrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(res.Output), Reconciled: reconciled}
 		}
 		last = err
@@ -407,7 +617,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 			sleepCtx(ctx, min(v.RetryAfter+20*time.Millisecond, time.Until(deadline)))
 		case errors.As(err, &v) && v.Kind == interceptor.PayloadMismatch:
 			// The first call stands; its result is the answer.
-			w.barrier(agent, BarrierB2)
+			w.barrier(agent, BarrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(v.Result), Reconciled: reconciled, Reason: "payload_mismatch: first result stands"}
 		case errors.As(err, &v) && v.Kind == interceptor.LeasePreempted:
 			return Belief{State: BeliefBlocked, Reason: "lease_preempted: the key belongs to a successor", Reconciled: reconciled}
@@ -415,7 +625,9 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 			// Nothing can settle it automatically: the runtime surfaces it for a person.
 			return Belief{State: BeliefBlocked, Reason: string(v.Kind) + ": awaiting reconciliation"}
 		case errors.As(err, &v) && (v.Kind == interceptor.UnknownOutcome || v.Kind == interceptor.AwaitingUpstream):
+			tk.enter()
 			rep, rerr := ic.Reconcile(ctx, interceptor.ReconcileParams{Key: v.Key, By: holder})
+			tk.leave()
 			if rerr == nil && len(rep.Resolved) > 0 {
 				reconciled++
 				continue
@@ -438,7 +650,7 @@ func (w *worker) probe(ctx context.Context, r *residual.Residual) (interceptor.P
 	if err != nil {
 		return interceptor.ProbeResult{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpClient.Do(req)
 	if err != nil {
 		return interceptor.ProbeResult{}, err
 	}
@@ -464,15 +676,21 @@ func (w *worker) probe(ctx context.Context, r *residual.Residual) (interceptor.P
 // errors a few times (as agent runtimes do), and believes any 2xx answer.
 func (w *worker) baselineAgent(ctx context.Context, g baselines.Guard, agent int) Belief {
 	holder := fmt.Sprintf("%s/%d/%d", w.spec.Name, os.Getpid(), agent)
+	tk := &ticket{gate: w.gate}
+	defer tk.leave()
+	defer tk.leaveHang()
+	if w.spec.Mode == ModeHang {
+		tk.enterHang(w.hangs)
+	}
 	first := true
 	var firstMu sync.Mutex
 	call := func(ctx context.Context, key string) ([]byte, error) {
-		w.barrier(agent, BarrierReserved)
+		w.barrier(agent, BarrierReserved, tk)
 		firstMu.Lock()
 		f := first
 		first = false
 		firstMu.Unlock()
-		status, body, err := w.post(ctx, key, holder, f)
+		status, body, err := w.postGated(ctx, tk, key, holder, f)
 		if err != nil {
 			return nil, err
 		}
@@ -483,12 +701,14 @@ func (w *worker) baselineAgent(ctx context.Context, g baselines.Guard, agent int
 	}
 	req := baselines.Request{Task: w.spec.Task, Operation: operation, Target: w.spec.Intent, Args: w.payload()}
 	deadline := w.deadline()
-	w.barrier(agent, BarrierB0)
+	w.barrier(agent, BarrierB0, tk)
 	var last error
 	for errs := 0; errs < 4 && time.Now().Before(deadline); {
+		tk.enter()
 		res, err := g.Do(ctx, req, call)
+		tk.leave()
 		if err == nil {
-			w.barrier(agent, BarrierB2)
+			w.barrier(agent, BarrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(res)}
 		}
 		last = err

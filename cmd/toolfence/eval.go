@@ -37,6 +37,10 @@ log: EXACTLY_ONCE, DUPLICATED, DIVERGED, LOST, FABRICATED or BLOCKED.
 Subjects: toolfence on badger, toolfence on PostgreSQL (when --pg or $` + pgEnv + ` answers),
 and the baselines none, record-after, check-then-insert and expiring-in-progress.
 
+Trials run in batches: a worker process carries --batch trials of one cell at once (each
+with its own intent, task and agents, graded on its own) and is killed at the barrier once
+every trial of the batch reached it; --parallel batches run at once.
+
 It prints the scenario × subject table, writes report.json, report.md and report.svg into
 --out, and exits with status 1 when any toolfence trial is DUPLICATED, DIVERGED, LOST or
 FABRICATED.`,
@@ -44,6 +48,9 @@ FABRICATED.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Trials <= 0 {
 				return usagef("--trials must be positive")
+			}
+			if cfg.Batch < 0 || cfg.Parallel <= 0 {
+				return usagef("--batch must not be negative and --parallel must be positive")
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -86,7 +93,8 @@ FABRICATED.`,
 	fl.StringSliceVar(&cfg.Subjects, "subjects", nil, "subjects to run (default all available)")
 	fl.StringVar(&pg, "pg", "", "PostgreSQL DSN for toolfence-postgres (default $"+pgEnv+")")
 	fl.BoolVar(&noPG, "no-pg", false, "skip toolfence-postgres even when a DSN is set")
-	fl.IntVar(&cfg.Parallel, "parallel", 2, "trials run at once")
+	fl.IntVar(&cfg.Parallel, "parallel", 2, "batches run at once")
+	fl.IntVar(&cfg.Batch, "batch", 0, "trials of one cell per worker process, run at once in it and killed together (default min(trials, 500))")
 	fl.IntVar(&cfg.StressMessages, "stress-messages", 500, "messages of the stress-003 scenario (seed 003 asks for 10000)")
 	fl.DurationVar(&cfg.LeaseTTL, "lease", 500*time.Millisecond, "toolfence lease and baseline pending TTL (real time)")
 	return cmd
