@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -181,4 +183,24 @@ func TestClosedLedger(t *testing.T) {
 	require.NoError(t, l.Close())
 	_, err := l.Reserve(context.Background(), params("x", "h"))
 	require.True(t, errors.Is(err, ledger.ErrClosed))
+}
+
+// Reserve rebuilds a new residual from what it sent instead of reading it back: what it
+// returns must be exactly what is stored, including a TTL finer than the server's
+// microseconds.
+func TestReserveReturnsWhatItStored(t *testing.T) {
+	t.Parallel()
+	l := setup(t)
+	ctx := context.Background()
+	for i, ttl := range []time.Duration{30 * time.Second, 2*time.Second + 1500*time.Nanosecond, 7*time.Minute + 999*time.Nanosecond} {
+		p := params(fmt.Sprintf("rebuilt-%d", i), "holder-"+strconv.Itoa(i))
+		p.TTL = ttl
+		res, err := l.Reserve(ctx, p)
+		require.NoError(t, err)
+		require.Equal(t, ledger.Acquired, res.Decision)
+		got, err := l.Get(ctx, ledger.GetParams{Namespace: p.Namespace, Key: p.Key})
+		require.NoError(t, err)
+		require.Equal(t, got, res.Residual)
+		require.Equal(t, got.Current().LeaseExpires, res.Lease.Expires)
+	}
 }

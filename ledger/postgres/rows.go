@@ -160,9 +160,9 @@ func utc(t time.Time) time.Time {
 }
 
 // writeSQL stores every column of a residual read under FOR UPDATE ($1 namespace, $2 key)
-// and notifies watchers.
-var writeSQL = notifyModes(func(notify func(string) string) string {
-	return `WITH w AS (UPDATE toolfence_residuals SET
+// and notifies watchers (see notifyModes).
+var writeSQL = notifyModes(func(watched string) string {
+	return `UPDATE toolfence_residuals SET
 	task = $3, operation = $4, target = $5, state = $6, request_digest = $7, token = $8,
 	att_n = $9, att_holder = $10, att_token = $11, att_lease_expires = $12, att_started = $13,
 	att_ended = $14, att_request_digest = $15, att_response_digest = $16, att_outcome = $17,
@@ -170,10 +170,8 @@ var writeSQL = notifyModes(func(notify func(string) string) string {
 	att_reservation = CASE WHEN $20::text = '' THEN att_reservation ELSE $20::text END, prior_attempts = $21,
 	result = $22, result_digest = $23, result_truncated = $24, handle = $25, evidence = $26,
 	resolutions = $27, created_at = $28, updated_at = $29
-	WHERE namespace = $1 AND key = $2
-	RETURNING namespace, key, state),
-nt AS (` + notify("w") + `)
-SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM nt)`
+WHERE namespace = $1 AND key = $2
+RETURNING ` + watched
 })
 
 // writeArgs returns the arguments of writeSQL for res; reservation identifies the Reserve
