@@ -30,7 +30,8 @@ func newGCCmd(a *app) *cobra.Command {
 		Long: `Delete the succeeded and failed residuals of the namespace that were last updated more than
 --older-than ago, and print how many. Pending, unknown and accepted residuals are never
 deleted: they still need a holder, a probe or a person. Fencing tokens survive: a key used
-again after gc gets a higher token than before.
+again after gc gets a higher token than before (PostgreSQL keeps a tombstone row holding the
+key and its last token, which no read shows).
 
 After gc, a call with a deleted key runs again instead of replaying, so keep residuals at
 least as long as agents may retry a task. --dry-run counts without deleting.
