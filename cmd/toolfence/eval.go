@@ -60,6 +60,9 @@ FABRICATED.`,
 				return exec.Command(exe, append([]string{"eval-" + role}, args...)...)
 			}
 			pg = cmp.Or(pg, os.Getenv(pgEnv))
+			if pg == "" && !noPG {
+				fmt.Fprintf(a.stderr, "toolfence eval: no PostgreSQL DSN (--pg or $%s); skipping toolfence-postgres\n", pgEnv)
+			}
 			if pg != "" && !noPG {
 				if err := evals.PostgresAvailable(cmd.Context(), pg); err != nil {
 					fmt.Fprintf(a.stderr, "toolfence eval: PostgreSQL does not answer (%v); skipping toolfence-postgres\n", err)

@@ -28,3 +28,19 @@ func TestEvalCommandUsage(t *testing.T) {
 	fails(t, 2, []string{"--trials must be positive"}, "eval", "--trials", "0")
 	fails(t, 2, []string{`unknown scenario "nope"`}, "eval", "--scenarios", "nope", "--no-pg")
 }
+
+// Without a DSN, or with one that does not answer, the PostgreSQL subject is left out and
+// the run says so instead of silently showing fewer columns.
+func TestEvalCommandSaysWhyPostgresIsLeftOut(t *testing.T) {
+	t.Parallel()
+	args := []string{"eval", "--scenarios", "crash-b0", "--subjects", "toolfence-badger", "--trials", "1", "--out", ""}
+	r := tf(t, []string{"TOOLFENCE_TEST_PG="}, args...)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stderr, "no PostgreSQL DSN (--pg or $TOOLFENCE_TEST_PG); skipping toolfence-postgres")
+	require.NotContains(t, r.stdout, "toolfence-postgres")
+
+	r = tf(t, nil, append(args, "--pg", "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")...)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stderr, "PostgreSQL does not answer")
+	require.NotContains(t, r.stdout, "toolfence-postgres")
+}
