@@ -254,9 +254,20 @@ func (c sinkClient) waitHeld(ctx context.Context, intent string, timeout time.Du
 	return nil
 }
 
-// release lets the held answer go ("respond") or drops the connection ("drop").
+// release lets the held answer of intent go ("respond") or drops its connection ("drop").
 func (c sinkClient) release(ctx context.Context, intent, action string) error {
-	u := c.base + "/control/release?intent=" + url.QueryEscape(intent) + "&action=" + action
+	return c.postRelease(ctx, "intent", intent, action)
+}
+
+// releaseAll lets every held answer of an intent starting with prefix go ("respond") or
+// drops their connections ("drop").
+func (c sinkClient) releaseAll(ctx context.Context, prefix, action string) error {
+	return c.postRelease(ctx, "prefix", prefix, action)
+}
+
+// postRelease posts /control/release with by=value and action.
+func (c sinkClient) postRelease(ctx context.Context, by, value, action string) error {
+	u := c.base + "/control/release?" + by + "=" + url.QueryEscape(value) + "&action=" + action
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
 	if err != nil {
 		return err
@@ -300,20 +311,4 @@ func (c sinkClient) heldIntents(ctx context.Context, prefix string, n int, timeo
 		return out, fmt.Errorf("the sink holds %d of %d answers for %s (status %d)", ans.Held, n, prefix, resp.StatusCode)
 	}
 	return out, nil
-}
-
-// releaseAll lets every held answer of an intent starting with prefix go ("respond") or
-// drops their connections ("drop").
-func (c sinkClient) releaseAll(ctx context.Context, prefix, action string) error {
-	u := c.base + "/control/release?prefix=" + url.QueryEscape(prefix) + "&action=" + action
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	return nil
 }
