@@ -39,7 +39,10 @@ The schema is the DSN's search_path (created when missing), else the server's de
 every residual in them, so successors lose what was in flight: use it to uninstall.
 
 A store migrated by a newer toolfence than this one is refused (nothing is written):
-upgrade the binary. Badger directory stores have no migrations.
+upgrade the binary. Processes check the version when they open the store, so stop every
+process of the other version before migrating up or down (an older process's reserves
+fail once its tables change; a newer one's would not keep its guarantees after --down).
+Badger directory stores have no migrations.
 
 Example:
   toolfence migrate --store postgres://toolfence@db:5432/toolfence

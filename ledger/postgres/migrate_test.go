@@ -246,6 +246,8 @@ func TestMigrationKeepsTokensAcrossVersions(t *testing.T) {
 	var token int64
 	require.NoError(t, admin.QueryRow(ctx, `SELECT state, token FROM toolfence_residuals WHERE key = $1`, pc.Key).Scan(&state, &token))
 	require.Equal(t, [2]any{"collected", int64(1)}, [2]any{state, token})
+	_, err = admin.Exec(ctx, `DELETE FROM toolfence_residuals WHERE key = $1`, pc.Key)
+	require.ErrorContains(t, err, "never deleted since schema version 2", "an older GC cannot drop a tombstone")
 	require.NoError(t, l.Close())
 
 	// Down to 1: every key's token is back in toolfence_tokens and the tombstones are gone.
@@ -270,4 +272,53 @@ func TestMigrationKeepsTokensAcrossVersions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), rc.Lease.Token)
 	require.Len(t, rc.Residual.Attempts, 1, "a key reserved after GC starts with a fresh history")
+}
+
+// Migration 2 converts the counters of the schema it migrates only, even when the
+// search_path names another toolfence schema after it.
+func TestMigrationTouchesOnlyItsSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mine, other := newSchema(t), newSchema(t)
+	for _, schema := range []string{mine, other} { // both at version 1, each with a collected key
+		_, _, err := postgres.Migrate(ctx, testDSN(), postgres.Options{Schema: schema})
+		require.NoError(t, err)
+		_, _, err = postgres.MigrateDown(ctx, testDSN(), 1, postgres.Options{Schema: schema})
+		require.NoError(t, err)
+		_, err = adminConn(t, schema).Exec(ctx, `INSERT INTO toolfence_tokens (namespace, key, token) VALUES ('ns', $1, 9)`, schema)
+		require.NoError(t, err)
+	}
+
+	from, to, err := postgres.Migrate(ctx, withParams(url.Values{"search_path": {mine + "," + other}}), postgres.Options{})
+	require.NoError(t, err)
+	require.Equal(t, [2]int{1, postgres.LatestVersion()}, [2]int{from, to})
+
+	my := adminConn(t, mine)
+	require.NotContains(t, tables(t, my, mine), "toolfence_tokens")
+	var keys []string
+	rows, err := my.Query(ctx, `SELECT key FROM toolfence_residuals WHERE state = 'collected'`)
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{mine}, keys, "my counter became my tombstone, and only mine")
+
+	// Migration 2 runs again over my schema (its SQL must be re-runnable): my schema has no
+	// counters left, the other one has.
+	_, err = my.Exec(ctx, `DELETE FROM toolfence_schema_migrations WHERE version = 2`)
+	require.NoError(t, err)
+	_, _, err = postgres.Migrate(ctx, withParams(url.Values{"search_path": {mine + "," + other}}), postgres.Options{})
+	require.NoError(t, err)
+	rows, err = my.Query(ctx, `SELECT key FROM toolfence_residuals WHERE state = 'collected'`)
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{mine}, keys, "nothing of the other schema was imported")
+
+	theirs := adminConn(t, other)
+	require.Contains(t, tables(t, theirs, other), "toolfence_tokens", "the other schema keeps its counters")
+	var n int
+	require.NoError(t, theirs.QueryRow(ctx, `SELECT count(*) FROM toolfence_tokens`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NoError(t, theirs.QueryRow(ctx, `SELECT max(version) FROM toolfence_schema_migrations`).Scan(&n))
+	require.Equal(t, 1, n, "the other schema is still at version 1")
 }

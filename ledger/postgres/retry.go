@@ -37,8 +37,11 @@ var backoff = [maxTries]time.Duration{0, 0, 20 * time.Millisecond, 100 * time.Mi
 //
 // A non-zero deadline bounds fn on the connection itself (a socket deadline), so that the
 // statements of a write can run under a context that is never cancelled, which pgx need not
-// watch. When the deadline cuts a statement off, the server is asked to cancel it and the
-// connection is closed, never reused: its reply may still be on the way.
+// watch. When the deadline cuts a statement off, pgx closes the connection (its reply may
+// still be on the way) and asks the server to cancel the statement; a connection that is
+// still open afterwards gets its deadline cleared before it goes back to the pool, even when
+// fn panics. A deadline that has passed by the time a connection is acquired runs nothing:
+// the try is not sent, and the connection goes back untouched.
 func (l *Ledger) try(actx, ctx context.Context, deadline time.Time, fn func(context.Context, *pgxpool.Conn) error) (failure, error) {
 	c, err := l.pool.Acquire(actx)
 	if err != nil {
@@ -50,24 +53,22 @@ func (l *Ledger) try(actx, ctx context.Context, deadline time.Time, fn func(cont
 	defer c.Release()
 	pc := c.Conn().PgConn()
 	if !deadline.IsZero() {
+		if !time.Now().Before(deadline) {
+			return notSent, fmt.Errorf("the write timeout passed before a connection was free: %w", context.DeadlineExceeded)
+		}
 		if err := pc.Conn().SetDeadline(deadline); err != nil {
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
 			_ = pc.Close(cctx)
 			cancel()
 			return notSent, err
 		}
+		defer func() {
+			if !pc.IsClosed() {
+				_ = pc.Conn().SetDeadline(time.Time{})
+			}
+		}()
 	}
 	err = fn(ctx, c)
-	if !deadline.IsZero() && !pc.IsClosed() {
-		if err != nil && pgconn.Timeout(err) {
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			_ = pc.CancelRequest(cctx)
-			_ = pc.Close(cctx)
-			cancel()
-		} else {
-			_ = pc.Conn().SetDeadline(time.Time{})
-		}
-	}
 	switch {
 	case err == nil:
 		return succeeded, nil
@@ -93,7 +94,7 @@ func (l *Ledger) try(actx, ctx context.Context, deadline time.Time, fn func(cont
 // gives up while a write is in flight never turns it into an ambiguous one, and a write that
 // may have landed is re-read even when the caller has gone. Until something may have
 // landed, the caller's ctx still ends the wait for a connection and the waits between
-// tries; afterwards the write timeout does.
+// tries; afterwards the write timeout does. No try starts once the write timeout has passed.
 func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error) (mayHaveLanded bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -124,7 +125,7 @@ func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Cont
 			mayHaveLanded = true
 			wait = landedWait
 		}
-		if n+1 >= maxTries || l.closed.Load() || wait.Err() != nil {
+		if n+1 >= maxTries || l.closed.Load() || wait.Err() != nil || write && !time.Now().Before(deadline) {
 			return mayHaveLanded, errors.Join(err, wait.Err())
 		}
 		if d := backoff[n+1]; d > 0 {

@@ -1,5 +1,13 @@
 -- 0002 down: the token counters move back into toolfence_tokens (one row per key ever
--- reserved, tombstones included), then the tombstones are deleted. Idempotent.
+-- reserved, tombstones included), then the tombstones are deleted. Stop every process of a
+-- toolfence that knows version 2 first: they would reserve collected keys from token 1.
+-- Idempotent.
+
+-- No writer may change a residual between the copy of the tokens and the end.
+LOCK TABLE toolfence_residuals IN EXCLUSIVE MODE;
+
+DROP TRIGGER IF EXISTS toolfence_no_delete ON toolfence_residuals;
+DROP FUNCTION IF EXISTS toolfence_refuse_delete();
 
 CREATE TABLE IF NOT EXISTS toolfence_tokens (
     namespace text   NOT NULL,

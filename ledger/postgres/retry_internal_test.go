@@ -1,0 +1,60 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// A write that waits for a connection past its write timeout runs nothing once it gets one:
+// it fails at once, and it neither closes the connection it was handed nor opens new ones
+// (a saturated pool must not turn into a reconnect storm).
+func TestWriteTimeoutPassedWhileWaitingForAConnection(t *testing.T) {
+	t.Parallel()
+	dsn := cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	schema := "toolfence_test_retry_" + strings.ToLower(rand.Text()[:10])
+	ctx := context.Background()
+	l, err := Open(ctx, dsn, Options{Schema: schema, MaxConns: 1, WriteTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = l.Close()
+		if conn, err := pgx.Connect(ctx, dsn); err == nil {
+			_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+			_ = conn.Close(ctx)
+		}
+	})
+	_, err = l.Reserve(ctx, ledger.ReserveParams{Namespace: "ns", Key: residual.Key("ns", "t", "op", "warm"), Task: "t", Operation: "op",
+		Target: "warm", Holder: "h", RequestDigest: "d", TTL: time.Minute})
+	require.NoError(t, err)
+	before := l.pool.Stat().NewConnsCount()
+
+	late := residual.Key("ns", "t", "op", "late")
+	held, err := l.pool.Acquire(ctx) // the pool's only connection, busy past the write timeout
+	require.NoError(t, err)
+	pid := held.Conn().PgConn().PID()
+	release := time.AfterFunc(500*time.Millisecond, held.Release)
+	defer release.Stop()
+
+	_, err = l.Reserve(ctx, ledger.ReserveParams{Namespace: "ns", Key: late, Task: "t", Operation: "op",
+		Target: "late", Holder: "h", RequestDigest: "d", TTL: time.Minute})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), "write timeout passed before a connection was free")
+	require.Equal(t, before, l.pool.Stat().NewConnsCount(), "no connection was opened")
+	c, err := l.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	require.Equal(t, pid, c.Conn().PgConn().PID(), "the connection that was handed over is still the pool's")
+	var n int
+	require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM toolfence_residuals WHERE key = $1`, late).Scan(&n))
+	require.Zero(t, n, "nothing was written")
+}
