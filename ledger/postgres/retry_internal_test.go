@@ -58,3 +58,12 @@ func TestWriteTimeoutPassedWhileWaitingForAConnection(t *testing.T) {
 	require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM toolfence_residuals WHERE key = $1`, late).Scan(&n))
 	require.Zero(t, n, "nothing was written")
 }
+
+// With no CHECK on the state column, the ledger itself refuses to write a state that is
+// not one of the five.
+func TestWriteArgsRefusesAnInvalidState(t *testing.T) {
+	_, err := writeArgs(&residual.Residual{Key: "k", State: "done"}, "")
+	require.ErrorIs(t, err, residual.ErrInvalidState)
+	_, err = writeArgs(&residual.Residual{Key: "k", State: residual.Succeeded}, "")
+	require.NoError(t, err)
+}

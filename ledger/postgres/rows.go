@@ -175,8 +175,13 @@ RETURNING ` + watched
 })
 
 // writeArgs returns the arguments of writeSQL for res; reservation identifies the Reserve
-// call of the current attempt (kept when empty).
+// call of the current attempt (kept when empty). It refuses a residual whose state is not
+// one of the five (an error wrapping residual.ErrInvalidState): the table has no CHECK on
+// the state (see migration 0002), so this is where a bad state stops.
 func writeArgs(res *residual.Residual, reservation string) ([]any, error) {
+	if !res.State.Valid() {
+		return nil, fmt.Errorf("postgres: refusing to write key %s in state %q: %w", res.Key, res.State, residual.ErrInvalidState)
+	}
 	var cur residual.Attempt
 	var prior []residual.Attempt
 	if n := len(res.Attempts); n > 0 {
