@@ -204,3 +204,51 @@ func TestReserveReturnsWhatItStored(t *testing.T) {
 		require.Equal(t, got.Current().LeaseExpires, res.Lease.Expires)
 	}
 }
+
+// Commit rebuilds the committed residual from what it sent and the columns it did not send:
+// what it returns must be exactly what is stored, for every outcome, with earlier attempts,
+// a kept result and evidence in the row.
+func TestCommitReturnsWhatItStored(t *testing.T) {
+	t.Parallel()
+	l := setup(t)
+	ctx := context.Background()
+	check := func(p ledger.ReserveParams, out *residual.Residual) {
+		t.Helper()
+		got, err := l.Get(ctx, ledger.GetParams{Namespace: p.Namespace, Key: p.Key})
+		require.NoError(t, err)
+		require.Equal(t, got, out)
+	}
+	for _, outcome := range []residual.State{residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown} {
+		p := params("committed-"+string(outcome), "holder")
+		res, err := l.Reserve(ctx, p)
+		require.NoError(t, err)
+		cp := commitOf(p, res, outcome)
+		cp.Error, cp.ResultTruncated = "tool said "+string(outcome), outcome == residual.Accepted
+		if outcome == residual.Accepted {
+			cp.Handle = "job-7"
+		}
+		out, err := l.Commit(ctx, cp)
+		require.NoError(t, err)
+		check(p, out)
+	}
+
+	// A second attempt after an accepted one that was settled failed: the failed commit keeps
+	// the stored result, and the row carries a prior attempt and a zombie's evidence.
+	p := params("committed-history", "first")
+	res, err := l.Reserve(ctx, p)
+	require.NoError(t, err)
+	_, err = l.Commit(ctx, commitOf(p, res, residual.Failed))
+	require.NoError(t, err)
+	p2 := p
+	p2.Holder = "second"
+	res2, err := l.Reserve(ctx, p2)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Acquired, res2.Decision)
+	_, err = l.Commit(ctx, commitOf(p, res, residual.Succeeded)) // the first holder, fenced out
+	require.ErrorIs(t, err, residual.ErrLeaseLost)
+	out, err := l.Commit(ctx, commitOf(p2, res2, residual.Succeeded))
+	require.NoError(t, err)
+	require.Len(t, out.Attempts, 2)
+	require.NotEmpty(t, out.Evidence)
+	check(p2, out)
+}

@@ -119,8 +119,38 @@ var commitSQL = notifyModes(func(watched string) string {
 	handle = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $11 ELSE r.handle END,
 	updated_at = ` + at + `
 WHERE ` + fence("$12::bigint * interval '1 microsecond'", 13) + `
-RETURNING ` + cols("r") + `, ` + watched
+RETURNING ` + committedCols + `, ` + watched
 })
+
+// committedCols are what commitSQL returns: the columns its caller did not send. The result
+// comes back only when the commit kept the stored one (a failed or unknown outcome).
+const committedCols = `r.task, r.operation, r.target, r.request_digest, r.att_n, r.att_lease_expires,
+	r.att_started, r.att_request_digest, r.prior_attempts, r.evidence, r.resolutions, r.created_at,
+	r.updated_at, CASE WHEN $5::text IN ('succeeded', 'accepted') THEN NULL ELSE r.result END,
+	r.result_digest, r.result_truncated, r.handle`
+
+// scanCommitted scans a row of commitSQL and rebuilds the committed residual from it and
+// p, column for column as stored (TestCommitReturnsWhatItStored holds the two together).
+func scanCommitted(s pgx.Row, p ledger.CommitParams, watched *bool) (*residual.Residual, error) {
+	rw := row{
+		namespace: p.Namespace, key: p.Key, state: string(p.Outcome), token: int64(p.Token),
+		attHolder: p.Holder, attToken: int64(p.Token), attResponseDigest: p.ResponseDigest,
+		attOutcome: string(p.Outcome), attError: p.Error, attReleased: true,
+	}
+	var stored []byte
+	if err := s.Scan(&rw.task, &rw.operation, &rw.target, &rw.requestDigest, &rw.attN, &rw.attExpires,
+		&rw.attStarted, &rw.attRequestDigest, &rw.prior, &rw.evidence, &rw.resolutions, &rw.createdAt,
+		&rw.updatedAt, &stored, &rw.resultDigest, &rw.resultTruncated, &rw.handle, watched); err != nil {
+		return nil, err
+	}
+	ended := rw.updatedAt
+	rw.attEnded = &ended
+	rw.result = stored
+	if p.Outcome == residual.Succeeded || p.Outcome == residual.Accepted {
+		rw.result = p.Result
+	}
+	return rw.residual()
+}
 
 // renewSQL extends a live lease: $5 ttl µs, $6 offset µs.
 var renewSQL = `UPDATE toolfence_residuals r SET
@@ -336,9 +366,9 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		if !mayHaveLanded {
 			var watched bool
-			res, _, err := scanRow(c.QueryRow(ctx, commitSQL[l.mode()], p.Namespace, p.Key, p.Holder, int64(p.Token),
+			res, err := scanCommitted(c.QueryRow(ctx, commitSQL[l.mode()], p.Namespace, p.Key, p.Holder, int64(p.Token),
 				string(p.Outcome), p.ResponseDigest, p.Error, nilIfEmpty(p.Result), p.ResultDigest,
-				p.ResultTruncated, p.Handle, p.Margin.Microseconds(), l.offset.Load()), &watched)
+				p.ResultTruncated, p.Handle, p.Margin.Microseconds(), l.offset.Load()), p, &watched)
 			if err == nil {
 				out, fenceErr = res, nil
 				l.notifyAfter(ctx, c, watched, res.Namespace, res.Key, res.State)
