@@ -162,9 +162,9 @@ RETURNING r.att_lease_expires`
 // Reserve implements ledger.Ledger. A new key costs one statement (the atomic insert); a
 // replay, a key in progress or unknown cost that insert, which writes nothing, and a read of
 // the stored row; taking over an existing residual or a tombstone (a retry after failed, a
-// re-dispatch, a key reserved again after GC) locks the row in a short transaction. A Reserve whose connection
-// breaks is tried again under the same reservation id, so it recognises its own insert
-// instead of reporting it as a key in progress.
+// re-dispatch, a key reserved again after GC) locks the row in a short transaction. A
+// Reserve whose connection breaks is tried again under the same reservation id, so it
+// recognises its own insert instead of reporting it as a key in progress.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
 	if err := l.check(); err != nil {
 		return nil, err
