@@ -318,7 +318,7 @@ func TestWriteTimeoutEndsABlockedCommit(t *testing.T) {
 	schema := newSchema(t)
 	app := "tf-timeout-" + strings.ToLower(rand.Text()[:10])
 	l, err := postgres.Open(context.Background(), withParams(url.Values{"application_name": {app}}),
-		postgres.Options{Schema: schema, MaxConns: 2, WriteTimeout: 400 * time.Millisecond})
+		postgres.Options{Schema: schema, MaxConns: 2, WriteTimeout: 1500 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	ctx := context.Background()

@@ -192,7 +192,7 @@ func TestReserveReturnsWhatItStored(t *testing.T) {
 	t.Parallel()
 	l := setup(t)
 	ctx := context.Background()
-	for i, ttl := range []time.Duration{30 * time.Second, 2*time.Second + 1500*time.Nanosecond, 7*time.Minute + 999*time.Nanosecond} {
+	for i, ttl := range []time.Duration{30 * time.Second, 20*time.Second + 1500*time.Nanosecond, 7*time.Minute + 999*time.Nanosecond} {
 		p := params(fmt.Sprintf("rebuilt-%d", i), "holder-"+strconv.Itoa(i))
 		p.TTL = ttl
 		res, err := l.Reserve(ctx, p)

@@ -24,7 +24,7 @@ func TestWriteTimeoutPassedWhileWaitingForAConnection(t *testing.T) {
 	dsn := cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	schema := "toolfence_test_retry_" + strings.ToLower(rand.Text()[:10])
 	ctx := context.Background()
-	l, err := Open(ctx, dsn, Options{Schema: schema, MaxConns: 1, WriteTimeout: 200 * time.Millisecond})
+	l, err := Open(ctx, dsn, Options{Schema: schema, MaxConns: 1, WriteTimeout: 300 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = l.Close()
@@ -33,16 +33,13 @@ func TestWriteTimeoutPassedWhileWaitingForAConnection(t *testing.T) {
 			_ = conn.Close(ctx)
 		}
 	})
-	_, err = l.Reserve(ctx, ledger.ReserveParams{Namespace: "ns", Key: residual.Key("ns", "t", "op", "warm"), Task: "t", Operation: "op",
-		Target: "warm", Holder: "h", RequestDigest: "d", TTL: time.Minute})
-	require.NoError(t, err)
-	before := l.pool.Stat().NewConnsCount()
 
 	late := residual.Key("ns", "t", "op", "late")
 	held, err := l.pool.Acquire(ctx) // the pool's only connection, busy past the write timeout
 	require.NoError(t, err)
 	pid := held.Conn().PgConn().PID()
-	release := time.AfterFunc(500*time.Millisecond, held.Release)
+	before := l.pool.Stat().NewConnsCount()
+	release := time.AfterFunc(1500*time.Millisecond, held.Release)
 	defer release.Stop()
 
 	_, err = l.Reserve(ctx, ledger.ReserveParams{Namespace: "ns", Key: late, Task: "t", Operation: "op",
