@@ -57,11 +57,10 @@ func notifyModes(build func(watched string) string) [2]string {
 }
 
 // notifyInTx notifies the schema's channel of the written row (namespace, key, state) while
-// a watcher is registered (see Watch), and is true when it did.
-const notifyInTx = `(CASE WHEN EXISTS (SELECT 1 FROM toolfence_watchers)
-	THEN pg_notify(left('toolfence:' || current_schema(), 63), CASE WHEN octet_length(namespace) < 7000
-		THEN json_build_object('n', namespace, 'k', key, 's', state)::text
-		ELSE json_build_object('k', key, 's', state)::text END) END) IS NOT NULL`
+// a watcher is registered (see Watch), and is true when it did. The payload is built by
+// toolfence_notify (migration 0003), so a write that nobody watches prepares one function
+// call, not the payload's expression.
+const notifyInTx = `CASE WHEN EXISTS (SELECT 1 FROM toolfence_watchers) THEN toolfence_notify(namespace, key, state) ELSE false END`
 
 // notifyOwed is true while a watcher is registered.
 const notifyOwed = `EXISTS (SELECT 1 FROM toolfence_watchers)`
@@ -103,34 +102,44 @@ func fence(margin string, off int) string {
 // release in the same row write. Zero rows means the fence does not hold (or the residual is
 // missing): Commit then takes the locking path, which records evidence. The fence is checked
 // against clock_timestamp(), evaluated per row after any lock wait; the attempt's end is
-// stamped with the statement's start.
+// stamped with the statement's start. commitSQL[1][mode] also stores the result, result
+// digest, truncation flag and handle (a succeeded or accepted outcome); commitSQL[0][mode]
+// keeps the stored ones (failed, unknown), so neither evaluates a condition on the outcome.
 //
 // $1 namespace, $2 key, $3 holder, $4 token, $5 outcome, $6 response digest, $7 error,
-// $8 result, $9 result digest, $10 result truncated, $11 handle, $12 margin µs,
-// $13 offset µs.
-var commitSQL = notifyModes(func(watched string) string {
-	at := statementNow(13)
+// $8 margin µs, $9 offset µs; with the result: $10 result, $11 result digest, $12 result
+// truncated, $13 handle.
+var commitSQL = [2][2]string{
+	notifyModes(func(watched string) string { return commitStatement(watched, false) }),
+	notifyModes(func(watched string) string { return commitStatement(watched, true) }),
+}
+
+func commitStatement(watched string, withResult bool) string {
+	at := statementNow(9)
+	set, result := "", "r.result"
+	if withResult {
+		set = `result = $10, result_digest = $11, result_truncated = $12, handle = $13,`
+		result = "NULL::bytea"
+	}
 	return `UPDATE toolfence_residuals r SET
 	state = $5, att_outcome = $5, att_ended = ` + at + `, att_released = true,
-	att_response_digest = $6, att_error = $7,
-	result = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $8 ELSE r.result END,
-	result_digest = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $9 ELSE r.result_digest END,
-	result_truncated = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $10 ELSE r.result_truncated END,
-	handle = CASE WHEN $5::text IN ('succeeded', 'accepted') THEN $11 ELSE r.handle END,
+	att_response_digest = $6, att_error = $7, ` + set + `
 	updated_at = ` + at + `
-WHERE ` + fence("$12::bigint * interval '1 microsecond'", 13) + `
-RETURNING ` + committedCols + `, ` + watched
-})
-
-// committedCols are what commitSQL returns: the columns its caller did not send. The result
-// comes back only when the commit kept the stored one (a failed or unknown outcome).
-const committedCols = `r.task, r.operation, r.target, r.request_digest, r.att_n, r.att_lease_expires,
+WHERE ` + fence("$8::bigint * interval '1 microsecond'", 9) + `
+RETURNING r.task, r.operation, r.target, r.request_digest, r.att_n, r.att_lease_expires,
 	r.att_started, r.att_request_digest, r.prior_attempts, r.evidence, r.resolutions, r.created_at,
-	r.updated_at, CASE WHEN $5::text IN ('succeeded', 'accepted') THEN NULL ELSE r.result END,
-	r.result_digest, r.result_truncated, r.handle`
+	r.updated_at, ` + result + `, r.result_digest, r.result_truncated, r.handle, ` + watched
+}
 
-// scanCommitted scans a row of commitSQL and rebuilds the committed residual from it and
-// p, column for column as stored (TestCommitReturnsWhatItStored holds the two together).
+// storesResult reports whether a commit of outcome stores the caller's result (and handle).
+func storesResult(outcome residual.State) bool {
+	return outcome == residual.Succeeded || outcome == residual.Accepted
+}
+
+// scanCommitted scans a row of commitSQL, which returns the columns its caller did not send
+// (the result only when the commit kept the stored one), and rebuilds the committed
+// residual from it and p, column for column as stored (TestCommitReturnsWhatItStored holds
+// the two together).
 func scanCommitted(s pgx.Row, p ledger.CommitParams, watched *bool) (*residual.Residual, error) {
 	rw := row{
 		namespace: p.Namespace, key: p.Key, state: string(p.Outcome), token: int64(p.Token),
@@ -146,7 +155,7 @@ func scanCommitted(s pgx.Row, p ledger.CommitParams, watched *bool) (*residual.R
 	ended := rw.updatedAt
 	rw.attEnded = &ended
 	rw.result = stored
-	if p.Outcome == residual.Succeeded || p.Outcome == residual.Accepted {
+	if storesResult(p.Outcome) {
 		rw.result = p.Result
 	}
 	return rw.residual()
@@ -366,9 +375,14 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		if !mayHaveLanded {
 			var watched bool
-			res, err := scanCommitted(c.QueryRow(ctx, commitSQL[l.mode()], p.Namespace, p.Key, p.Holder, int64(p.Token),
-				string(p.Outcome), p.ResponseDigest, p.Error, nilIfEmpty(p.Result), p.ResultDigest,
-				p.ResultTruncated, p.Handle, p.Margin.Microseconds(), l.offset.Load()), p, &watched)
+			args := []any{p.Namespace, p.Key, p.Holder, int64(p.Token), string(p.Outcome), p.ResponseDigest,
+				p.Error, p.Margin.Microseconds(), l.offset.Load()}
+			q := commitSQL[0][l.mode()]
+			if storesResult(p.Outcome) {
+				q = commitSQL[1][l.mode()]
+				args = append(args, nilIfEmpty(p.Result), p.ResultDigest, p.ResultTruncated, p.Handle)
+			}
+			res, err := scanCommitted(c.QueryRow(ctx, q, args...), p, &watched)
 			if err == nil {
 				out, fenceErr = res, nil
 				l.notifyAfter(ctx, c, watched, res.Namespace, res.Key, res.State)
