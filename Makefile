@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 P        ?= 2
 BENCHTIME ?= 2s
-COUNT    ?= 5
+COUNT    ?= 6
 export TOOLFENCE_TEST_PG ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
 .PHONY: all build demo test test-short bench lint fuzz clean
@@ -23,10 +23,22 @@ test:
 	$(GO) vet -p $(P) $(PKGS)
 	$(GO) test -race -p $(P) -count=1 -timeout 20m $(PKGS)
 
-## bench: the benchmarks of docs/benchmarks.md, summarised with benchstat.
+## bench: the benchmarks of docs/benchmarks.md in COUNT interleaved rounds (each round runs
+## every package's benchmarks once, so a target's ratio compares neighbours in time), then
+## benchstat and the verdict on every target (internal/benchcheck).
+BENCHPKGS ?= interceptor ledger/badger ledger/postgres
 bench:
-	$(GO) test -p 1 -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(COUNT) ./interceptor/ ./ledger/... | tee bench.out
+	@mkdir -p bin/bench
+	@for p in $(BENCHPKGS); do $(GO) test -c -o bin/bench/$$(echo $$p | tr / -).test ./$$p/ || exit 1; done
+	@rm -f bench.out; for i in $$(seq $(COUNT)); do \
+	  for p in $(BENCHPKGS); do \
+	    echo "bench: round $$i of $(COUNT): $$p" >&2; \
+	    (cd $$p && $(CURDIR)/bin/bench/$$(echo $$p | tr / -).test -test.run '^$$' -test.bench . \
+	      -test.benchtime $(BENCHTIME) -test.benchmem) >> bench.out || exit 1; \
+	  done; \
+	done
 	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out
+	$(GO) run ./internal/benchcheck bench.out
 
 ## lint: formatting and vet.
 lint:

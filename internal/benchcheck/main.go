@@ -1,0 +1,238 @@
+// Command benchcheck reads `go test -bench` output holding several rounds of the project's
+// benchmarks and judges the performance targets of docs/benchmarks.md: each target is a ratio
+// between two benchmarks of the same round (or a bound on one), never an absolute time.
+//
+// Usage:
+//
+//	go run ./internal/benchcheck bench.out
+//
+// It prints, for every target, the value of each round, their median, how many rounds met
+// it and the verdict (met when the median does). It exits 1 when a target's benchmarks are
+// missing or the input holds no benchmark, 2 on a usage or read error, and 0 otherwise, missed
+// targets included: the verdict is printed, the figures are for people to record.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// module is the import path prefix that benchmark package lines carry.
+const module = "github.com/toolfence/toolfence/"
+
+// bench names one benchmark: its package below the module and its name without the
+// "Benchmark" prefix and without the GOMAXPROCS suffix.
+type bench struct{ pkg, name string }
+
+func (b bench) String() string { return b.pkg + "." + b.name }
+
+// target is a performance target: num / (scale × den) compared with limit, per round; a
+// target without den bounds num's ns/op itself.
+type target struct {
+	issue  int
+	what   string
+	num    bench
+	den    bench // zero: a bound on num alone, in ns/op
+	scale  float64
+	atMost bool // the value must be ≤ limit (else ≥ limit)
+	limit  float64
+	// reference marks a figure printed beside the targets for comparison, with no verdict.
+	reference bool
+}
+
+// targets are the ones the issues set (see docs/benchmarks.md).
+var targets = []target{
+	{2, "guarded call ≤ 1.5 × two fsyncs (GuardedCall / (2 × FsyncFloor))",
+		bench{"interceptor", "GuardedCall"}, bench{"interceptor", "FsyncFloor"}, 2, true, 1.5, false},
+	{2, "group commit ≥ 2 × sync writes at ~64 callers (ParallelSyncWrites / GuardedCallParallel)",
+		bench{"interceptor", "GuardedCallParallelSyncWrites"}, bench{"interceptor", "GuardedCallParallel"}, 1, false, 2, false},
+	{2, "replay ≤ 10 µs (Replay, ns/op)",
+		bench{"interceptor", "Replay"}, bench{}, 1, true, 10_000, false},
+	{3, "sequential guarded call ≤ 1.0 × naive baseline (PostgresGuardedCall / NaiveBaseline)",
+		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaseline"}, 1, true, 1.0, false},
+	{3, "reference: sequential guarded call ÷ the minimal naive table (PostgresGuardedCall / NaiveBaselineMinimal)",
+		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaselineMinimal"}, 1, true, 1.0, true},
+	{3, "throughput at 64 callers ≥ 3 × sequential (PostgresGuardedCall / PostgresGuardedCallParallel/callers=64)",
+		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64"}, 1, false, 3, false},
+}
+
+// parse reads benchmark output and returns the ns/op samples of every benchmark in the order
+// they appear: the k-th sample of each benchmark belongs to round k. Lines that are not
+// benchmark results are skipped; a result line with an unreadable ns/op is an error.
+func parse(r io.Reader) (map[bench][]float64, error) {
+	samples := map[bench][]float64{}
+	pkg := ""
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if p, ok := strings.CutPrefix(line, "pkg: "); ok {
+			pkg = strings.TrimPrefix(strings.TrimSpace(p), module)
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") || f[3] != "ns/op" {
+			continue
+		}
+		name := strings.TrimPrefix(f[0], "Benchmark")
+		if i := strings.LastIndexByte(name, '-'); i > 0 && isDigits(name[i+1:]) {
+			name = name[:i]
+		}
+		ns, err := strconv.ParseFloat(f[2], 64)
+		if err != nil || ns <= 0 {
+			return nil, fmt.Errorf("line %d: %q is not a time per operation", n, f[2])
+		}
+		b := bench{pkg, name}
+		samples[b] = append(samples[b], ns)
+	}
+	return samples, sc.Err()
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// result is a target judged over the rounds of one run.
+type result struct {
+	target
+	values []float64 // one per round
+	median float64
+	met    int // rounds that met the target
+}
+
+// ok reports whether v meets t.
+func (t target) ok(v float64) bool {
+	if t.atMost {
+		return v <= t.limit
+	}
+	return v >= t.limit
+}
+
+// judge computes t over the rounds of samples. Rounds are paired by position; when the two
+// benchmarks have a different number of samples the extra ones are left out. It fails when a
+// benchmark of t has no sample.
+func judge(t target, samples map[bench][]float64) (result, error) {
+	num := lookup(samples, t.num)
+	if len(num) == 0 {
+		return result{}, fmt.Errorf("%s: not measured", t.num)
+	}
+	r := result{target: t}
+	if t.den == (bench{}) {
+		r.values = slices.Clone(num)
+	} else {
+		den := lookup(samples, t.den)
+		if len(den) == 0 {
+			return result{}, fmt.Errorf("%s: not measured", t.den)
+		}
+		for i := range min(len(num), len(den)) {
+			r.values = append(r.values, num[i]/(t.scale*den[i]))
+		}
+	}
+	for _, v := range r.values {
+		if t.ok(v) {
+			r.met++
+		}
+	}
+	r.median = median(r.values)
+	return r, nil
+}
+
+// lookup returns the samples of b. Output cut down to its result lines names no package:
+// there a benchmark is found by name alone, as long as only one package has that name.
+func lookup(samples map[bench][]float64, b bench) []float64 {
+	if s, ok := samples[b]; ok {
+		return s
+	}
+	var found []float64
+	n := 0
+	for k, s := range samples {
+		if k.name == b.name {
+			found, n = s, n+1
+		}
+	}
+	if n == 1 {
+		return found
+	}
+	return nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}
+
+// report writes the judgement of every target to w and returns the targets that could not
+// be judged.
+func report(w io.Writer, samples map[bench][]float64) error {
+	var errs []error
+	for _, t := range targets {
+		r, err := judge(t, samples)
+		if err != nil {
+			fmt.Fprintf(w, "issue %d  %s\n  NOT MEASURED: %v\n", t.issue, t.what, err)
+			errs = append(errs, err)
+			continue
+		}
+		verdict := "MISSED"
+		switch {
+		case t.reference:
+			verdict = "reference only, no target"
+		case t.ok(r.median):
+			verdict = "met"
+		}
+		vals := make([]string, len(r.values))
+		for i, v := range r.values {
+			vals[i] = format(t, v)
+		}
+		fmt.Fprintf(w, "issue %d  %s\n  rounds: %s\n  median %s, met in %d of %d rounds: %s\n",
+			t.issue, t.what, strings.Join(vals, " "), format(t, r.median), r.met, len(r.values), verdict)
+	}
+	return errors.Join(errs...)
+}
+
+func format(t target, v float64) string {
+	if t.den == (bench{}) {
+		return strconv.FormatFloat(v/1000, 'f', 2, 64) + "µs"
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func main() {
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: benchcheck FILE\n\nJudges the performance targets of docs/benchmarks.md on `go test -bench` output (several rounds).")
+	}
+	flag.Parse()
+	if flag.NArg() != 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	f, err := os.Open(flag.Arg(0))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchcheck:", err)
+		os.Exit(2)
+	}
+	defer f.Close()
+	samples, err := parse(f)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "benchcheck: %s: %v\n", flag.Arg(0), err)
+		os.Exit(2)
+	}
+	if len(samples) == 0 {
+		fmt.Fprintf(os.Stderr, "benchcheck: %s holds no benchmark result\n", flag.Arg(0))
+		os.Exit(1)
+	}
+	if err := report(os.Stdout, samples); err != nil {
+		os.Exit(1)
+	}
+}

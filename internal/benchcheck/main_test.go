@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// twoRounds is `go test -bench` output of two rounds over two packages, as `make bench`
+// writes it: the packages alternate, and BenchmarkReplay exists in both.
+const twoRounds = `goos: linux
+goarch: amd64
+pkg: github.com/toolfence/toolfence/interceptor
+cpu: AMD EPYC
+BenchmarkFsyncFloor-2                	   20000	    100000 ns/op	       0 B/op	       0 allocs/op
+BenchmarkGuardedCall-2               	    5000	    280000 ns/op	    4096 B/op	      50 allocs/op
+BenchmarkGuardedCallParallel-2       	   30000	     70000 ns/op
+BenchmarkGuardedCallParallelSyncWrites-2 	    5000	    350000 ns/op
+BenchmarkReplay-2                    	 1000000	      1750 ns/op
+PASS
+pkg: github.com/toolfence/toolfence/ledger/postgres
+BenchmarkPostgresGuardedCall-2       	    5000	    400000 ns/op
+BenchmarkPostgresGuardedCallParallel/callers=8-2 	   10000	    150000 ns/op
+BenchmarkPostgresGuardedCallParallel/callers=64-2 	   10000	    125000 ns/op
+BenchmarkNaiveBaseline-2             	    5000	    420000 ns/op
+BenchmarkReplay-2                    	  100000	     99999 ns/op
+PASS
+pkg: github.com/toolfence/toolfence/interceptor
+BenchmarkFsyncFloor-2                	   20000	    100000 ns/op
+BenchmarkGuardedCall-2               	    5000	    320000 ns/op
+BenchmarkGuardedCallParallel-2       	   30000	     70000 ns/op
+BenchmarkGuardedCallParallelSyncWrites-2 	    5000	    100000 ns/op
+BenchmarkReplay-2                    	 1000000	      1850 ns/op
+pkg: github.com/toolfence/toolfence/ledger/postgres
+BenchmarkPostgresGuardedCall-2       	    5000	    440000 ns/op
+BenchmarkPostgresGuardedCallParallel/callers=64-2 	   10000	    160000 ns/op
+BenchmarkNaiveBaseline-2             	    5000	    400000 ns/op
+`
+
+func TestParseKeepsPackagesAndRoundsApart(t *testing.T) {
+	s, err := parse(strings.NewReader(twoRounds))
+	require.NoError(t, err)
+	require.Equal(t, []float64{1750, 1850}, s[bench{"interceptor", "Replay"}])
+	require.Equal(t, []float64{99999}, s[bench{"ledger/postgres", "Replay"}])
+	require.Equal(t, []float64{125000, 160000}, s[bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64"}])
+	require.Equal(t, []float64{150000}, s[bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=8"}])
+}
+
+func TestJudgePairsRoundsAndCountsThoseThatMeet(t *testing.T) {
+	s, err := parse(strings.NewReader(twoRounds))
+	require.NoError(t, err)
+	byIssue := func(what string) target {
+		for _, tg := range targets {
+			if strings.HasPrefix(tg.what, what) {
+				return tg
+			}
+		}
+		t.Fatalf("no target %q", what)
+		return target{}
+	}
+
+	r, err := judge(byIssue("guarded call ≤ 1.5"), s)
+	require.NoError(t, err)
+	require.Equal(t, []float64{1.4, 1.6}, r.values) // 280/(2×100), 320/(2×100)
+	require.Equal(t, 1, r.met)
+	require.InDelta(t, 1.5, r.median, 1e-9)
+
+	r, err = judge(byIssue("sequential guarded call"), s)
+	require.NoError(t, err)
+	require.InDeltaSlice(t, []float64{400.0 / 420, 1.1}, r.values, 1e-9)
+	require.Equal(t, 1, r.met)
+	require.False(t, r.ok(r.median), "median %.3f must miss ≤ 1.0", r.median)
+
+	r, err = judge(byIssue("throughput at 64 callers"), s)
+	require.NoError(t, err)
+	require.InDeltaSlice(t, []float64{3.2, 2.75}, r.values, 1e-9)
+	require.Equal(t, 1, r.met)
+
+	r, err = judge(byIssue("replay"), s)
+	require.NoError(t, err)
+	require.Equal(t, 2, r.met)
+}
+
+func TestReportSaysWhatIsMissingAndTheVerdicts(t *testing.T) {
+	s, err := parse(strings.NewReader(twoRounds))
+	require.NoError(t, err)
+	delete(s, bench{"interceptor", "FsyncFloor"})
+	var out bytes.Buffer
+	err = report(&out, s)
+	require.ErrorContains(t, err, "interceptor.FsyncFloor: not measured")
+	require.Contains(t, out.String(), "NOT MEASURED: interceptor.FsyncFloor: not measured")
+	require.Contains(t, out.String(), "rounds: 5.00 1.43\n  median 3.21, met in 1 of 2 rounds: met")    // ParallelSyncWrites / Parallel
+	require.Contains(t, out.String(), "rounds: 3.20 2.75\n  median 2.98, met in 1 of 2 rounds: MISSED") // 64 callers
+	require.Contains(t, out.String(), "median 1.80µs, met in 2 of 2 rounds: met")
+}
+
+func TestParseRefusesAnUnreadableTime(t *testing.T) {
+	_, err := parse(strings.NewReader("BenchmarkX-2 10 abc ns/op\n"))
+	require.ErrorContains(t, err, `line 1: "abc" is not a time per operation`)
+}
+
+func TestJudgeFindsBenchmarksOfOutputWithoutPackageLines(t *testing.T) {
+	s, err := parse(strings.NewReader("BenchmarkPostgresGuardedCall-2 10 380 ns/op\nBenchmarkNaiveBaseline-2 10 400 ns/op\n" +
+		"BenchmarkReplay-2 10 5 ns/op\n"))
+	require.NoError(t, err)
+	for _, tg := range targets {
+		if tg.num.name == "PostgresGuardedCall" && tg.den.name == "NaiveBaseline" {
+			r, err := judge(tg, s)
+			require.NoError(t, err)
+			require.Equal(t, []float64{0.95}, r.values)
+		}
+	}
+	s[bench{"ledger/badger", "Replay"}] = []float64{6}
+	require.Nil(t, lookup(s, bench{"interceptor", "Replay"}), "two packages have a Replay: the name alone must not pick one")
+}
