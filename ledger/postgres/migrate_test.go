@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,6 +156,9 @@ func TestBadDSNs(t *testing.T) {
 	}{
 		{"unreachable", "postgres://alice:" + secret + "@127.0.0.1:1/test?sslmode=disable&connect_timeout=2",
 			postgres.ErrUnavailable, []string{"127.0.0.1:1", "test", "alice"}},
+		// sslmode=prefer: pgx tries TLS, then plain, and reports both tries alike.
+		{"unreachable, two tries", "postgres://alice:" + secret + "@127.0.0.1:1/test",
+			postgres.ErrUnavailable, []string{"127.0.0.1:1", "connection refused"}},
 		{"wrong database", "postgres://" + cfg.User + ":" + secret + "@" + cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/toolfence_no_such_db?sslmode=disable",
 			postgres.ErrUnavailable, []string{"toolfence_no_such_db", cfg.Host}},
 		{"malformed url", "postgres://bob:" + secret + "@127.0.0.1:notaport/test", postgres.ErrInvalidDSN, nil},
@@ -170,6 +174,9 @@ func TestBadDSNs(t *testing.T) {
 			require.NotContains(t, err.Error(), secret, "the password never appears in an error")
 			for _, m := range c.mentions {
 				require.Contains(t, err.Error(), m)
+			}
+			for _, line := range strings.Split(err.Error(), "\n") {
+				require.Equal(t, 1, strings.Count(err.Error(), line), "the error says %q twice", line)
 			}
 			_, _, err = postgres.Migrate(ctx, c.dsn, postgres.Options{})
 			require.ErrorIs(t, err, c.want)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -317,11 +318,24 @@ func unavailable(cc *pgx.ConnConfig, err error) error {
 	if errors.As(err, &ce) && ce.Unwrap() != nil {
 		cause = ce.Unwrap()
 	}
-	msg := fmt.Sprintf("%v: cannot use %s: %v", ErrUnavailable, describe(cc), cause)
+	msg := fmt.Sprintf("%v: cannot use %s: %s", ErrUnavailable, describe(cc), distinctLines(cause.Error()))
 	if cc.Password != "" {
 		msg = strings.ReplaceAll(msg, cc.Password, "xxxxx")
 	}
 	return &scrubbedError{msg: msg, causes: []error{ErrUnavailable, err}}
+}
+
+// distinctLines drops the repeats of a line from s: pgx reports each try of a connection
+// (TLS first, then plain, under the default sslmode) on its own line, often word for word.
+func distinctLines(s string) string {
+	lines := strings.Split(s, "\n")
+	out := lines[:0]
+	for _, l := range lines {
+		if !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 var urlPassword = regexp.MustCompile(`(://[^:/@?#]*:)([^@]*)@`)
