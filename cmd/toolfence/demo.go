@@ -58,7 +58,7 @@ func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
 		// demo.Run creates a schema of its own in the database.
 	case storeSet:
 		// Fail early, with the usual message, when another process holds the store.
-		l, err := openStore(ctx, store)
+		l, err := openStore(ctx, store, false)
 		if err != nil {
 			return err
 		}

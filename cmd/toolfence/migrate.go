@@ -7,9 +7,7 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/toolfence/toolfence/ledger/postgres"
@@ -101,48 +99,21 @@ func (a *app) migrate(ctx context.Context, f migrateFlags, down bool) error {
 	return err
 }
 
-// versionTable is where ledger/postgres records applied migrations, in the store's schema.
-const versionTable = "toolfence_schema_migrations"
-
 // migrateStatus prints the store's schema version and applied migrations; it writes nothing.
 func (a *app) migrateStatus(ctx context.Context, store string, latest int) error {
 	where := displayStore(store)
-	conn, err := pgx.Connect(ctx, store)
+	rows, err := postgres.Status(ctx, store, postgres.Options{})
 	if err != nil {
 		return fmt.Errorf("reading the schema version of %s: %w", where, err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	type applied struct {
-		version int
-		name    string
-		at      time.Time
-	}
-	var rows []applied
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass('`+versionTable+`') IS NOT NULL`).Scan(&exists); err != nil {
-		return fmt.Errorf("reading the schema version of %s: %w", where, err)
-	}
-	if exists {
-		r, err := conn.Query(ctx, `SELECT version, name, applied_at FROM `+versionTable+` ORDER BY version`)
-		if err != nil {
-			return fmt.Errorf("reading the schema version of %s: %w", where, err)
-		}
-		rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (applied, error) {
-			var m applied
-			return m, row.Scan(&m.version, &m.name, &m.at)
-		})
-		if err != nil {
-			return fmt.Errorf("reading the schema version of %s: %w", where, err)
-		}
-	}
 	current := 0
 	if n := len(rows); n > 0 {
-		current = rows[n-1].version
+		current = rows[n-1].Version
 	}
 	var state string
 	switch {
 	case current > latest:
-		state = fmt.Sprintf("newer than this binary knows (up to %d): upgrade toolfence", latest)
+		state = "newer than this binary: upgrade toolfence"
 	case current == latest:
 		state = "up to date"
 	case current == 0:
@@ -152,7 +123,7 @@ func (a *app) migrateStatus(ctx context.Context, store string, latest int) error
 	}
 	fmt.Fprintf(a.stdout, "%s: schema version %d, this binary knows up to %d: %s\n", where, current, latest, state)
 	for _, m := range rows {
-		fmt.Fprintf(a.stdout, "  %04d %s  applied %s\n", m.version, m.name, stamp(m.at))
+		fmt.Fprintf(a.stdout, "  %04d %s  applied %s\n", m.Version, m.Name, stamp(m.At))
 	}
 	return nil
 }

@@ -61,6 +61,18 @@ func TestMigrate(t *testing.T) {
 		"run toolfence migrate (ledgers opening the store also migrate it)\n", where, latest, latest), r.stdout)
 	require.Zero(t, tables(), "--status writes nothing")
 
+	// Commands that only look at or maintain a store do not create one where there is none.
+	_, err := conn.Exec(t.Context(), `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	for _, args := range [][]string{{"ls"}, {"gc", "--older-than", "1h"}} {
+		fails(t, 1, []string{"no toolfence store there", "has no toolfence tables: nothing has been recorded there"}, append(args, "--store", store)...)
+	}
+	require.Zero(t, tables(), "ls and gc create nothing")
+	// --down never migrates up.
+	r = ok(t, "migrate", "--down", fmt.Sprint(latest), "--store", store)
+	require.Equal(t, fmt.Sprintf("%s: schema version 0, already at or below %d (nothing to do)\n", where, latest), r.stdout)
+	require.Zero(t, tables(), "--down on an empty schema creates nothing")
+
 	// Up: the schema named by search_path is created.
 	r = ok(t, "migrate", "--store", store)
 	require.Equal(t, fmt.Sprintf("%s: schema version 0 → %d\n", where, latest), r.stdout)
@@ -84,7 +96,7 @@ func TestMigrate(t *testing.T) {
 	// A schema migrated by a newer toolfence: refused with both versions, nothing written.
 	ok(t, "migrate", "--store", store)
 	newer := latest + 5
-	_, err := conn.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{schema, versionTable}.Sanitize()+` (version, name) VALUES ($1, 'from_the_future')`, newer)
+	_, err = conn.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{schema, "toolfence_schema_migrations"}.Sanitize()+` (version, name) VALUES ($1, 'from_the_future')`, newer)
 	require.NoError(t, err)
 	before := tables()
 	want := fmt.Sprintf("the schema of %s is at version %d, newer than this binary knows (up to %d): it was migrated by a newer toolfence; upgrade toolfence (nothing was changed)",
@@ -93,7 +105,7 @@ func TestMigrate(t *testing.T) {
 	fails(t, 1, []string{want}, "migrate", "--down", "0", "--store", store)
 	require.Equal(t, before, tables(), "nothing was changed")
 	r = ok(t, "migrate", "--status", "--store", store)
-	require.Contains(t, r.stdout, fmt.Sprintf("schema version %d, this binary knows up to %d: newer than this binary knows (up to %d): upgrade toolfence", newer, latest, latest))
+	require.Contains(t, r.stdout, fmt.Sprintf("schema version %d, this binary knows up to %d: newer than this binary: upgrade toolfence\n", newer, latest))
 	require.Contains(t, r.stdout, fmt.Sprintf("  %04d from_the_future  applied ", newer))
 	// Opening the store for other commands is refused too.
 	fails(t, 1, []string{"postgres: database schema is newer than this binary"}, "ls", "--store", store)

@@ -174,12 +174,13 @@ func args(names ...string) cobra.PositionalArgs {
 }
 
 // open opens the store named by --store. With mustExist, a badger directory that does not
-// exist is an error instead of being created.
+// exist, or a PostgreSQL schema without toolfence tables, is an error instead of being
+// created.
 func (a *app) open(ctx context.Context, mustExist bool) (ledger.Ledger, error) {
 	if mustExist && !isDSN(a.store) {
 		if _, err := os.Stat(a.store); errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("no store at %s: nothing has been recorded there (set --store or $%s)", a.store, storeEnv)
 		}
 	}
-	return openStore(ctx, a.store)
+	return openStore(ctx, a.store, mustExist)
 }

@@ -32,12 +32,12 @@ func isDSN(store string) bool {
 // DSN, otherwise the badger directory store (created when missing). It is the one place the
 // binary opens ledgers. A badger directory held by another process gives an error that says
 // so (and wraps badger.ErrLocked).
-func openStore(ctx context.Context, store string) (ledger.Ledger, error) {
+func openStore(ctx context.Context, store string, mustExist bool) (ledger.Ledger, error) {
 	if store == "" {
 		return nil, usagef("--store is empty: name a badger directory or a postgres:// DSN")
 	}
 	if isDSN(store) {
-		return openPostgres(ctx, store)
+		return openPostgres(ctx, store, mustExist)
 	}
 	l, err := badger.Open(store, badger.Options{})
 	if errors.Is(err, badger.ErrLocked) {
@@ -49,10 +49,11 @@ func openStore(ctx context.Context, store string) (ledger.Ledger, error) {
 	return l, nil
 }
 
-// openPostgres opens the PostgreSQL ledger at dsn, applying pending migrations. Its
-// errors name the server, never the password.
-func openPostgres(ctx context.Context, dsn string) (ledger.Ledger, error) {
-	l, err := postgres.Open(ctx, dsn, postgres.Options{})
+// openPostgres opens the PostgreSQL ledger at dsn, applying pending migrations; with
+// mustExist a schema without toolfence tables is an error (nothing is created). Its errors
+// name the server, never the password.
+func openPostgres(ctx context.Context, dsn string, mustExist bool) (ledger.Ledger, error) {
+	l, err := postgres.Open(ctx, dsn, postgres.Options{MustExist: mustExist})
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", displayStore(dsn), err)
 	}

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -89,12 +90,13 @@ func Migrate(ctx context.Context, dsn string, opts Options) (from, to int, err e
 	if err != nil {
 		return 0, 0, err
 	}
-	return runMigration(ctx, dsn, opts, ms[len(ms)-1].version, ms)
+	return runMigration(ctx, dsn, opts, ms[len(ms)-1].version, false, ms)
 }
 
 // MigrateDown reverts migrations newer than version to (0 removes every toolfence table and
 // its data), in one transaction under the same advisory lock, and returns the version
-// before and after. It refuses with ErrSchemaTooNew when the database is at a version this
+// before and after. A database already at or below to is left untouched (from == now): it
+// never migrates up. It refuses with ErrSchemaTooNew when the database is at a version this
 // binary does not know (it cannot run that version's down SQL).
 func MigrateDown(ctx context.Context, dsn string, to int, opts Options) (from, now int, err error) {
 	ms, err := loadMigrations()
@@ -104,10 +106,10 @@ func MigrateDown(ctx context.Context, dsn string, to int, opts Options) (from, n
 	if to < 0 || to > ms[len(ms)-1].version {
 		return 0, 0, fmt.Errorf("postgres: migrate down to %d: want a version from 0 to %d", to, ms[len(ms)-1].version)
 	}
-	return runMigration(ctx, dsn, opts, to, ms)
+	return runMigration(ctx, dsn, opts, to, true, ms)
 }
 
-func runMigration(ctx context.Context, dsn string, opts Options, target int, ms []migration) (int, int, error) {
+func runMigration(ctx context.Context, dsn string, opts Options, target int, down bool, ms []migration) (int, int, error) {
 	cfg, err := poolConfig(dsn, opts)
 	if err != nil {
 		return 0, 0, err
@@ -117,10 +119,56 @@ func runMigration(ctx context.Context, dsn string, opts Options, target int, ms 
 		return 0, 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return migrateConn(ctx, conn, cfg.ConnConfig, opts.Schema, target, ms)
+	return migrateConn(ctx, conn, cfg.ConnConfig, opts.Schema, target, down, ms)
 }
 
 const versionTable = "toolfence_schema_migrations"
+
+// Applied is a migration recorded in a store's schema.
+type Applied struct {
+	Version int
+	Name    string
+	At      time.Time
+}
+
+// Status returns the migrations applied to the schema of the store at dsn (opts.Schema when
+// set, else the DSN's search_path), oldest first; none when toolfence has no tables there.
+// It writes nothing. It fails with an error wrapping ErrInvalidDSN or ErrUnavailable.
+func Status(ctx context.Context, dsn string, opts Options) ([]Applied, error) {
+	cfg, err := poolConfig(dsn, opts)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := connect(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('`+versionTable+`') IS NOT NULL`).Scan(&exists); err != nil || !exists {
+		return nil, wrapRead(cfg.ConnConfig, err)
+	}
+	rows, err := conn.Query(ctx, `SELECT version, name, applied_at FROM `+versionTable+` ORDER BY version`)
+	if err != nil {
+		return nil, wrapRead(cfg.ConnConfig, err)
+	}
+	applied, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
+		var m Applied
+		return m, row.Scan(&m.Version, &m.Name, &m.At)
+	})
+	return applied, wrapRead(cfg.ConnConfig, err)
+}
+
+// wrapRead names the store in a failed read of its schema version; nil stays nil.
+func wrapRead(cc *pgx.ConnConfig, err error) error {
+	if err == nil {
+		return nil
+	}
+	if isConnError(err) {
+		return unavailable(cc, err)
+	}
+	return fmt.Errorf("postgres: read the schema version of %s: %w", describe(cc), err)
+}
 
 // currentVersion returns the highest applied migration, or 0 when the version table does
 // not exist in the connection's schema.
@@ -140,13 +188,17 @@ func currentVersion(ctx context.Context, q interface {
 // schema name, so migrations of different schemas do not wait for each other.
 const migrateLockKey = 0x7466_6d67 // "tfmg"
 
-// migrateConn moves the schema of conn to version target (up or down) in one transaction,
-// creating schema (when not empty) before migrating up.
-func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema string, target int, ms []migration) (from, to int, err error) {
+// migrateConn moves the schema of conn to version target in one transaction: up to it
+// (creating schema, when not empty, first), or with down only down to it. A schema that is
+// already there, or past it in the other direction, is left untouched.
+func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema string, target int, down bool, ms []migration) (from, to int, err error) {
 	where := describe(cc)
 	latest := ms[len(ms)-1].version
+	// done reports that a schema at version v needs nothing in this direction (a schema
+	// past the newest version is refused under the lock below).
+	done := func(v int) bool { return v == target || down && v < target }
 	// Fast path: nothing to do needs no lock and no write.
-	if v, err := currentVersion(ctx, conn); err == nil && v == target {
+	if v, err := currentVersion(ctx, conn); err == nil && done(v) {
 		return v, v, nil
 	}
 	tx, err := conn.Begin(ctx)
@@ -164,7 +216,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema
 	if from > latest {
 		return from, from, fmt.Errorf("%w: %s is at migration %d, this binary knows up to %d; upgrade toolfence", ErrSchemaTooNew, where, from, latest)
 	}
-	if from == target {
+	if done(from) {
 		return from, from, nil
 	}
 	if from < target {
@@ -174,8 +226,8 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema
 		}
 		switch {
 		case missing && schema == "":
-			return from, from, fmt.Errorf("postgres: migrate %s: no schema of search_path %q exists; create it or set Options.Schema",
-				where, cc.RuntimeParams["search_path"])
+			return from, from, fmt.Errorf("%w: %s: no schema of search_path %q exists: create it (toolfence migrate creates the schema its DSN's search_path names), or set Options.Schema",
+				ErrNoStore, where, cc.RuntimeParams["search_path"])
 		case missing:
 			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
 				return from, from, fmt.Errorf("postgres: migrate %s: create schema %s: %w", where, schema, err)

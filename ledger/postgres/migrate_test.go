@@ -192,14 +192,64 @@ func TestMissingSearchPathSchema(t *testing.T) {
 	schema := newSchema(t) // never created here
 	dsn := withParams(url.Values{"search_path": {schema}})
 	_, err := postgres.Open(context.Background(), dsn, postgres.Options{})
-	require.Error(t, err)
+	require.ErrorIs(t, err, postgres.ErrNoStore)
 	require.Contains(t, err.Error(), "no schema of search_path")
 	require.Contains(t, err.Error(), schema)
+	_, err = postgres.Open(context.Background(), dsn, postgres.Options{MustExist: true})
+	require.ErrorIs(t, err, postgres.ErrNoStore)
 
 	l, err := postgres.Open(context.Background(), dsn, postgres.Options{Schema: schema})
 	require.NoError(t, err)
 	require.Equal(t, schema, l.Schema())
 	require.NoError(t, l.Close())
+}
+
+// MigrateDown never migrates up, Open with MustExist creates nothing where toolfence has no
+// tables, and Status reads the applied migrations without writing.
+func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	ctx := context.Background()
+	opts := postgres.Options{Schema: schema}
+	admin := adminConn(t, schema)
+	_, err := admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	latest := postgres.LatestVersion()
+
+	from, to, err := postgres.MigrateDown(ctx, testDSN(), latest, opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{0, 0}, [2]int{from, to}, "down to a version above the schema's does nothing")
+	require.Empty(t, tables(t, admin, schema))
+
+	_, err = postgres.Open(ctx, testDSN(), postgres.Options{Schema: schema, MustExist: true})
+	require.ErrorIs(t, err, postgres.ErrNoStore)
+	require.ErrorContains(t, err, "search_path \""+schema+"\"")
+	require.Empty(t, tables(t, admin, schema), "MustExist creates nothing")
+
+	applied, err := postgres.Status(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	require.Empty(t, applied)
+
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), 0, opts) // nothing to revert either
+	require.NoError(t, err)
+	_, _, err = postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	from, to, err = postgres.MigrateDown(ctx, testDSN(), latest, opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{latest, latest}, [2]int{from, to})
+	applied, err = postgres.Status(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	require.Len(t, applied, latest)
+	require.Equal(t, 1, applied[0].Version)
+	require.Equal(t, "init", applied[0].Name)
+	require.WithinDuration(t, time.Now(), applied[latest-1].At, time.Minute)
+
+	l, err := postgres.Open(ctx, testDSN(), postgres.Options{Schema: schema, MustExist: true})
+	require.NoError(t, err, "an existing store opens with MustExist")
+	require.NoError(t, l.Close())
+
+	_, err = postgres.Status(ctx, "postgres://u@127.0.0.1:1/db?connect_timeout=2", postgres.Options{})
+	require.ErrorIs(t, err, postgres.ErrUnavailable)
 }
 
 // Migration 2 moves the token counters of collected keys into tombstones and back: across

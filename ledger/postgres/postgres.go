@@ -24,6 +24,12 @@ import (
 
 // Options configure Open, Migrate and MigrateDown. The zero value is ready to use.
 type Options struct {
+	// MustExist makes Open fail with an error wrapping ErrNoStore, writing nothing, when the
+	// schema holds no toolfence tables yet (or does not exist), instead of creating them: for
+	// tools that only look at or maintain a store, so that a DSN naming the wrong database
+	// or schema is not turned into a new, empty store. A store that exists but is behind is
+	// still migrated unless DisableAutoMigrate is set. Defaults to false.
+	MustExist bool
 	// DisableAutoMigrate stops Open from applying pending migrations: Open then fails with
 	// an error wrapping ErrSchemaOutdated when the database is behind this binary. Defaults
 	// to false: Open migrates (under an advisory lock, so concurrent openers do not race).
@@ -75,6 +81,9 @@ var (
 	// ErrSchemaOutdated: the database needs migrations and automatic migration is off;
 	// run `toolfence migrate`.
 	ErrSchemaOutdated = errors.New("postgres: database schema is older than this binary")
+	// ErrNoStore: Options.MustExist was set and toolfence has no tables in the schema, or
+	// the schema the DSN's search_path names does not exist.
+	ErrNoStore = errors.New("postgres: no toolfence store there")
 	// ErrOutcomeUnknown: the connection broke after a write was sent and the ledger could
 	// not re-read what was stored. The write may or may not have landed; for Reserve
 	// nothing may be dispatched, for Commit the residual stays pending and turns unknown
@@ -114,7 +123,8 @@ var (
 // Open connects to the database at dsn (a postgres:// URL or key=value string), applies
 // pending migrations unless opts.DisableAutoMigrate is set, and returns the ledger. It fails
 // with an error wrapping ErrInvalidDSN, ErrUnavailable (naming the host, never the
-// password), ErrSchemaTooNew or ErrSchemaOutdated; on failure nothing stays open.
+// password), ErrSchemaTooNew, ErrSchemaOutdated or ErrNoStore; on failure nothing stays
+// open.
 func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 	cfg, err := poolConfig(dsn, opts)
 	if err != nil {
@@ -160,20 +170,24 @@ func ensureSchema(ctx context.Context, cc *pgx.ConnConfig, opts Options) error {
 		return err
 	}
 	latest := ms[len(ms)-1].version
-	if opts.DisableAutoMigrate {
+	if opts.MustExist || opts.DisableAutoMigrate {
 		cur, err := currentVersion(ctx, conn)
 		if err != nil {
 			return unavailable(cc, err)
 		}
 		switch {
+		case cur == 0 && opts.MustExist:
+			return fmt.Errorf("%w: %s has no toolfence tables: nothing has been recorded there (check the DSN, or run toolfence migrate to create the store)",
+				ErrNoStore, describe(cc))
 		case cur > latest:
 			return fmt.Errorf("%w: %s is at migration %d, this binary knows up to %d; upgrade toolfence", ErrSchemaTooNew, describe(cc), cur, latest)
-		case cur < latest:
+		case cur < latest && opts.DisableAutoMigrate:
 			return fmt.Errorf("%w: %s is at migration %d, this binary needs %d; run toolfence migrate", ErrSchemaOutdated, describe(cc), cur, latest)
+		case cur == latest || opts.DisableAutoMigrate:
+			return nil
 		}
-		return nil
 	}
-	_, _, err = migrateConn(ctx, conn, cc, opts.Schema, latest, ms)
+	_, _, err = migrateConn(ctx, conn, cc, opts.Schema, latest, false, ms)
 	return err
 }
 
@@ -297,6 +311,9 @@ func describe(cc *pgx.ConnConfig) string {
 		host = net.JoinHostPort(host, strconv.Itoa(int(cc.Port)))
 	} else {
 		host += ":" + strconv.Itoa(int(cc.Port))
+	}
+	if sp := cc.RuntimeParams["search_path"]; sp != "" {
+		return fmt.Sprintf("%s/%s (user %s, search_path %s)", host, cc.Database, cc.User, sp)
 	}
 	return fmt.Sprintf("%s/%s (user %s)", host, cc.Database, cc.User)
 }
