@@ -99,6 +99,9 @@ func (sp *space) watch(ctx context.Context, w ledger.Watcher) {
 	for ctx.Err() == nil {
 		ch, err := w.Watch(ctx, sp.ns)
 		if err != nil {
+			if ctx.Err() != nil {
+				return // shutting down: not a failure
+			}
 			log.Error("mcpserver: watch failed", "namespace", sp.ns, "err", err)
 			select {
 			case <-ctx.Done():

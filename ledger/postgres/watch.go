@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,13 +25,16 @@ var watchReconnect = [...]time.Duration{50 * time.Millisecond, 200 * time.Millis
 // channel closes when ctx ends or the ledger is closed; a lost connection is re-established
 // with backoff, and changes made while it was down are missed (re-list after a gap). A slow
 // reader misses changes instead of blocking writers. It fails when the first connection or
-// LISTEN fails.
+// LISTEN fails (with ctx's error when ctx ended meanwhile).
 func (l *Ledger) Watch(ctx context.Context, namespace string) (<-chan ledger.Change, error) {
 	if err := l.check(); err != nil {
 		return nil, err
 	}
 	conn, err := l.listen(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("postgres: watch: %w", context.Cause(ctx))
+		}
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)

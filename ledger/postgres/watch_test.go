@@ -136,3 +136,15 @@ func TestNotifyOnlyWhileWatched(t *testing.T) {
 	require.Contains(t, n.Payload, watched.Key, "the unwatched write sent nothing")
 	require.NotContains(t, n.Payload, unwatched.Key)
 }
+
+// A watch asked for under a context that has ended fails with the context's error, not as
+// an unavailable server: callers shutting down must not log it as a failure.
+func TestWatchOfAnEndedContext(t *testing.T) {
+	t.Parallel()
+	l := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := l.Watch(ctx, "")
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, postgres.ErrUnavailable)
+}
