@@ -115,9 +115,9 @@ func (t target) ok(v float64) bool {
 	return v >= t.limit
 }
 
-// judge computes t over the rounds of samples. Rounds are paired by position; when the two
-// benchmarks have a different number of samples the extra ones are left out. It fails when a
-// benchmark of t has no sample.
+// judge computes t over the rounds of samples. Rounds are paired by position, so it fails
+// when the two benchmarks have a different number of samples (a round is missing one), and
+// when a benchmark of t has no sample.
 func judge(t target, samples map[bench][]float64) (result, error) {
 	num := lookup(samples, t.num)
 	if len(num) == 0 {
@@ -131,7 +131,10 @@ func judge(t target, samples map[bench][]float64) (result, error) {
 		if len(den) == 0 {
 			return result{}, fmt.Errorf("%s: not measured", t.den)
 		}
-		for i := range min(len(num), len(den)) {
+		if len(num) != len(den) {
+			return result{}, fmt.Errorf("%s has %d samples and %s %d: the rounds cannot be paired (did a round fail?)", t.num, len(num), t.den, len(den))
+		}
+		for i := range num {
 			r.values = append(r.values, num[i]/(t.scale*den[i]))
 		}
 	}

@@ -115,3 +115,12 @@ func TestJudgeFindsBenchmarksOfOutputWithoutPackageLines(t *testing.T) {
 	s[bench{"ledger/badger", "Replay"}] = []float64{6}
 	require.Nil(t, lookup(s, bench{"interceptor", "Replay"}), "two packages have a Replay: the name alone must not pick one")
 }
+
+func TestJudgeRefusesRoundsThatCannotBePaired(t *testing.T) {
+	s, err := parse(strings.NewReader(twoRounds))
+	require.NoError(t, err)
+	s[bench{"ledger/postgres", "NaiveBaseline"}] = s[bench{"ledger/postgres", "NaiveBaseline"}][:1]
+	var out bytes.Buffer
+	err = report(&out, s)
+	require.ErrorContains(t, err, "ledger/postgres.PostgresGuardedCall has 2 samples and ledger/postgres.NaiveBaseline 1: the rounds cannot be paired")
+}

@@ -49,7 +49,7 @@ const effectiveSQL = `CASE WHEN r.state = 'pending' AND NOT (r.att_outcome = '' 
 	AND r.att_lease_expires > c.now) THEN 'unknown' ELSE r.state END`
 
 // listSQL pages one namespace by key: $1 namespace, $2 cursor (exclusive), $3 task,
-// $4 operation, $5 target (” matches all), $6 effective states (empty matches all),
+// $4 operation, $5 target (an empty string matches all), $6 effective states (empty matches all),
 // $7 limit, $8 offset µs.
 var listSQL = `SELECT ` + cols("r") + `, c.now FROM toolfence_residuals r, (SELECT ` + now(8) + ` AS now) c
 WHERE r.namespace = $1 AND r.key > $2 AND r.state <> '` + collected + `'
@@ -103,7 +103,7 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	return page, nil
 }
 
-// gcSQL replaces succeeded and failed residuals last updated before $2 ($1 namespace, ”
+// gcSQL replaces succeeded and failed residuals last updated before $2 ($1 namespace, an empty string
 // for all) by tombstones: the key and its last token stay, everything else is cleared, so
 // a key reserved again after GC gets a higher token than any it had.
 var gcSQL = `UPDATE toolfence_residuals SET state = '` + collected + `', task = '', operation = '',
