@@ -29,8 +29,9 @@ func isDSN(store string) bool {
 }
 
 // openStore opens the ledger named by store: PostgreSQL for a postgres:// or postgresql://
-// DSN, otherwise the badger directory store (created when missing). It is the one place the
-// binary opens ledgers. A badger directory held by another process gives an error that says
+// DSN (migrated, or with mustExist refused when its schema has no toolfence tables),
+// otherwise the badger directory store (created when missing; app.open checks mustExist for
+// it). It is the one place the binary opens ledgers. A badger directory held by another process gives an error that says
 // so (and wraps badger.ErrLocked).
 func openStore(ctx context.Context, store string, mustExist bool) (ledger.Ledger, error) {
 	if store == "" {

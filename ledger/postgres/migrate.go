@@ -133,7 +133,8 @@ type Applied struct {
 
 // Status returns the migrations applied to the schema of the store at dsn (opts.Schema when
 // set, else the DSN's search_path), oldest first; none when toolfence has no tables there.
-// It writes nothing. It fails with an error wrapping ErrInvalidDSN or ErrUnavailable.
+// It writes nothing. It fails with an error wrapping ErrInvalidDSN or ErrUnavailable, or
+// with the server's error naming the store.
 func Status(ctx context.Context, dsn string, opts Options) ([]Applied, error) {
 	cfg, err := poolConfig(dsn, opts)
 	if err != nil {
