@@ -117,7 +117,7 @@ func (a *app) migrateStatus(ctx context.Context, store string, latest int) error
 	case current == latest:
 		state = "up to date"
 	case current == 0:
-		state = fmt.Sprintf("no toolfence tables yet; %d migration(s) pending: run toolfence migrate (ledgers opening the store also migrate it)", latest)
+		state = fmt.Sprintf("no toolfence tables yet; %d migration(s) pending: run toolfence migrate (serve, demo and ledgers opened from Go also create it)", latest)
 	default:
 		state = fmt.Sprintf("%d migration(s) pending: run toolfence migrate", latest-current)
 	}

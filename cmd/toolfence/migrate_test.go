@@ -58,7 +58,7 @@ func TestMigrate(t *testing.T) {
 
 	r := ok(t, "migrate", "--status", "--store", store)
 	require.Equal(t, fmt.Sprintf("%s: schema version 0, this binary knows up to %d: no toolfence tables yet; %d migration(s) pending: "+
-		"run toolfence migrate (ledgers opening the store also migrate it)\n", where, latest, latest), r.stdout)
+		"run toolfence migrate (serve, demo and ledgers opened from Go also create it)\n", where, latest, latest), r.stdout)
 	require.Zero(t, tables(), "--status writes nothing")
 
 	// Commands that only look at or maintain a store do not create one where there is none.

@@ -227,7 +227,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema
 		}
 		switch {
 		case missing && schema == "":
-			return from, from, fmt.Errorf("%w: %s: no schema of search_path %q exists: create it (toolfence migrate creates the schema its DSN's search_path names), or set Options.Schema",
+			return from, from, fmt.Errorf("%w: %s: no schema of search_path %q exists: toolfence migrate creates the schema a DSN's search_path names (from Go: set Options.Schema)",
 				ErrNoStore, where, cc.RuntimeParams["search_path"])
 		case missing:
 			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {

@@ -223,7 +223,7 @@ func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
 
 	_, err = postgres.Open(ctx, testDSN(), postgres.Options{Schema: schema, MustExist: true})
 	require.ErrorIs(t, err, postgres.ErrNoStore)
-	require.ErrorContains(t, err, "search_path \""+schema+"\"")
+	require.ErrorContains(t, err, "(user postgres, search_path "+schema+")")
 	require.Empty(t, tables(t, admin, schema), "MustExist creates nothing")
 
 	applied, err := postgres.Status(ctx, testDSN(), opts)

@@ -313,6 +313,10 @@ func describe(cc *pgx.ConnConfig) string {
 		host += ":" + strconv.Itoa(int(cc.Port))
 	}
 	if sp := cc.RuntimeParams["search_path"]; sp != "" {
+		// Options.Schema arrives quoted; show one schema the way a DSN names it.
+		if len(sp) > 2 && sp[0] == '"' && sp[len(sp)-1] == '"' && !strings.ContainsAny(sp[1:len(sp)-1], `",`) {
+			sp = sp[1 : len(sp)-1]
+		}
 		return fmt.Sprintf("%s/%s (user %s, search_path %s)", host, cc.Database, cc.User, sp)
 	}
 	return fmt.Sprintf("%s/%s (user %s)", host, cc.Database, cc.User)
