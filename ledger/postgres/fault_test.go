@@ -43,6 +43,18 @@ func newFaultEnv(t *testing.T, dsn func(url.Values) string) *faultEnv {
 }
 
 // withParams adds query parameters to the test DSN.
+// lockRow holds the row of key in schema under FOR UPDATE in an open transaction of its own
+// connection, so that a write on it waits; the caller rolls the transaction back.
+func lockRow(t *testing.T, schema, key string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := adminConn(t, schema).Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, key)
+	require.NoError(t, err)
+	return tx
+}
+
 func withParams(v url.Values) string {
 	u, err := url.Parse(testDSN())
 	if err != nil {
@@ -134,11 +146,7 @@ func TestFaultTerminateDuringCommit(t *testing.T) {
 	p := params("charge:during", "worker")
 	res := f.acquireAndExecute(p)
 
-	locker := adminConn(t, f.schema)
-	tx, err := locker.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
-	require.NoError(t, err)
+	tx := lockRow(t, f.schema, p.Key)
 
 	type result struct {
 		r   *residual.Residual
@@ -216,11 +224,7 @@ func TestFaultCommitOutcomeUnknownNotLanded(t *testing.T) {
 	p.TTL = 10 * time.Second
 	res := f.acquireAndExecute(p)
 
-	locker := adminConn(t, f.schema)
-	tx, err := locker.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
-	require.NoError(t, err)
+	tx := lockRow(t, f.schema, p.Key)
 	done := make(chan error, 1)
 	go func() {
 		_, err := f.l.Commit(ctx, commitOf(p, res, residual.Succeeded))
@@ -230,7 +234,7 @@ func TestFaultCommitOutcomeUnknownNotLanded(t *testing.T) {
 	proxy.setRefuse(true)
 	terminate(t, f.admin, pid)
 	require.NoError(t, tx.Rollback(ctx))
-	err = <-done
+	err := <-done
 	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
 	t.Log(err)
 
@@ -279,12 +283,8 @@ func TestCommitInFlightSurvivesCallerCancel(t *testing.T) {
 	p := params("charge:cancel", "worker")
 	res := f.acquireAndExecute(p)
 
-	locker := adminConn(t, f.schema)
 	ctx := context.Background()
-	tx, err := locker.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
-	require.NoError(t, err)
+	tx := lockRow(t, f.schema, p.Key)
 
 	cctx, cancel := context.WithCancel(ctx)
 	type result struct {
@@ -304,7 +304,7 @@ func TestCommitInFlightSurvivesCallerCancel(t *testing.T) {
 	require.Equal(t, residual.Succeeded, out.r.State)
 	require.Equal(t, ledger.Replay, f.requireNoSecondDispatch(p))
 
-	_, err = f.l.Reserve(cctx, params("charge:cancel-2", "worker"))
+	_, err := f.l.Reserve(cctx, params("charge:cancel-2", "worker"))
 	require.ErrorIs(t, err, context.Canceled, "an ended context starts no new write")
 }
 
@@ -326,11 +326,7 @@ func TestWriteTimeoutEndsABlockedCommit(t *testing.T) {
 	res, err := l.Reserve(ctx, p)
 	require.NoError(t, err)
 
-	locker := adminConn(t, schema)
-	tx, err := locker.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM toolfence_residuals WHERE namespace = $1 AND key = $2 FOR UPDATE`, ns, p.Key)
-	require.NoError(t, err)
+	tx := lockRow(t, schema, p.Key)
 
 	done := make(chan error, 1)
 	go func() {
