@@ -155,24 +155,27 @@ func (ic *Interceptor) Begin(ctx context.Context, call Call, opts BeginOptions) 
 	return a, nil, nil
 }
 
-// ResumeParams name an attempt begun earlier, possibly by another request or process.
+// ResumeParams name an attempt begun earlier, possibly by another request or process, and
+// prove the caller is its holder: either Holder equals the recorded holder, or Authorize
+// (called with the recorded holder) returns nil.
 type ResumeParams struct {
-	Key    string
-	Token  uint64
-	Holder string
+	Key       string
+	Token     uint64
+	Holder    string
+	Authorize func(recordedHolder string) error
 }
 
-// Resume returns the attempt of p.Key that holds p.Token, for a caller that proves to be
-// its holder (p.Holder equals the recorded holder), so a later request can Renew, Commit
-// or Report it. It checks the record only: the ledger's fence still decides at each step
-// whether the lease is live. It returns an error wrapping residual.ErrNotFound for a missing
-// key, ErrInvalidCall for a malformed key or a zero token, a LeaseLost *Violation when no
-// attempt of the key has the token or its holder differs, or the ledger's error.
+// Resume returns the attempt of p.Key that holds p.Token, for a caller that proves to be its
+// holder, so a later request can Renew, Commit, Report or Abandon it. It checks the record
+// only: the ledger's fence still decides at each step whether the lease is live. It
+// returns an error wrapping residual.ErrNotFound for a missing key, ErrInvalidCall for a
+// malformed key, a zero token or no proof, a LeaseLost *Violation when no attempt of the
+// key has the token or the proof fails (its Cause says why), or the ledger's error.
 func (ic *Interceptor) Resume(ctx context.Context, p ResumeParams) (*Attempt, error) {
 	if err := residual.ValidKey(p.Key); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidCall, err)
 	}
-	if p.Token == 0 || p.Holder == "" {
+	if p.Token == 0 || p.Holder == "" && p.Authorize == nil {
 		return nil, fmt.Errorf("%w: resume needs a token and a holder", ErrInvalidCall)
 	}
 	r, err := ic.ledger.Get(ctx, ledger.GetParams{Namespace: ic.cfg.Namespace, Key: p.Key})
@@ -185,13 +188,22 @@ func (ic *Interceptor) Resume(ctx context.Context, p ResumeParams) (*Attempt, er
 			at = &r.Attempts[i]
 		}
 	}
-	switch {
-	case at == nil:
+	if at == nil {
 		v := ic.violation(LeaseLost, r, nil, fmt.Errorf("token %d was never issued for key %s (its highest token is %d)", p.Token, r.Key, r.Token))
 		v.Token = p.Token
 		return nil, v
-	case at.Holder != p.Holder:
-		return nil, ic.violation(LeaseLost, r, at, fmt.Errorf("token %d of key %s is held by %s", p.Token, r.Key, at.Holder))
+	}
+	proof := p.Authorize
+	if proof == nil {
+		proof = func(h string) error {
+			if h != p.Holder {
+				return fmt.Errorf("token %d of key %s is held by %s, not %s", p.Token, r.Key, h, p.Holder)
+			}
+			return nil
+		}
+	}
+	if err := proof(at.Holder); err != nil {
+		return nil, ic.violation(LeaseLost, r, at, err)
 	}
 	op := ic.operation(r.Operation)
 	return &Attempt{

@@ -11,6 +11,10 @@ import (
 // answered contradicts. Nothing was written.
 var ErrClaimRefused = errors.New("interceptor: reported outcome refused")
 
+// ErrClassifierPanicked is wrapped by Report's error when the operation's classifier
+// panicked while checking a claim; nothing was written.
+var ErrClassifierPanicked = errors.New("interceptor: classifier panicked")
+
 // ClaimError refuses a reported outcome (Attempt.Report): Claimed is what the caller
 // reported, Got what the operation's classifier reads in the upstream answer. It says why
 // and what to report instead; the residual is unchanged.
@@ -30,8 +34,9 @@ func (e *ClaimError) Error() string {
 // Unwrap returns ErrClaimRefused.
 func (e *ClaimError) Unwrap() error { return ErrClaimRefused }
 
-// checkClaim checks a reported outcome against what upstream answered; see Report.
-func (a *Attempt) checkClaim(rep Report) error {
+// checkClaim checks a reported outcome against what upstream answered; see Report. A
+// classifier that panics refuses every claim but unknown (ErrClassifierPanicked).
+func (a *Attempt) checkClaim(rep Report) (err error) {
 	claimed := rep.Outcome
 	if claimed == residual.Unknown {
 		return nil
@@ -44,7 +49,12 @@ func (a *Attempt) checkClaim(rep Report) error {
 	if a.op.Classify != nil {
 		classifier = a.op.Classify
 	}
-	got := classifyRan(classifier, resp, nil)
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %s: %v; report the outcome as unknown", ErrClassifierPanicked, a.Dispatch.Operation, p)
+		}
+	}()
+	got := Classify(classifier, resp, nil)
 	if got == claimed || claimed == residual.Accepted && got == residual.Succeeded {
 		return nil
 	}

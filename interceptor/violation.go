@@ -86,10 +86,21 @@ type Violation struct {
 	Cause error
 }
 
-// Error describes the violation in one line: kind, key, prior attempt and recovery.
+// Error describes the violation in one line: kind, key, prior attempt, cause and recovery.
 func (v *Violation) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "toolfence: %s: %s %s on %q", v.Kind, v.Operation, v.Key, v.Target)
+	fmt.Fprintf(&b, "toolfence: %s: %s", v.Kind, v.Describe())
+	if v.Recovery != "" {
+		fmt.Fprintf(&b, "; recovery: %s", v.Recovery)
+	}
+	return b.String()
+}
+
+// Describe says what happened, without the kind and the recovery: the operation, key and
+// target, the prior attempt and the cause.
+func (v *Violation) Describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s on %q", v.Operation, v.Key, v.Target)
 	if v.Attempt > 0 {
 		fmt.Fprintf(&b, " (attempt %d by %s, token %d", v.Attempt, v.Holder, v.Token)
 		if !v.Since.IsZero() {
@@ -99,9 +110,6 @@ func (v *Violation) Error() string {
 	}
 	if v.Cause != nil {
 		fmt.Fprintf(&b, ": %v", v.Cause)
-	}
-	if v.Recovery != "" {
-		fmt.Fprintf(&b, "; recovery: %s", v.Recovery)
 	}
 	return b.String()
 }
