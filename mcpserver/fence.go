@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
 )
 
 // Who may commit or renew an attempt begun over MCP.

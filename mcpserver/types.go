@@ -173,13 +173,13 @@ type Violation struct {
 	// Kind is the interceptor's violation kind: in_progress, unknown_outcome,
 	// awaiting_upstream, payload_mismatch, margin_too_small or lease_lost.
 	Kind     interceptor.Kind `json:"kind"`
-	Message  string         `json:"message"`
-	Recovery string         `json:"recovery"`
-	State    residual.State `json:"state,omitempty"`
-	Attempt  int            `json:"attempt,omitempty"`
-	Holder   string         `json:"holder,omitempty"`
-	Token    uint64         `json:"token,omitempty"`
-	Since    time.Time      `json:"since,omitzero"`
+	Message  string           `json:"message"`
+	Recovery string           `json:"recovery"`
+	State    residual.State   `json:"state,omitempty"`
+	Attempt  int              `json:"attempt,omitempty"`
+	Holder   string           `json:"holder,omitempty"`
+	Token    uint64           `json:"token,omitempty"`
+	Since    time.Time        `json:"since,omitzero"`
 	// RetryAfterMS is how long until the live lease expires (in_progress).
 	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
 	Handle       string `json:"handle,omitempty"`

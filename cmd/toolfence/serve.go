@@ -78,7 +78,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	}
 	opts := mcpserver.Options{
 		HTTPStateless: f.stateless,
-		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:        slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)
