@@ -139,7 +139,7 @@ type Dispatch struct {
 }
 
 // ToolFunc performs the side effect. It must respect ctx: the context ends before the lease
-// does. An error that proves upstream did nothing should wrap ErrNoEffect (see NoEffect).
+// does. ctx carries d (DispatchFrom) for code below the tool. An error that proves upstream did nothing should wrap ErrNoEffect (see NoEffect).
 type ToolFunc func(ctx context.Context, d Dispatch) (Response, error)
 
 // Result says what Do did.
@@ -215,7 +215,7 @@ func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 			return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()}, nil
 		},
 		lease.KeepAliveConfig{Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, a.TTL()/3)})
-	resp, callErr := invoke(sess.Ctx(), fn, a.Dispatch)
+	resp, callErr := invoke(WithDispatch(sess.Ctx(), a.Dispatch), fn, a.Dispatch)
 	sess.Close()
 	return a.Commit(ctx, resp, callErr)
 }
@@ -310,9 +310,9 @@ func (ic *Interceptor) blocked(res *ledger.ReserveResult, digest string, now tim
 			v.RetryAfter = max(a.LeaseExpires.Sub(now), 0)
 		}
 	case AwaitingUpstream:
-		v.Handle = r.Handle
+		v.Handle, v.Result, v.ResultTruncated = r.Handle, r.Result, r.ResultTruncated
 	case PayloadMismatch:
-		v.Result = r.Result
+		v.Result, v.ResultTruncated = r.Result, r.ResultTruncated
 	}
 	return v
 }

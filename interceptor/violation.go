@@ -74,9 +74,11 @@ type Violation struct {
 	// Handle is the upstream handle to poll (AwaitingUpstream).
 	Handle string
 	// Result is the recorded result of the key (PayloadMismatch: what the first call
-	// returned), or what this caller's tool returned when its outcome could not be
+	// returned; AwaitingUpstream: upstream's queued answer), or what this caller's tool returned when its outcome could not be
 	// recorded authoritatively (LeaseLost, UnknownOutcome after a dispatch).
 	Result []byte
+	// ResultTruncated says Result was cut at the result cap when it was stored.
+	ResultTruncated bool
 	// RequestMatches says the key's recorded request digest equals this call's: a blocked
 	// call is a retry of the recorded one, not a different request on the same key.
 	RequestMatches bool

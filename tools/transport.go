@@ -94,26 +94,25 @@ func (s *dispatchState) observed() (Exchange, bool) {
 	return pick, true
 }
 
-type dispatchKey struct{}
+type stateKey struct{}
 
-// WithDispatch returns a context carrying d, for Transport (and DispatchFrom) to read. Guarded
-// tools get it from Guard; code that calls interceptor.Interceptor.Do directly wraps the
-// context its ToolFunc receives.
+// WithDispatch returns a context carrying d (interceptor.WithDispatch) and a record of the
+// exchanges Transport makes under it, which Guard commits as the call's outcome. Guarded
+// tools get it from Guard. Inside any other guarded call (interceptor.Do, httpguard,
+// consumer) the context already carries the dispatch: Transport sends its key, and the
+// caller's own classification decides the outcome.
 func WithDispatch(ctx context.Context, d interceptor.Dispatch) context.Context {
-	return context.WithValue(ctx, dispatchKey{}, &dispatchState{d: d})
+	return context.WithValue(interceptor.WithDispatch(ctx, d), stateKey{}, &dispatchState{d: d})
 }
 
 // DispatchFrom returns the dispatch of the guarded call ctx belongs to (its key, fencing
-// token and attempt), and false outside a guarded call.
+// token and attempt), and false outside a guarded call. It is interceptor.DispatchFrom.
 func DispatchFrom(ctx context.Context) (interceptor.Dispatch, bool) {
-	if s := stateFrom(ctx); s != nil {
-		return s.d, true
-	}
-	return interceptor.Dispatch{}, false
+	return interceptor.DispatchFrom(ctx)
 }
 
 func stateFrom(ctx context.Context) *dispatchState {
-	s, _ := ctx.Value(dispatchKey{}).(*dispatchState)
+	s, _ := ctx.Value(stateKey{}).(*dispatchState)
 	return s
 }
 
@@ -143,16 +142,17 @@ type Transport struct {
 // transport's error (recorded as an unknown outcome), or an error wrapping ErrNoDispatch.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st := stateFrom(req.Context())
-	if st == nil && !t.AllowUnguarded && !safeMethod(req.Method) {
+	d, guarded := interceptor.DispatchFrom(req.Context())
+	if !guarded && !t.AllowUnguarded && !safeMethod(req.Method) {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
 		return nil, fmt.Errorf("%w: %s %s", ErrNoDispatch, req.Method, req.URL.Redacted())
 	}
-	if st != nil {
+	if guarded {
 		req = req.Clone(req.Context())
-		req.Header.Set(HeaderIdempotencyKey, st.d.Key)
-		req.Header.Set(HeaderFencingToken, strconv.FormatUint(st.d.Token, 10))
+		req.Header.Set(HeaderIdempotencyKey, d.Key)
+		req.Header.Set(HeaderFencingToken, strconv.FormatUint(d.Token, 10))
 	}
 	base := t.Base
 	if base == nil {
@@ -221,20 +221,8 @@ func safeMethod(m string) bool {
 
 // ClassifyStatus is the classification table of the package doc: 2xx except 202 →
 // Succeeded; 202 → Accepted; 400, 401, 403, 404, 422 → Failed; every other status → Unknown.
-func ClassifyStatus(status int) residual.State {
-	switch {
-	case status == http.StatusAccepted:
-		return residual.Accepted
-	case status >= 200 && status < 300:
-		return residual.Succeeded
-	}
-	switch status {
-	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
-		http.StatusUnprocessableEntity:
-		return residual.Failed
-	}
-	return residual.Unknown
-}
+// It is interceptor.StatusOutcome.
+func ClassifyStatus(status int) residual.State { return interceptor.StatusOutcome(status) }
 
 // acceptedHandle returns where to poll an accepted call: the Location header (resolved
 // against the request URL), else the JSON body's status_url, job_id or id.
