@@ -69,8 +69,9 @@ type Options struct {
 	// wrapping ErrForbidden answers 403, any other error or an empty principal 401.
 	// Required.
 	Principal func(r *http.Request) (string, error)
-	// Methods are the guarded methods; other methods pass through unguarded. Defaults to
-	// DefaultMethods (POST and PATCH).
+	// Methods are the guarded methods, compared with the request's method without regard to
+	// case (a request sent as "post" is a POST); other methods pass through unguarded.
+	// Defaults to DefaultMethods (POST and PATCH).
 	Methods []string
 	// Operation is the operation name of the residuals (see interceptor.Register to give it
 	// a probe). Defaults to "http".
@@ -161,7 +162,7 @@ func New(ic *interceptor.Interceptor, opts Options) (*Guard, error) {
 // says why not (see the package README for each case).
 func (g *Guard) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.methods[r.Method] {
+		if !g.methods[strings.ToUpper(r.Method)] {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -426,8 +427,8 @@ func (g *Guard) retryAfter(remaining time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
 }
 
-// fingerprint returns the request's arguments for the interceptor: method, path, query and
-// a digest of the body, canonical for JSON bodies (so re-serialised JSON is the same
+// fingerprint returns the request's arguments for the interceptor: method (upper-cased, so
+// "post" and "POST" are the same request), path, query and a digest of the body, canonical for JSON bodies (so re-serialised JSON is the same
 // request) and of the raw bytes otherwise.
 func fingerprint(r *http.Request, body []byte) json.RawMessage {
 	b, _ := json.Marshal(struct {
@@ -435,7 +436,7 @@ func fingerprint(r *http.Request, body []byte) json.RawMessage {
 		Path   string `json:"path"`
 		Query  string `json:"query,omitempty"`
 		Body   string `json:"body"`
-	}{r.Method, r.URL.EscapedPath(), r.URL.RawQuery, bodyDigest(r.Header.Get("Content-Type"), body)})
+	}{strings.ToUpper(r.Method), r.URL.EscapedPath(), r.URL.RawQuery, bodyDigest(r.Header.Get("Content-Type"), body)})
 	return b
 }
 

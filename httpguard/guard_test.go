@@ -360,6 +360,29 @@ func TestUnguardedMethodsPassThrough(t *testing.T) {
 	require.EqualValues(t, 1, f.api.reads.Load())
 }
 
+// Methods are compared without regard to case: a "post" to a route registered without a
+// method is guarded like a POST (it used to pass unguarded and run twice), and "post" and
+// "POST" with the same key and body are the same request.
+func TestLowercaseMethodIsGuarded(t *testing.T) {
+	t.Parallel()
+	eachTransport(t, func(t *testing.T, f *fixture, tr transport) {
+		lower := req{method: "post", path: "/notes", key: keyA, body: `{"n":1}`, principal: "alice", contentType: "application/json"}
+		first := tr.send(t, lower)
+		require.Equal(t, http.StatusCreated, first.status)
+		again := tr.send(t, lower)
+		require.Equal(t, http.StatusCreated, again.status)
+		require.Equal(t, "true", again.header.Get(httpguard.ReplayHeader), "the retry is replayed")
+		upper := lower
+		upper.method = http.MethodPost
+		require.Equal(t, "true", tr.send(t, upper).header.Get(httpguard.ReplayHeader), "post and POST are one request")
+		require.EqualValues(t, 1, f.api.notes.Load(), "the handler ran once")
+
+		noKey := req{method: "patch", path: "/notes", principal: "alice"}
+		require.Equal(t, http.StatusBadRequest, tr.send(t, noKey).status, "a lowercase patch needs a key too")
+		require.EqualValues(t, 1, f.api.notes.Load())
+	})
+}
+
 func TestBodyTooLarge(t *testing.T) {
 	t.Parallel()
 	f := setup(t, func(o *setupOpts) { o.guard = func(g *httpguard.Options) { g.MaxBody = 16 } })
