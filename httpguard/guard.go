@@ -82,9 +82,12 @@ type Options struct {
 	// MaxBody caps the request body read for the fingerprint; a longer body gets 413.
 	// Defaults to 1 MiB.
 	MaxBody int64
-	// AllowUnquotedKey also accepts a bare key (Idempotency-Key: 8e03978e-…) from legacy
-	// clients. Defaults to false: the key must be a quoted structured-field string.
-	AllowUnquotedKey bool
+	// RequireQuotedKey accepts only the draft's form of the key, an RFC 8941 structured-field
+	// string (Idempotency-Key: "8e03978e-…"), and answers 400 to a bare key. Defaults to
+	// false: a bare key of visible ASCII without '"', '\\', ',' or ';' (Idempotency-Key:
+	// 8e03978e-…, as most APIs and their clients send it) is accepted too, and is the same
+	// key as its quoted form.
+	RequireQuotedKey bool
 	// Classify maps the handler's status to an outcome. Defaults to DefaultClassify.
 	Classify func(status int) residual.State
 	// RetryAfter is the longest Retry-After hint sent with a 409 for a request in flight
@@ -202,7 +205,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}, 0)
 		return
 	}
-	key, err := parseKey(lines, g.opts.AllowUnquotedKey)
+	key, err := parseKey(lines, !g.opts.RequireQuotedKey)
 	if err != nil {
 		writeProblem(w, Problem{Type: ProblemInvalidKey, Title: "Idempotency-Key header is malformed", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
 		return

@@ -49,7 +49,8 @@ func TestMalformedKeyIs400(t *testing.T) {
 			extra     []string
 			detail    string
 		}{
-			{"unquoted", `8e03978e-40d5-43e8-bc93-6894a57f9324`, nil, "not a structured-field string"},
+			{"bare key with a space", `8e03978e 40d5`, nil, "neither a structured-field string nor a bare key"},
+			{"bare key with a comma", `a,b`, nil, "neither a structured-field string nor a bare key"},
 			{"empty string", `""`, nil, "empty string"},
 			{"unterminated", `"abc`, nil, "no closing quote"},
 			{"bad escape", `"a\nb"`, nil, "may be escaped"},
@@ -69,16 +70,31 @@ func TestMalformedKeyIs400(t *testing.T) {
 	})
 }
 
-func TestUnquotedKeyWhenAllowed(t *testing.T) {
+// By default a bare key (as most APIs and their clients send it) is accepted, and is the same
+// key as its quoted form.
+func TestUnquotedKeyByDefault(t *testing.T) {
 	t.Parallel()
-	f := setup(t, func(o *setupOpts) { o.guard = func(g *httpguard.Options) { g.AllowUnquotedKey = true } })
+	f := setup(t)
 	tr := f.transports()["httptest"]
 	first := tr.send(t, post("/charges", `8e03978e-40d5-43e8-bc93-6894a57f9324`, `{"amount":1}`))
 	require.Equal(t, http.StatusCreated, first.status)
-	// The quoted and bare forms are the same key.
 	again := tr.send(t, post("/charges", keyA, `{"amount":1}`))
 	require.Equal(t, http.StatusCreated, again.status)
-	require.Equal(t, "true", again.header.Get(httpguard.ReplayHeader))
+	require.Equal(t, "true", again.header.Get(httpguard.ReplayHeader), "the quoted and bare forms are one key")
+	require.EqualValues(t, 1, f.api.charges.Load())
+}
+
+// RequireQuotedKey refuses a bare key with a 400 that says how to quote it.
+func TestUnquotedKeyWhenStrict(t *testing.T) {
+	t.Parallel()
+	f := setup(t, func(o *setupOpts) { o.guard = func(g *httpguard.Options) { g.RequireQuotedKey = true } })
+	tr := f.transports()["httptest"]
+	r := tr.send(t, post("/charges", `8e03978e-40d5-43e8-bc93-6894a57f9324`, `{"amount":1}`))
+	require.Equal(t, http.StatusBadRequest, r.status)
+	p := r.problem(t)
+	require.Equal(t, httpguard.ProblemInvalidKey, p.Type)
+	require.Contains(t, p.Detail, `not a structured-field string; quote it, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+	require.Equal(t, http.StatusCreated, tr.send(t, post("/charges", keyA, `{"amount":1}`)).status)
 	require.EqualValues(t, 1, f.api.charges.Load())
 }
 

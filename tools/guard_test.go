@@ -303,7 +303,7 @@ func TestGuardClassifiesThroughTransport(t *testing.T) {
 	require.Equal(t, srv.URL+"/jobs/1", r.Handle)
 
 	mu.Lock()
-	require.Equal(t, []string{key + "/1", key + "/2"}, keys, "the key and each attempt's fencing token reach upstream")
+	require.Equal(t, []string{`"` + key + `"/1`, `"` + key + `"/2`}, keys, "the key and each attempt's fencing token reach upstream")
 	mu.Unlock()
 
 	// 503 after the tool returned no error: still unknown.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/toolfence/toolfence/interceptor"
@@ -20,7 +21,9 @@ import (
 // Header names Transport sets on every guarded request.
 const (
 	// HeaderIdempotencyKey carries the toolfence key, so an upstream that deduplicates
-	// requests (and a probe looking the call up later) recognises the call.
+	// requests (and a probe looking the call up later) recognises the call. Transport sends
+	// it as an RFC 8941 structured-field string, `"tf1_…"`, as
+	// draft-ietf-httpapi-idempotency-key-header defines it (Transport.BareKey sends `tf1_…`).
 	HeaderIdempotencyKey = "Idempotency-Key"
 	// HeaderFencingToken carries the attempt's fencing token, so an upstream that stores it
 	// can refuse writes carrying an older token.
@@ -118,8 +121,8 @@ func stateFrom(ctx context.Context) *dispatchState {
 }
 
 // Transport is an http.RoundTripper for tools that call HTTP APIs. On each request made in a
-// guarded call it sets Idempotency-Key to the call's key and Toolfence-Fencing-Token to its
-// token (replacing any values the request had), reads the answer whole, and records its
+// guarded call it sets Idempotency-Key to the call's key, quoted as the IETF draft asks
+// (`"tf1_…"`), and Toolfence-Fencing-Token to its token (replacing any values the request had), reads the answer whole, and records its
 // status, body digest, handle and classification (see the package doc) for the guarded call
 // to commit. Only requests with side effects count toward the call's outcome: GET, HEAD,
 // OPTIONS and TRACE carry the headers but a 404 on a lookup says nothing about the effect.
@@ -136,6 +139,11 @@ type Transport struct {
 	AllowUnguarded bool
 	// Observe, when set, is called with every exchange (for logs and audits).
 	Observe func(Exchange)
+	// BareKey sends the key without the structured-field quotes (Idempotency-Key: tf1_…),
+	// for an upstream that refuses a quoted key or keeps the quotes as part of the key when a
+	// probe looks it up. Defaults to false: the key is sent quoted, which httpguard and every
+	// server following the draft read as the bare key.
+	BareKey bool
 }
 
 // RoundTrip sends req with the key and token headers and records the exchange. It returns
@@ -151,7 +159,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if st != nil {
 		req = req.Clone(req.Context())
-		req.Header.Set(HeaderIdempotencyKey, st.d.Key)
+		req.Header.Set(HeaderIdempotencyKey, t.keyValue(st.d.Key))
 		req.Header.Set(HeaderFencingToken, strconv.FormatUint(st.d.Token, 10))
 	}
 	base := t.Base
@@ -193,6 +201,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// keyValue is the Idempotency-Key field value for key: an RFC 8941 sf-string (only '"' and
+// '\' are escaped; a toolfence key has neither), or the key as is with BareKey.
+func (t *Transport) keyValue(key string) string {
+	if t.BareKey {
+		return key
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
 }
 
 func (t *Transport) classify(status int) residual.State {
