@@ -32,7 +32,10 @@ const (
 
 // ErrNoDispatch is wrapped by Transport's error for a request with a side effect (any method
 // but GET, HEAD, OPTIONS and TRACE) whose context carries no dispatch: it was made outside a
-// guarded call, so nothing was sent.
+// guarded call, or inside one but built from another context than the one the tool was given
+// (http.NewRequest, context.Background()). Nothing was sent, so the error also wraps
+// interceptor.ErrNoEffect: a guarded call that returns it is recorded as failed (not
+// dispatched), never as an unknown outcome that would lock the key.
 var ErrNoDispatch = errors.New("tools: no toolfence dispatch in the request context: the request was not sent")
 
 // Exchange is what Transport observed of one request made during a guarded call.
@@ -148,14 +151,17 @@ type Transport struct {
 
 // RoundTrip sends req with the key and token headers and records the exchange. It returns
 // the response with its body fully read and replaced by an in-memory copy, or the base
-// transport's error (recorded as an unknown outcome), or an error wrapping ErrNoDispatch.
+// transport's error (recorded as an unknown outcome), or, without sending anything, an error
+// wrapping both ErrNoDispatch and interceptor.ErrNoEffect.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st := stateFrom(req.Context())
 	if st == nil && !t.AllowUnguarded && !safeMethod(req.Method) {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
-		return nil, fmt.Errorf("%w: %s %s", ErrNoDispatch, req.Method, req.URL.Redacted())
+		return nil, interceptor.NoEffect(fmt.Errorf("%w: %s %s: build the request from the context the tool was given "+
+			"(http.NewRequestWithContext(ctx, …) with the tool's ctx; code calling Interceptor.Do wraps it with tools.WithDispatch)",
+			ErrNoDispatch, req.Method, req.URL.Redacted()))
 	}
 	if st != nil {
 		req = req.Clone(req.Context())

@@ -188,6 +188,7 @@ func TestTransportRefusesUnguardedSideEffects(t *testing.T) {
 	u := newUpstream(t, 200, "ok", nil)
 	_, err := post(t, t.Context(), &Transport{}, u.URL)
 	require.ErrorIs(t, err, ErrNoDispatch)
+	require.ErrorIs(t, err, interceptor.ErrNoEffect, "provably not sent")
 	require.Empty(t, u.headersSeen(), "nothing was sent")
 
 	// Reads pass, without a key.
