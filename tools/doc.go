@@ -1,8 +1,8 @@
 // Package tools guards langchaingo tools with toolfence: Guard wraps any tools.Tool, New builds
 // typed tools with reflected JSON schemas, and Transport forwards the key to HTTP APIs.
 //
-// It imports interceptor, ledger, residual, langchaingo and invopop/jsonschema; nothing in
-// toolfence imports it.
+// It imports interceptor, ledger, residual, langchaingo, invopop/jsonschema (reflection) and
+// santhosh-tekuri/jsonschema (validation); nothing in toolfence imports it.
 //
 // # What the agent sees
 //

@@ -36,15 +36,16 @@ type Typed[In, Out any] struct {
 	description string
 	fn          func(ctx context.Context, in In) (Out, error)
 	schema      json.RawMessage
-	root        *node
+	validator   *inputSchema
 	pointers    []string
 	opts        []Option
 }
 
 // New returns a typed tool named name that runs fn. Its input schema is reflected from In
 // with invopop/jsonschema (field names and `jsonschema` tags as invopop reads them; unknown
-// fields are refused); inputs are validated against it, and decoded into In, before anything
-// is reserved. An Out of type string is the tool's output as is; any other Out is encoded as
+// fields are refused) and compiled once with santhosh-tekuri/jsonschema; inputs are validated
+// against the whole schema (types, required fields, enum, bounds, lengths, patterns and
+// formats such as email and date-time), and decoded into In, before anything is reserved. An Out of type string is the tool's output as is; any other Out is encoded as
 // JSON. It returns an error wrapping ErrInvalidTool when name is not 1-64 letters, digits,
 // '_' or '-', fn is nil, In is not a struct (or a pointer to one), In is recursive or holds
 // channels, functions or complex numbers, a `toolfence` tag has another value than
@@ -87,12 +88,12 @@ func New[In, Out any](name, description string, fn func(ctx context.Context, in 
 	if err != nil {
 		return nil, bad("input type %s: %v", t, err)
 	}
-	root, err := compileSchema(schema)
+	validator, err := compileSchema(schema)
 	if err != nil {
 		return nil, bad("input type %s: schema: %v", t, err)
 	}
 	return &Typed[In, Out]{
-		name: name, description: description, fn: fn, schema: schema, root: root,
+		name: name, description: description, fn: fn, schema: schema, validator: validator,
 		pointers: pointers, opts: opts,
 	}, nil
 }
@@ -132,8 +133,8 @@ func (t *Typed[In, Out]) Tool(ic *interceptor.Interceptor, opts ...Option) *Guar
 }
 
 // Check validates a JSON input against the tool's schema and decodes it into In. It returns
-// nil, or an error wrapping ErrInvalidInput that names the offending field by its JSON
-// pointer.
+// nil, or an *InputError wrapping ErrInvalidInput whose detail names each offending field by
+// its JSON pointer (its Fields list them).
 func (t *Typed[In, Out]) Check(input []byte) error {
 	_, err := t.decode(input)
 	return err
@@ -145,11 +146,7 @@ func (t *Typed[In, Out]) decode(input []byte) (In, error) {
 	if err != nil {
 		return in, inputErr(ErrInvalidInput, t.name, "the input must be a JSON object: %v", err)
 	}
-	if err := t.root.validate("", doc); err != nil {
-		var ie *InputError
-		if errors.As(err, &ie) {
-			ie.Tool = t.name
-		}
+	if err := t.validator.validate(t.name, doc); err != nil {
 		return in, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(input))
