@@ -37,8 +37,10 @@ type Typed[In, Out any] struct {
 	fn          func(ctx context.Context, in In) (Out, error)
 	schema      json.RawMessage
 	validator   *inputSchema
-	pointers    []string
-	opts        []Option
+	// input is the one-line argument shape Description appends (see describeInput).
+	input    string
+	pointers []string
+	opts     []Option
 }
 
 // New returns a typed tool named name that runs fn. Its input schema is reflected from In
@@ -94,6 +96,7 @@ func New[In, Out any](name, description string, fn func(ctx context.Context, in 
 	}
 	return &Typed[In, Out]{
 		name: name, description: description, fn: fn, schema: schema, validator: validator,
+		input:    describeInput(validator.doc),
 		pointers: pointers, opts: opts,
 	}, nil
 }
@@ -101,13 +104,23 @@ func New[In, Out any](name, description string, fn func(ctx context.Context, in 
 // Name returns the tool's name.
 func (t *Typed[In, Out]) Name() string { return t.name }
 
-// Description returns the tool's description.
-func (t *Typed[In, Out]) Description() string { return t.description }
+// Description returns the tool's description followed by the shape of its input, read from
+// the schema: "<description> Input: object {"cents" integer, required, minimum 1, maximum
+// 100000; …} and no other fields". Agents that see only a tool's name and description (as
+// langchaingo's do) learn every field, its type, whether it is required and its constraints
+// from it. Definition carries the description alone, beside the schema itself.
+func (t *Typed[In, Out]) Description() string {
+	if t.description == "" {
+		return t.input
+	}
+	return strings.TrimRight(t.description, " \n") + " " + t.input
+}
 
 // Schema returns the JSON schema of the tool's input (a copy).
 func (t *Typed[In, Out]) Schema() json.RawMessage { return bytes.Clone(t.schema) }
 
-// Definition returns the function-calling definition of the tool: its name, description and
+// Definition returns the function-calling definition of the tool: its name, description (as
+// given to New, without the input shape Description adds: the schema is its parameters) and
 // input schema, for llms.WithTools.
 func (t *Typed[In, Out]) Definition() llms.Tool {
 	return llms.Tool{
@@ -161,7 +174,7 @@ func (t *Typed[In, Out]) decode(input []byte) (In, error) {
 type typedTool[In, Out any] struct{ t *Typed[In, Out] }
 
 func (tt *typedTool[In, Out]) Name() string        { return tt.t.name }
-func (tt *typedTool[In, Out]) Description() string { return tt.t.description }
+func (tt *typedTool[In, Out]) Description() string { return tt.t.Description() }
 
 func (tt *typedTool[In, Out]) Call(ctx context.Context, input string) (string, error) {
 	in, err := tt.t.decode([]byte(input))

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -226,4 +227,53 @@ func TestTypedValidationEnforcesSchemaConstraints(t *testing.T) {
 	// Several bad fields are all named, in pointer order.
 	err = typed.Check([]byte(`{"invoice":"x","cents":0,"email":"bob"}`))
 	require.ErrorContains(t, err, `field "/cents" must be at least 1, got 0; field "/email" must be an email address, got "bob"; field "/invoice" must match`)
+}
+
+// Agents that see only a tool's name and description (langchaingo's) learn the input's shape
+// from Description: each field, its type, whether it is required and every constraint.
+func TestTypedDescriptionCarriesTheInputShape(t *testing.T) {
+	t.Parallel()
+	typed, err := New("refund", "Refund an invoice.", noop[refund])
+	require.NoError(t, err)
+	b := setup(t)
+	for _, desc := range []string{typed.Description(), typed.Tool(b.ic).Description()} {
+		require.True(t, strings.HasPrefix(desc, "Refund an invoice. Input: a JSON object {"), desc)
+		for _, want := range []string{
+			`"invoice" string, required, matching ^INV-[0-9]+$`,
+			`"cents" integer, required, minimum 1, maximum 100000`,
+			`"email" string, required, format email`,
+			`"reason" string, at most 20 characters`,
+			`"rate" integer, greater than 0, multiple of 5`,
+			`no other fields}`,
+		} {
+			require.Contains(t, desc, want)
+		}
+		require.NotContains(t, desc, "\n", "one line, as agents list their tools")
+	}
+	require.Equal(t, "Refund an invoice.", typed.Definition().Function.Description, "the definition carries the schema itself")
+
+	email, err := New("send_email", "", noop[emailInput])
+	require.NoError(t, err)
+	for _, want := range []string{
+		`"to" object {"email" string, required; "name" string; no other fields}, required`,
+		`"attachments" array of object {"bytes" integer, required; "filename" string, required; no other fields}`,
+		`"meta" object with values of string`, `"send_at" string, format date-time`, `"tags" array of string`,
+	} {
+		require.Contains(t, email.Description(), want)
+	}
+	require.True(t, strings.HasPrefix(email.Description(), "Input: "), "no prose: the shape alone")
+}
+
+// Keywords without words of their own are still shown, so no constraint is left out.
+func TestDescribeInputShowsEveryKeyword(t *testing.T) {
+	t.Parallel()
+	schema, err := decodeJSON([]byte(`{"type":"object","properties":{
+		"a":{"type":["string","null"],"minLength":2,"not":{"const":"xx"}},
+		"b":{"anyOf":[{"type":"integer"},{"type":"string","format":"uuid"}],"description":"id"},
+		"c":{"type":"array","items":{"type":"number"},"minItems":1,"uniqueItems":true,"default":[1]}},
+		"required":["b"]}`))
+	require.NoError(t, err)
+	require.Equal(t, `Input: a JSON object {"a" string or null, at least 2 characters, not={"const":"xx"}; `+
+		`"b" one of: integer | string, format uuid, required (id); `+
+		`"c" array of number, at least 1 items, no repeated items, default [1]}`, describeInput(schema))
 }
