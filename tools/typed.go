@@ -165,6 +165,16 @@ func (t *Typed[In, Out]) decode(input []byte) (In, error) {
 	dec := json.NewDecoder(bytes.NewReader(input))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" && strings.HasPrefix(ute.Value, "number") {
+			// Valid for the schema, not for Go: 1.0 is an integer to JSON Schema but not to an
+			// int, and 1e40 overflows one. encoding/json names the field by its dotted path,
+			// without array indexes.
+			ptr := "/" + strings.ReplaceAll(escapeToken(ute.Field), ".", "/")
+			return in, &InputError{Kind: ErrInvalidInput, Tool: t.name, Fields: []string{ptr},
+				Detail: fmt.Sprintf("field %q cannot hold %s: it takes a whole number within the range of Go's %s, written without a fraction or exponent",
+					ptr, ute.Value, ute.Type)}
+		}
 		return in, inputErr(ErrInvalidInput, t.name, "%v", err)
 	}
 	return in, nil

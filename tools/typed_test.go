@@ -97,6 +97,7 @@ func TestTypedValidationNamesTheField(t *testing.T) {
 		{charge, `{"amount_cents":100,"currency":"EUR"}`, `field "/invoice_id" is required`},
 		{charge, `{"invoice_id":"INV-1","amount_cents":"100","currency":"EUR"}`, `field "/amount_cents" must be an integer, got a string`},
 		{charge, `{"invoice_id":"INV-1","amount_cents":1.5,"currency":"EUR"}`, `field "/amount_cents" must be an integer, got a number`},
+		{charge, `{"invoice_id":"INV-1","amount_cents":1.0,"currency":"EUR"}`, `field "/amount_cents" cannot hold number 1.0: it takes a whole number within the range of Go's int`},
 		{charge, `{"invoice_id":"INV-1","amount_cents":100,"currency":"GBP"}`, `field "/currency" must be one of "EUR", "USD"`},
 		{charge, `{"invoice_id":"INV-1","amount_cents":100,"currency":"EUR","amount":1}`, `field "/amount" is not a known field (known: amount_cents, currency, invoice_id, note)`},
 		{charge, `["INV-1"]`, `the input must be an object, got an array`},
