@@ -395,16 +395,22 @@ func ledgerGet(b *bundle, key string) ledger.GetParams {
 	return ledger.GetParams{Namespace: b.ic.Namespace(), Key: key}
 }
 
+// countingServer answers every request with status and counts the requests it received.
+func countingServer(t *testing.T, status int) (*httptest.Server, *atomic.Int32) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
 // A tool that claims "no effect" cannot override an ambiguous answer Transport observed: a
 // 503 to a POST may have had an effect, so the outcome is unknown and nothing re-runs.
 func TestGuardNoEffectClaimCannotOverrideObserved5xx(t *testing.T) {
 	t.Parallel()
-	var posts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		posts.Add(1)
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}))
-	defer srv.Close()
+	srv, posts := countingServer(t, http.StatusServiceUnavailable)
 
 	b := setup(t)
 	g := Guard(tool("notify", func(ctx context.Context, in string) (string, error) {
@@ -428,12 +434,7 @@ func TestGuardNoEffectClaimCannotOverrideObserved5xx(t *testing.T) {
 // says the tool, not the input, is at fault. A tool fixed to use its ctx then runs.
 func TestRequestWithoutToolContextIsNotDispatched(t *testing.T) {
 	t.Parallel()
-	var hits atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
+	srv, hits := countingServer(t, http.StatusCreated)
 	client := &http.Client{Transport: &Transport{}}
 	useCtx := atomic.Bool{}
 	send := tool("charge_invoice", func(ctx context.Context, input string) (string, error) {
