@@ -47,8 +47,8 @@ type Typed[In, Out any] struct {
 // with invopop/jsonschema (field names and `jsonschema` tags as invopop reads them; unknown
 // fields are refused) and compiled once with santhosh-tekuri/jsonschema; inputs are validated
 // against the whole schema (types, required fields, enum, bounds, lengths, patterns and
-// formats such as email and date-time), and decoded into In, before anything is reserved. An Out of type string is the tool's output as is; any other Out is encoded as
-// JSON. It returns an error wrapping ErrInvalidTool when name is not 1-64 letters, digits,
+// formats such as email and date-time), and decoded into In, before anything is reserved. An
+// Out of type string is the tool's output as is; any other Out is encoded as JSON. It returns an error wrapping ErrInvalidTool when name is not 1-64 letters, digits,
 // '_' or '-', fn is nil, In is not a struct (or a pointer to one), In is recursive or holds
 // channels, functions or complex numbers, a `toolfence` tag has another value than
 // "target", or no target is declared (no tagged field, WithTarget or WithTargetFunc).
@@ -105,8 +105,8 @@ func New[In, Out any](name, description string, fn func(ctx context.Context, in 
 func (t *Typed[In, Out]) Name() string { return t.name }
 
 // Description returns the tool's description followed by the shape of its input, read from
-// the schema: "<description> Input: object {"cents" integer, required, minimum 1, maximum
-// 100000; …} and no other fields". Agents that see only a tool's name and description (as
+// the schema, on one line: `<description> Input: a JSON object {"cents" integer, required,
+// minimum 1, maximum 100000; …; no other fields}`. Agents that see only a tool's name and description (as
 // langchaingo's do) learn every field, its type, whether it is required and its constraints
 // from it. Definition carries the description alone, beside the schema itself.
 func (t *Typed[In, Out]) Description() string {
