@@ -66,8 +66,9 @@ type Options struct {
 	// wrapping ErrForbidden answers 403, any other error or an empty principal 401.
 	// Required.
 	Principal func(r *http.Request) (string, error)
-	// Methods are the guarded methods; other methods pass through unguarded. Defaults to
-	// DefaultMethods (POST and PATCH).
+	// Methods are the guarded methods, compared with the request's method without regard to
+	// case (a request sent as "post" is a POST); other methods pass through unguarded.
+	// Defaults to DefaultMethods (POST and PATCH).
 	Methods []string
 	// Operation is the operation name of the residuals (see interceptor.Register to give it
 	// a probe). Defaults to "http".
@@ -78,9 +79,12 @@ type Options struct {
 	// MaxBody caps the request body read for the fingerprint; a longer body gets 413.
 	// Defaults to 1 MiB.
 	MaxBody int64
-	// AllowUnquotedKey also accepts a bare key (Idempotency-Key: 8e03978e-…) from legacy
-	// clients. Defaults to false: the key must be a quoted structured-field string.
-	AllowUnquotedKey bool
+	// RequireQuotedKey accepts only the draft's form of the key, an RFC 8941 structured-field
+	// string (Idempotency-Key: "8e03978e-…"), and answers 400 to a bare key. Defaults to
+	// false: a bare key of visible ASCII without '"', '\\', ',' or ';' (Idempotency-Key:
+	// 8e03978e-…, as most APIs and their clients send it) is accepted too, and is the same
+	// key as its quoted form.
+	RequireQuotedKey bool
 	// Classify maps the handler's status to an outcome. Defaults to DefaultClassify.
 	Classify func(status int) residual.State
 	// RetryAfter is the longest Retry-After hint sent with a 409 for a request in flight
@@ -158,7 +162,7 @@ func New(ic *interceptor.Interceptor, opts Options) (*Guard, error) {
 // says why not (see the package README for each case).
 func (g *Guard) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.methods[r.Method] {
+		if !g.methods[strings.ToUpper(r.Method)] {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -196,7 +200,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}, 0)
 		return
 	}
-	key, err := parseKey(lines, g.opts.AllowUnquotedKey)
+	key, err := parseKey(lines, !g.opts.RequireQuotedKey)
 	if err != nil {
 		writeProblem(w, Problem{Type: ProblemInvalidKey, Title: "Idempotency-Key header is malformed", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
 		return
@@ -401,8 +405,8 @@ func (g *Guard) retryAfter(remaining time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
 }
 
-// fingerprint returns the request's arguments for the interceptor: method, path, query and
-// a digest of the body, canonical for JSON bodies (so re-serialised JSON is the same
+// fingerprint returns the request's arguments for the interceptor: method (upper-cased, so
+// "post" and "POST" are the same request), path, query and a digest of the body, canonical for JSON bodies (so re-serialised JSON is the same
 // request) and of the raw bytes otherwise.
 func fingerprint(r *http.Request, body []byte) json.RawMessage {
 	b, _ := json.Marshal(struct {
@@ -410,7 +414,7 @@ func fingerprint(r *http.Request, body []byte) json.RawMessage {
 		Path   string `json:"path"`
 		Query  string `json:"query,omitempty"`
 		Body   string `json:"body"`
-	}{r.Method, r.URL.EscapedPath(), r.URL.RawQuery, interceptor.BodyDigest(body, isJSON(r.Header.Get("Content-Type")))})
+	}{strings.ToUpper(r.Method), r.URL.EscapedPath(), r.URL.RawQuery, interceptor.BodyDigest(body, isJSON(r.Header.Get("Content-Type")))})
 	return b
 }
 
