@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -146,4 +148,28 @@ func TestLeaseMSSchemaIsAnInteger(t *testing.T) {
 		require.NoError(t, json.Unmarshal(wire, &s), tl.Name)
 		require.Equal(t, "integer", s.InputSchema.Properties["lease_ms"].Type, tl.Name)
 	}
+}
+
+// TestClientNameIsCappedAndCleaned: the client's self-reported name becomes part of a
+// holder, an audit's "by" and reconcile's actor; a 1 MiB name with control characters
+// reaches the ledger as at most 64 printable bytes.
+func TestClientNameIsCappedAndCleaned(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	tr, err := transport.NewStreamableHTTP(e.url, transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + tokA}))
+	require.NoError(t, err)
+	c := client.NewClient(tr, client.WithProtocolVersion(legacy))
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(func() { c.Close() })
+	var init mcp.InitializeRequest
+	init.Params.ClientInfo = mcp.Implementation{Name: "evil\x1b]0;pwned\x07\n" + strings.Repeat("A", 1<<20), Version: "1"}
+	_, err = c.Initialize(ctx(t), init)
+	require.NoError(t, err)
+
+	b := ok[begun](t, c, "begin_call", m{"task": "t", "operation": "o", "target": "x", "args": m{}})
+	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
+	require.LessOrEqual(t, len(b.Holder), len("mcp:")+64+len(":01234567#")+32)
+	require.NotContains(t, b.Holder, "\x1b")
+	require.NotContains(t, b.Holder, "\n")
+	require.True(t, strings.HasPrefix(b.Holder, "mcp:evil]0;pwned"), b.Holder)
 }

@@ -86,7 +86,7 @@ func cleanName(s string) string {
 		return r
 	}, strings.ToValidUTF8(s, ""))
 	if len(s) > maxClientName {
-		s = truncate(s, maxClientName)
+		s = truncate(s, maxClientName-len("…"))
 	}
 	return strings.TrimSpace(s)
 }
