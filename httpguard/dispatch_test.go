@@ -62,3 +62,17 @@ func TestTransportInsideAGuardedHandlerSendsTheKey(t *testing.T) {
 	require.Contains(t, gotKey, want.Key, "the upstream got the guarded request's key")
 	require.Equal(t, "1", gotToken)
 }
+
+// TestPrincipalNotUTF8IsABadRequest: a principal that is not valid UTF-8 cannot make a key
+// (different bytes would collapse onto one); the request gets 400, not 500, and the
+// handler does not run.
+func TestPrincipalNotUTF8IsABadRequest(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	q := post("/charges", keyA, `{"amount":1}`)
+	q.principal = "al\xffice"
+	rep := inProcess{f.handler}.send(t, q)
+	require.Equal(t, http.StatusBadRequest, rep.status, string(rep.body))
+	require.Equal(t, httpguard.ProblemInvalidRequest, rep.problem(t).Type)
+	require.Zero(t, f.api.charges.Load())
+}

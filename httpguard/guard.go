@@ -283,6 +283,13 @@ func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor
 		if errors.Is(err, interceptor.ErrNotDispatched) {
 			status, typ, title = http.StatusServiceUnavailable, ProblemNotDispatched, "The request was not processed"
 		}
+		if errors.Is(err, interceptor.ErrInvalidCall) {
+			// The principal or the key is unusable (e.g. not valid UTF-8): the client's fault.
+			g.opts.Logger.Warn("httpguard: request refused", "method", r.Method, "path", r.URL.Path, "err", err)
+			writeProblem(w, Problem{Type: ProblemInvalidRequest, Title: "The request cannot be guarded", Status: http.StatusBadRequest,
+				Detail: err.Error(), Recovery: "nothing was done; fix the request"}, 0)
+			return
+		}
 		g.opts.Logger.Error("httpguard: request refused", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeProblem(w, Problem{Type: typ, Title: title, Status: status, Detail: "nothing was done; retry with the same key"}, 1)
 		return

@@ -35,6 +35,9 @@ const (
 	ProblemNotReplayable = "urn:toolfence:problem:response-not-replayable"
 	// ProblemInternal: 500, the request could not be guarded; nothing was done.
 	ProblemInternal = "urn:toolfence:problem:internal"
+	// ProblemInvalidRequest: 400, the request's principal or key cannot make a key (for
+	// example, a principal that is not valid UTF-8); nothing was done.
+	ProblemInvalidRequest = "urn:toolfence:problem:invalid-request"
 )
 
 // Problem is an RFC 9457 problem details object, served as application/problem+json.

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
@@ -84,4 +87,89 @@ func TestErrorKindsAreOneVocabulary(t *testing.T) {
 	require.Equal(t, string(interceptor.InProgress), mcpserver.KindInProgress)
 	require.Equal(t, interceptor.LeaseLost, interceptor.LeasePreempted, "the old Go name is an alias")
 	require.ErrorIs(t, interceptor.LeaseLost.Sentinel(), residual.ErrLeaseLost)
+}
+
+// TestKeyFieldsMustBeValidUTF8: "\xff", "\xfe" and a lone surrogate escape would all decode
+// to U+FFFD and derive one key (replaying each other's results); they are refused before
+// anything is written, while a real U+FFFD is a target like any other.
+func TestKeyFieldsMustBeValidUTF8(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	c := e.dial(tokA, legacy)
+	before := snapshot(t, e.led, nsA)
+	for _, target := range []string{"\"inv\xff\"", "\"inv\xfe\"", `"inv\udcff"`} {
+		info := fails(t, c, "begin_call", json.RawMessage(`{"task":"t","operation":"charge","target":`+target+`,"args":{}}`))
+		require.Equal(t, mcpserver.KindInvalidInput, info.Kind, target)
+		require.Contains(t, info.Message, "UTF", target)
+	}
+	require.Equal(t, before, snapshot(t, e.led, nsA), "nothing was written")
+	b := ok[begun](t, c, "begin_call", json.RawMessage(`{"task":"t","operation":"charge","target":"inv\ufffd","args":{}}`))
+	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
+}
+
+// TestNumbersAsClientsSendThem: lease_ms 1000.0 (a float-computing client) is a lease of one
+// second; 1000.5 is refused naming the field; upstream_status outside 100-599 is refused.
+func TestNumbersAsClientsSendThem(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	c := e.dial(tokA, legacy)
+	b := ok[mcpserver.BeginResult](t, c, "begin_call", json.RawMessage(`{"task":"t","operation":"o","target":"x","args":{},"lease_ms":1000.0}`))
+	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
+	require.EqualValues(t, 1000, b.LeaseMS)
+	info := fails(t, c, "begin_call", json.RawMessage(`{"task":"t","operation":"o","target":"y","args":{},"lease_ms":1000.5}`))
+	require.Contains(t, info.Message, "lease_ms must be a whole number")
+	for _, st := range []int{1, 99, 600, 999} {
+		info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "unknown", "upstream_status": st})
+		require.Equal(t, mcpserver.KindInvalidInput, info.Kind, st)
+		require.Contains(t, info.Message, "100 to 599", st)
+	}
+}
+
+// TestLeaseMSSchemaIsAnInteger: the reflected schema of lease_ms stays an integer.
+func TestLeaseMSSchemaIsAnInteger(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	c := e.dial(tokA, legacy)
+	tools, err := c.ListTools(ctx(t), mcp.ListToolsRequest{})
+	require.NoError(t, err)
+	for _, tl := range tools.Tools {
+		if tl.Name != mcpserver.ToolBegin && tl.Name != mcpserver.ToolRenew {
+			continue
+		}
+		wire, err := json.Marshal(tl)
+		require.NoError(t, err)
+		var s struct {
+			InputSchema struct {
+				Properties map[string]struct {
+					Type string `json:"type"`
+				} `json:"properties"`
+			} `json:"inputSchema"`
+		}
+		require.NoError(t, json.Unmarshal(wire, &s), tl.Name)
+		require.Equal(t, "integer", s.InputSchema.Properties["lease_ms"].Type, tl.Name)
+	}
+}
+
+// TestClientNameIsCappedAndCleaned: the client's self-reported name becomes part of a
+// holder, an audit's "by" and reconcile's actor; a 1 MiB name with control characters
+// reaches the ledger as at most 64 printable bytes.
+func TestClientNameIsCappedAndCleaned(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	tr, err := transport.NewStreamableHTTP(e.url, transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + tokA}))
+	require.NoError(t, err)
+	c := client.NewClient(tr, client.WithProtocolVersion(legacy))
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(func() { c.Close() })
+	var init mcp.InitializeRequest
+	init.Params.ClientInfo = mcp.Implementation{Name: "evil\x1b]0;pwned\x07\n" + strings.Repeat("A", 1<<20), Version: "1"}
+	_, err = c.Initialize(ctx(t), init)
+	require.NoError(t, err)
+
+	b := ok[begun](t, c, "begin_call", m{"task": "t", "operation": "o", "target": "x", "args": m{}})
+	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
+	require.LessOrEqual(t, len(b.Holder), len("mcp:")+64+len(":01234567#")+32)
+	require.NotContains(t, b.Holder, "\x1b")
+	require.NotContains(t, b.Holder, "\n")
+	require.True(t, strings.HasPrefix(b.Holder, "mcp:evil]0;pwned"), b.Holder)
 }

@@ -86,7 +86,7 @@ func cleanName(s string) string {
 		return r
 	}, strings.ToValidUTF8(s, ""))
 	if len(s) > maxClientName {
-		s = truncate(s, maxClientName)
+		s = truncate(s, maxClientName-len("…"))
 	}
 	return strings.TrimSpace(s)
 }
@@ -263,7 +263,7 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	case args[0] != '{':
 		c.fail("args must be a JSON object")
 	}
-	ttl := sp.leaseTTL(&c, in.LeaseMS, false)
+	ttl := sp.leaseTTL(&c, int64(in.LeaseMS), false)
 	if c.err != nil {
 		return invalid(ToolBegin, c.err), nil
 	}
@@ -431,7 +431,7 @@ func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	var c check
 	c.key(in.Key)
 	c.token(in.Token)
-	ttl := sp.leaseTTL(&c, in.LeaseMS, true)
+	ttl := sp.leaseTTL(&c, int64(in.LeaseMS), true)
 	c.secret(in.LeaseSecret)
 	if c.err != nil {
 		return invalid(ToolRenew, c.err), nil

@@ -117,6 +117,9 @@ func decode[T any](req mcp.CallToolRequest) (T, error) {
 	if raw[0] != '{' {
 		return v, errors.New("arguments must be a JSON object")
 	}
+	if err := checkText(raw); err != nil {
+		return v, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {

@@ -2,6 +2,8 @@ package mcpserver
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
@@ -33,7 +35,7 @@ type BeginInput struct {
 	Target    string          `json:"target" jsonschema_description:"The thing the call mutates (e.g. invoice:INV-42 or email:bob@example.com); with task and operation it makes the key."`
 	Args      json.RawMessage `json:"args" jsonschema:"type=object" jsonschema_description:"The arguments of the call; a retry with other arguments is refused as a payload mismatch once the key succeeded."`
 	Holder    string          `json:"holder,omitempty" jsonschema_description:"Who is calling (named in leases and audits); default derived from the MCP client."`
-	LeaseMS   int64           `json:"lease_ms,omitempty" jsonschema:"minimum=1" jsonschema_description:"Lease length in milliseconds; the call must finish (or renew_lease) before it ends. Default 30000."`
+	LeaseMS   Millis          `json:"lease_ms,omitempty" jsonschema:"minimum=1" jsonschema_description:"Lease length in milliseconds; the call must finish (or renew_lease) before it ends. Default 30000."`
 }
 
 // CommitInput is the input of commit_call.
@@ -54,7 +56,7 @@ type RenewInput struct {
 	Key         string `json:"key" jsonschema_description:"The key begin_call returned."`
 	Token       uint64 `json:"token" jsonschema:"minimum=1" jsonschema_description:"The fencing token begin_call returned."`
 	LeaseSecret string `json:"lease_secret" jsonschema:"pattern=^[0-9a-f]{32}$" jsonschema_description:"The lease_secret begin_call returned with proceed: it proves you are the holder of the token."`
-	LeaseMS     int64  `json:"lease_ms" jsonschema:"minimum=1" jsonschema_description:"New lease length in milliseconds from now."`
+	LeaseMS     Millis `json:"lease_ms" jsonschema:"minimum=1" jsonschema_description:"New lease length in milliseconds from now."`
 }
 
 // ResolveInput is the input of resolve_residual.
@@ -253,4 +255,21 @@ type ErrorInfo struct {
 	Message   string     `json:"message"`
 	Recovery  string     `json:"recovery,omitempty"`
 	Violation *Violation `json:"violation,omitempty"`
+}
+
+// Millis is a duration in whole milliseconds. It accepts any JSON number with an integral
+// value (1000, 1000.0, 1e3), since clients that compute it in floating point send those.
+type Millis int64
+
+// UnmarshalJSON accepts an integral JSON number that fits in an int64.
+func (m *Millis) UnmarshalJSON(b []byte) error {
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("lease_ms must be a whole number of milliseconds, got %s", b)
+	}
+	if f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		return fmt.Errorf("lease_ms must be a whole number of milliseconds, got %s", b)
+	}
+	*m = Millis(f)
+	return nil
 }
