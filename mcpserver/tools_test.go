@@ -16,7 +16,7 @@ import (
 type m = map[string]any
 
 // TestToolsOverTransports runs every tool, resource and the prompt over each transport:
-// the built binary over stdio (both protocol eras), and streamable HTTP with sessions
+// a stdio server process (both protocol eras), and streamable HTTP with sessions
 // (2025-11-25), stateless (2026-07-28), and a server without sessions.
 func TestToolsOverTransports(t *testing.T) {
 	t.Parallel()
@@ -25,8 +25,8 @@ func TestToolsOverTransports(t *testing.T) {
 		dial   func(t *testing.T) *client.Client
 		probes bool
 	}{
-		{"stdio-binary/2025-11-25", func(t *testing.T) *client.Client { return dialBinary(t, t.TempDir(), "default", legacy) }, false},
-		{"stdio-binary/2026-07-28", func(t *testing.T) *client.Client { return dialBinary(t, t.TempDir(), "default", modern) }, false},
+		{"stdio/2025-11-25", func(t *testing.T) *client.Client { return dialStdio(t, t.TempDir(), "default", legacy) }, false},
+		{"stdio/2026-07-28", func(t *testing.T) *client.Client { return dialStdio(t, t.TempDir(), "default", modern) }, false},
 		{"http-session/2025-11-25", func(t *testing.T) *client.Client {
 			c := setup(t, nil).dial(tokA, legacy)
 			require.NotEmpty(t, c.GetSessionId(), "the legacy era gets a session")
