@@ -37,7 +37,7 @@ var npmInstall struct {
 
 // tsClient returns the node binary once node_modules of tsClientDir is installed, running
 // `npm ci` at most once per test binary and only when package-lock.json changed since the
-// last install. Without node or npm the test fails under CI and is skipped otherwise.
+// last install (tarballs already in npm's cache are not downloaded again). Without node or npm the test fails under CI and is skipped otherwise.
 func tsClient(t *testing.T) string {
 	t.Helper()
 	node, errNode := exec.LookPath("node")
@@ -67,7 +67,7 @@ func npmCI(npm string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error")
+	cmd := exec.CommandContext(ctx, npm, "ci", "--prefer-offline", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error")
 	cmd.Dir = tsClientDir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("npm ci in %s: %w\n%s", tsClientDir, err, out)
