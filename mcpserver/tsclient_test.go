@@ -26,8 +26,9 @@ import (
 // package-lock.json pins @modelcontextprotocol/sdk, and `npm ci` installs it there.
 const tsClientDir = "testdata/tsclient"
 
-// installStamp, inside node_modules, holds the SHA-256 of the package-lock.json that
-// node_modules was installed from, so a later test run skips `npm ci` while it is current.
+// installStamp, inside node_modules, holds the SHA-256 of the package.json and
+// package-lock.json that node_modules was installed from, so a later test run skips `npm ci`
+// while they are unchanged.
 const installStamp = "node_modules/.toolfence-installed"
 
 var npmInstall struct {
@@ -36,8 +37,9 @@ var npmInstall struct {
 }
 
 // tsClient returns the node binary once node_modules of tsClientDir is installed, running
-// `npm ci` at most once per test binary and only when package-lock.json changed since the
-// last install (tarballs already in npm's cache are not downloaded again). Without node or npm the test fails under CI and is skipped otherwise.
+// `npm ci` at most once per test binary and only when package.json or package-lock.json
+// changed since the last install (tarballs already in npm's cache are not downloaded
+// again). Without node or npm the test fails under CI and is skipped otherwise.
 func tsClient(t *testing.T) string {
 	t.Helper()
 	node, errNode := exec.LookPath("node")
@@ -55,12 +57,15 @@ func tsClient(t *testing.T) string {
 }
 
 func npmCI(npm string) error {
-	lock, err := os.ReadFile(filepath.Join(tsClientDir, "package-lock.json"))
-	if err != nil {
-		return err
+	h := sha256.New()
+	for _, name := range []string{"package.json", "package-lock.json"} {
+		b, err := os.ReadFile(filepath.Join(tsClientDir, name))
+		if err != nil {
+			return err
+		}
+		h.Write(b)
 	}
-	sum := sha256.Sum256(lock)
-	want := hex.EncodeToString(sum[:])
+	want := hex.EncodeToString(h.Sum(nil))
 	stamp := filepath.Join(tsClientDir, installStamp)
 	if got, err := os.ReadFile(stamp); err == nil && string(got) == want {
 		return nil
