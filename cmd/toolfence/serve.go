@@ -77,8 +77,8 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return usagef("--lease and --max-args must be positive")
 	}
 	opts := mcpserver.Options{
-		HTTPStateless: f.stateless, DefaultLease: f.lease, MaxArgs: f.maxArgs,
-		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		HTTPStateless: f.stateless,
+		Logger:        slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)
@@ -96,7 +96,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease})
+	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs})
 	if err != nil {
 		return usagef("%v", err)
 	}
