@@ -3,6 +3,8 @@ package mcpserver_test
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"os/exec"
 	"testing"
 
 	gosdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -21,17 +23,37 @@ func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestInteropOfficialSDK: the official go-sdk client, an independent implementation, lists
-// the tools and runs begin → commit → replay, on both protocol eras.
+// the tools and runs begin → commit → replay, on both protocol eras, over streamable HTTP
+// and over stdio (this test binary as the server process).
 func TestInteropOfficialSDK(t *testing.T) {
 	t.Parallel()
-	for _, version := range []string{legacy, modern} {
-		t.Run(version, func(t *testing.T) {
+	httpTransport := func(t *testing.T) gosdk.Transport {
+		return &gosdk.StreamableClientTransport{
+			Endpoint: setup(t, nil).url, HTTPClient: &http.Client{Transport: bearerRT{tokA}}, DisableStandaloneSSE: true,
+		}
+	}
+	stdioTransport := func(t *testing.T) gosdk.Transport {
+		command, args, env := stdioServer(t, t.TempDir(), "default")
+		cmd := exec.Command(command, args...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Stderr = os.Stderr
+		return &gosdk.CommandTransport{Command: cmd}
+	}
+	for _, tc := range []struct {
+		name      string
+		version   string
+		transport func(*testing.T) gosdk.Transport
+	}{
+		{"http/" + legacy, legacy, httpTransport},
+		{"http/" + modern, modern, httpTransport},
+		{"stdio/" + legacy, legacy, stdioTransport},
+		{"stdio/" + modern, modern, stdioTransport},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, nil)
+			version := tc.version
 			cl := gosdk.NewClient(&gosdk.Implementation{Name: "go-sdk-interop", Version: "1"}, nil)
-			sess, err := cl.Connect(ctx(t), &gosdk.StreamableClientTransport{
-				Endpoint: e.url, HTTPClient: &http.Client{Transport: bearerRT{tokA}}, DisableStandaloneSSE: true,
-			}, &gosdk.ClientSessionOptions{ProtocolVersion: version})
+			sess, err := cl.Connect(ctx(t), tc.transport(t), &gosdk.ClientSessionOptions{ProtocolVersion: version})
 			require.NoError(t, err)
 			t.Cleanup(func() { sess.Close() })
 			require.Equal(t, version, sess.InitializeResult().ProtocolVersion)

@@ -128,9 +128,9 @@ func TestNotifications(t *testing.T) {
 		got.await(t, mcp.MethodNotificationResourceUpdated, mcpserver.PendingURI)
 		got.await(t, mcp.MethodNotificationResourcesListChanged, "")
 	})
-	t.Run("stdio-binary", func(t *testing.T) {
+	t.Run("stdio", func(t *testing.T) {
 		t.Parallel()
-		c := dialBinary(t, t.TempDir(), "default", legacy)
+		c := dialStdio(t, t.TempDir(), "default", legacy)
 		got := collect(c)
 		require.NoError(t, c.Subscribe(ctx(t), mcp.SubscribeRequest{Params: mcp.SubscribeParams{URI: mcpserver.PendingURI}}))
 		ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": "o", "target": "x", "args": m{}})

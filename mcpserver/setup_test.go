@@ -8,9 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -48,32 +45,14 @@ const (
 
 var t0 = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
-// bin is the toolfence binary built by TestMain, spawned by the stdio tests.
-var bin string
-
 func TestMain(m *testing.M) {
-	if os.Getenv(agentEnv) != "" {
+	switch {
+	case os.Getenv(agentEnv) != "":
 		os.Exit(runAgent())
-	}
-	dir, err := os.MkdirTemp("", "toolfence-mcpserver-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "toolfence")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goTool); err != nil {
-		goTool = "go"
-	}
-	build := exec.Command(goTool, "build", "-p", "2", "-o", bin, "../cmd/toolfence")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building toolfence:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	case os.Getenv(serveEnv) != "":
+		os.Exit(runServer())
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreCurrent(), goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
 			goleak.IgnoreAnyFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
@@ -181,13 +160,6 @@ func start(t *testing.T, c *client.Client, version string) *client.Client {
 	require.NoError(t, err)
 	require.Equal(t, version, res.ProtocolVersion)
 	return c
-}
-
-// dialBinary starts `toolfence serve --stdio` as a child process over a store in dir.
-func dialBinary(t *testing.T, dir, namespace, version string) *client.Client {
-	t.Helper()
-	tr := transport.NewStdio(bin, nil, "serve", "--stdio", "--store", dir, "--namespace", namespace)
-	return start(t, client.NewClient(tr, client.WithProtocolVersion(version)), version)
 }
 
 func ctx(t *testing.T) context.Context {

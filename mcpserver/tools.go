@@ -26,10 +26,12 @@ const (
 )
 
 // schemaOf reflects the JSON schema of T with invopop/jsonschema: one self-contained object
-// schema (no $ref), unknown properties refused for inputs.
+// schema (no $ref), unknown properties refused for inputs, and every property and items
+// schema a JSON object (see objectSchemas).
 func schemaOf[T any]() json.RawMessage {
 	r := jsonschema.Reflector{ExpandedStruct: true, DoNotReference: true, Anonymous: true}
 	s := r.Reflect(new(T))
+	objectSchemas(s)
 	b, err := json.Marshal(s)
 	if err != nil {
 		// Only our own static types are reflected; a failure is a programming error
@@ -37,6 +39,32 @@ func schemaOf[T any]() json.RawMessage {
 		panic(fmt.Sprintf("mcpserver: schema of %T: %v", *new(T), err))
 	}
 	return b
+}
+
+// anyJSON is the schema of a field that holds any JSON value (a json.RawMessage).
+const anyJSON = "Any JSON value: object, array, string, number, boolean or null."
+
+// objectSchemas gives every empty property or items schema under s (what invopop reflects
+// for a json.RawMessage without a description, and marshals as the boolean schema true) a
+// description, so it marshals as an object schema accepting the same values. MCP clients
+// on the TypeScript SDK refuse a tool list whose property schemas are not objects.
+func objectSchemas(s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	if s.Properties != nil {
+		for p := s.Properties.Oldest(); p != nil; p = p.Next() {
+			if reflect.DeepEqual(p.Value, &jsonschema.Schema{}) {
+				s.Properties.Set(p.Key, &jsonschema.Schema{Description: anyJSON})
+				continue
+			}
+			objectSchemas(p.Value)
+		}
+	}
+	if reflect.DeepEqual(s.Items, &jsonschema.Schema{}) {
+		s.Items = &jsonschema.Schema{Description: anyJSON}
+	}
+	objectSchemas(s.Items)
 }
 
 func boolp(b bool) *bool { return &b }

@@ -17,7 +17,7 @@ import (
 type m = map[string]any
 
 // TestToolsOverTransports runs every tool, resource and the prompt over each transport:
-// the built binary over stdio (both protocol eras), and streamable HTTP with sessions
+// a stdio server process (both protocol eras), and streamable HTTP with sessions
 // (2025-11-25), stateless (2026-07-28), and a server without sessions.
 func TestToolsOverTransports(t *testing.T) {
 	t.Parallel()
@@ -26,8 +26,8 @@ func TestToolsOverTransports(t *testing.T) {
 		dial   func(t *testing.T) *client.Client
 		probes bool
 	}{
-		{"stdio-binary/2025-11-25", func(t *testing.T) *client.Client { return dialBinary(t, t.TempDir(), "default", legacy) }, false},
-		{"stdio-binary/2026-07-28", func(t *testing.T) *client.Client { return dialBinary(t, t.TempDir(), "default", modern) }, false},
+		{"stdio/2025-11-25", func(t *testing.T) *client.Client { return dialStdio(t, t.TempDir(), "default", legacy) }, false},
+		{"stdio/2026-07-28", func(t *testing.T) *client.Client { return dialStdio(t, t.TempDir(), "default", modern) }, false},
 		{"http-session/2025-11-25", func(t *testing.T) *client.Client {
 			c := setup(t, nil).dial(tokA, legacy)
 			require.NotEmpty(t, c.GetSessionId(), "the legacy era gets a session")
@@ -285,5 +285,45 @@ func TestToolSchemas(t *testing.T) {
 		case "resolve_residual":
 			require.Equal(t, []string{"succeeded", "failed"}, w.InputSchema.Properties["as"].Enum)
 		}
+	}
+}
+
+// TestToolSchemasAreObjects: every tool's input and output schema, and every property and
+// items schema inside them, is a JSON object, never a boolean schema: MCP hosts on the
+// TypeScript SDK refuse the whole tool list otherwise (client.listTools throws).
+func TestToolSchemasAreObjects(t *testing.T) {
+	t.Parallel()
+	c := setup(t, nil).dial(tokA, legacy)
+	tools, err := c.ListTools(ctx(t), mcp.ListToolsRequest{})
+	require.NoError(t, err)
+	require.NotEmpty(t, tools.Tools)
+	for _, tl := range tools.Tools {
+		raw, err := json.Marshal(tl)
+		require.NoError(t, err)
+		var w struct {
+			InputSchema  any `json:"inputSchema"`
+			OutputSchema any `json:"outputSchema"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &w))
+		requireObjectSchema(t, tl.Name+".inputSchema", w.InputSchema)
+		requireObjectSchema(t, tl.Name+".outputSchema", w.OutputSchema)
+	}
+}
+
+// requireObjectSchema fails unless s, and every property and items schema under it, is a
+// JSON object; path names the schema in the failure.
+func requireObjectSchema(t *testing.T, path string, s any) {
+	t.Helper()
+	obj, isObject := s.(map[string]any)
+	require.True(t, isObject, "%s is %#v, not an object schema", path, s)
+	if props, has := obj["properties"]; has {
+		pm, isObject := props.(map[string]any)
+		require.True(t, isObject, "%s.properties is %#v, not an object", path, props)
+		for name, p := range pm {
+			requireObjectSchema(t, path+".properties."+name, p)
+		}
+	}
+	if items, has := obj["items"]; has {
+		requireObjectSchema(t, path+".items", items)
 	}
 }
