@@ -117,7 +117,7 @@ func TestNumbersAsClientsSendThem(t *testing.T) {
 	require.Equal(t, mcpserver.DecisionProceed, b.Decision)
 	require.EqualValues(t, 1000, b.LeaseMS)
 	info := fails(t, c, "begin_call", json.RawMessage(`{"task":"t","operation":"o","target":"y","args":{},"lease_ms":1000.5}`))
-	require.Contains(t, info.Message, "lease_ms must be a whole number")
+	require.Contains(t, info.Message, `field "lease_ms" must be an integer, got number 1000.5`)
 	for _, st := range []int{1, 99, 600, 999} {
 		info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "unknown", "upstream_status": st})
 		require.Equal(t, mcpserver.KindInvalidInput, info.Kind, st)

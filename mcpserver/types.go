@@ -2,8 +2,8 @@ package mcpserver
 
 import (
 	"encoding/json"
-	"fmt"
 	"math"
+	"reflect"
 	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
@@ -261,14 +261,21 @@ type ErrorInfo struct {
 // value (1000, 1000.0, 1e3), since clients that compute it in floating point send those.
 type Millis int64
 
-// UnmarshalJSON accepts an integral JSON number that fits in an int64.
+// UnmarshalJSON accepts an integral JSON number that fits in an int64; anything else is a
+// *json.UnmarshalTypeError naming the field lease_ms (its only use).
 func (m *Millis) UnmarshalJSON(b []byte) error {
 	var f float64
-	if err := json.Unmarshal(b, &f); err != nil {
-		return fmt.Errorf("lease_ms must be a whole number of milliseconds, got %s", b)
-	}
-	if f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
-		return fmt.Errorf("lease_ms must be a whole number of milliseconds, got %s", b)
+	if err := json.Unmarshal(b, &f); err != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		kind := "number " + string(b)
+		switch {
+		case len(b) > 0 && b[0] == '"':
+			kind = "string"
+		case string(b) == "true" || string(b) == "false":
+			kind = "bool"
+		case len(b) > 0 && (b[0] == '{' || b[0] == '['):
+			kind = "object or array"
+		}
+		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[int64]()}
 	}
 	*m = Millis(f)
 	return nil
