@@ -104,14 +104,24 @@ func fails(t *testing.T, code int, want []string, args ...string) result {
 	return r
 }
 
+// record is a residual as ls, show and resolve print it with --json: results are JSON values.
+type record struct {
+	residual.Residual
+	Result   json.RawMessage `json:"result,omitempty"`
+	Evidence []struct {
+		residual.Evidence
+		Result json.RawMessage `json:"result,omitempty"`
+	} `json:"evidence,omitempty"`
+}
+
 // jsonLines parses ls --json output.
-func jsonLines(t *testing.T, out string) []residual.Residual {
+func jsonLines(t *testing.T, out string) []record {
 	t.Helper()
-	var rs []residual.Residual
+	var rs []record
 	sc := bufio.NewScanner(strings.NewReader(out))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var r residual.Residual
+		var r record
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), "line %q", sc.Text())
 		rs = append(rs, r)
 	}
