@@ -3,15 +3,12 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/residual"
 )
 
 // Defaults of Options.
@@ -147,14 +144,11 @@ func Guard(ic *interceptor.Interceptor, h Handler, opts Options) (*Guarded, erro
 	return &Guarded{ic: ic, h: h, opts: opts}, nil
 }
 
-type dispatchKey struct{}
-
 // DispatchFrom returns the dispatch of the guarded delivery whose context is ctx: the
 // residual key and the fencing token to fence the handler's own writes with. ok is false
-// outside a guarded handler.
+// outside a guarded handler. It is interceptor.DispatchFrom.
 func DispatchFrom(ctx context.Context) (d interceptor.Dispatch, ok bool) {
-	d, ok = ctx.Value(dispatchKey{}).(interceptor.Dispatch)
-	return d, ok
+	return interceptor.DispatchFrom(ctx)
 }
 
 // Handle runs one delivery through the guard and returns the verdict for the broker.
@@ -171,7 +165,7 @@ func (g *Guarded) Handle(ctx context.Context, m Message) Outcome {
 		Operation: g.opts.Operation, Target: key, Args: fingerprint(m.Body),
 	}, func(ctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
 		ran = true
-		return interceptor.Response{}, g.h(context.WithValue(ctx, dispatchKey{}, d), m)
+		return interceptor.Response{}, g.h(ctx, m)
 	})
 	o := Outcome{Ran: ran, Err: err}
 	if res != nil {
@@ -200,7 +194,7 @@ func (g *Guarded) Handle(ctx context.Context, m Message) Outcome {
 	case interceptor.MarginTooSmall:
 		o.Verdict, o.RetryAfter = Retry, g.opts.RetryAfter
 		return o
-	default: // UnknownOutcome, AwaitingUpstream, PayloadMismatch, LeasePreempted
+	default: // UnknownOutcome, AwaitingUpstream, PayloadMismatch, LeaseLost
 		return g.deadLetter(ctx, m, o)
 	}
 }
@@ -216,13 +210,6 @@ func (g *Guarded) deadLetter(ctx context.Context, m Message, o Outcome) Outcome 
 // fingerprint returns the interceptor arguments of a message: the digest of its body,
 // canonical for JSON (re-serialised JSON is the same message), of the raw bytes otherwise.
 func fingerprint(body []byte) json.RawMessage {
-	digest := ""
-	if d, err := residual.Digest(body); err == nil {
-		digest = "json:" + d
-	} else {
-		sum := sha256.Sum256(body)
-		digest = "raw:" + hex.EncodeToString(sum[:])
-	}
-	b, _ := json.Marshal(map[string]string{"body": digest})
+	b, _ := json.Marshal(map[string]string{"body": interceptor.BodyDigest(body, true)})
 	return b
 }

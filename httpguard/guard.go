@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +18,6 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -69,8 +66,9 @@ type Options struct {
 	// wrapping ErrForbidden answers 403, any other error or an empty principal 401.
 	// Required.
 	Principal func(r *http.Request) (string, error)
-	// Methods are the guarded methods; other methods pass through unguarded. Defaults to
-	// DefaultMethods (POST and PATCH).
+	// Methods are the guarded methods, compared with the request's method without regard to
+	// case (a request sent as "post" is a POST); other methods pass through unguarded.
+	// Defaults to DefaultMethods (POST and PATCH).
 	Methods []string
 	// Operation is the operation name of the residuals (see interceptor.Register to give it
 	// a probe). Defaults to "http".
@@ -81,9 +79,12 @@ type Options struct {
 	// MaxBody caps the request body read for the fingerprint; a longer body gets 413.
 	// Defaults to 1 MiB.
 	MaxBody int64
-	// AllowUnquotedKey also accepts a bare key (Idempotency-Key: 8e03978e-…) from legacy
-	// clients. Defaults to false: the key must be a quoted structured-field string.
-	AllowUnquotedKey bool
+	// RequireQuotedKey accepts only the draft's form of the key, an RFC 8941 structured-field
+	// string (Idempotency-Key: "8e03978e-…"), and answers 400 to a bare key. Defaults to
+	// false: a bare key of visible ASCII without '"', '\\', ',' or ';' (Idempotency-Key:
+	// 8e03978e-…, as most APIs and their clients send it) is accepted too, and is the same
+	// key as its quoted form.
+	RequireQuotedKey bool
 	// Classify maps the handler's status to an outcome. Defaults to DefaultClassify.
 	Classify func(status int) residual.State
 	// RetryAfter is the longest Retry-After hint sent with a 409 for a request in flight
@@ -161,7 +162,7 @@ func New(ic *interceptor.Interceptor, opts Options) (*Guard, error) {
 // says why not (see the package README for each case).
 func (g *Guard) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.methods[r.Method] {
+		if !g.methods[strings.ToUpper(r.Method)] {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -169,14 +170,12 @@ func (g *Guard) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-type dispatchKey struct{}
-
 // DispatchFrom returns the dispatch of the guarded request whose context is ctx: the
 // residual key and the fencing token to fence the handler's own writes with. ok is false
-// outside a guarded handler.
+// outside a guarded handler. It is interceptor.DispatchFrom: a tools.Transport used inside
+// the handler sends the same key upstream.
 func DispatchFrom(ctx context.Context) (d interceptor.Dispatch, ok bool) {
-	d, ok = ctx.Value(dispatchKey{}).(interceptor.Dispatch)
-	return d, ok
+	return interceptor.DispatchFrom(ctx)
 }
 
 // dispatchState is what one request's dispatch did.
@@ -201,7 +200,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}, 0)
 		return
 	}
-	key, err := parseKey(lines, g.opts.AllowUnquotedKey)
+	key, err := parseKey(lines, !g.opts.RequireQuotedKey)
 	if err != nil {
 		writeProblem(w, Problem{Type: ProblemInvalidKey, Title: "Idempotency-Key header is malformed", Status: http.StatusBadRequest, Detail: err.Error()}, 0)
 		return
@@ -224,7 +223,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		func(dctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
 			return g.dispatch(dctx, d, r, body, next, run)
 		})
-	g.respond(w, r, res, err, run, args)
+	g.respond(w, r, res, err, run)
 }
 
 // dispatch runs the handler into the recorder and turns its answer into a Response whose
@@ -240,7 +239,7 @@ func (g *Guard) dispatch(ctx context.Context, d interceptor.Dispatch, r *http.Re
 			resp, err = interceptor.Response{}, fmt.Errorf("%w: %v", interceptor.ErrToolPanicked, p)
 		}
 	}()
-	r2 := r.WithContext(context.WithValue(ctx, dispatchKey{}, d))
+	r2 := r.WithContext(interceptor.WithDispatch(ctx, d))
 	r2.Body = io.NopCloser(bytes.NewReader(body))
 	r2.ContentLength = int64(len(body))
 	next.ServeHTTP(run.rec, r2)
@@ -254,7 +253,7 @@ func (g *Guard) dispatch(ctx context.Context, d interceptor.Dispatch, r *http.Re
 }
 
 // respond answers the request from what Do returned.
-func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor.Result, err error, run *dispatchState, args []byte) {
+func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor.Result, err error, run *dispatchState) {
 	if run.panicked != nil {
 		if run.panicked == http.ErrAbortHandler {
 			panic(http.ErrAbortHandler) // the handler asked to abort the connection; the outcome is recorded
@@ -272,13 +271,7 @@ func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor
 	}
 	switch {
 	case err == nil && res.Replayed:
-		handle := ""
-		if len(res.Output) == 0 { // settled without a recorded response: is there a handle?
-			if stored := g.stored(r.Context(), res.Key); stored != nil {
-				handle = stored.Handle
-			}
-		}
-		g.replay(w, res.Output, res.Truncated, res.Key, handle)
+		g.replay(w, res.Output, res.Truncated, res.Key, res.Handle)
 		return
 	case err == nil, run.ran && errors.Is(err, interceptor.ErrCallFailed):
 		run.rec.flush(w)
@@ -313,8 +306,7 @@ func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor
 		return
 	}
 	// Blocked by an open residual: a different request under the same key is a 422 first.
-	stored := g.stored(r.Context(), v.Key)
-	if stored != nil && !sameDigest(stored.RequestDigest, args) {
+	if !v.RequestMatches {
 		g.mismatch(w, v)
 		return
 	}
@@ -326,15 +318,12 @@ func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor
 			Residual: v.Key, Recovery: "retry with the same key after Retry-After",
 		}, g.retryAfter(v.RetryAfter))
 	case interceptor.AwaitingUpstream:
-		var body []byte
-		if stored != nil {
-			body = stored.Result
-		}
+		body := v.Result
 		if len(body) == 0 {
 			body = EncodeResponse(http.StatusAccepted, http.Header{"Location": {v.Handle}}, nil)
 		}
-		g.replay(w, body, stored != nil && stored.ResultTruncated, v.Key, "")
-	default: // UnknownOutcome, LeasePreempted
+		g.replay(w, body, v.ResultTruncated, v.Key, "")
+	default: // UnknownOutcome, LeaseLost
 		writeProblem(w, Problem{
 			Type: ProblemReconciling, Title: "The outcome of this request is being reconciled", Status: http.StatusConflict,
 			Detail: fmt.Sprintf("attempt %d (started %s) ended without a recorded outcome; it may have taken effect",
@@ -363,16 +352,6 @@ func (g *Guard) mismatch(w http.ResponseWriter, v *interceptor.Violation) {
 		Detail:   "this key was first used with a different method, path or body",
 		Residual: v.Key, Recovery: "use a new key for a new operation; retry the original request unchanged",
 	}, 0)
-}
-
-// stored reads the residual of key, or returns nil when it cannot be read.
-func (g *Guard) stored(ctx context.Context, key string) *residual.Residual {
-	r, err := g.ic.Ledger().Get(context.WithoutCancel(ctx), ledger.GetParams{Namespace: g.ic.Namespace(), Key: key})
-	if err != nil {
-		g.opts.Logger.Warn("httpguard: cannot read residual", "key", key, "err", err)
-		return nil
-	}
-	return r
 }
 
 // replay writes a stored response with the replay marker. A request settled by a
@@ -426,8 +405,8 @@ func (g *Guard) retryAfter(remaining time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
 }
 
-// fingerprint returns the request's arguments for the interceptor: method, path, query and
-// a digest of the body, canonical for JSON bodies (so re-serialised JSON is the same
+// fingerprint returns the request's arguments for the interceptor: method (upper-cased, so
+// "post" and "POST" are the same request), path, query and a digest of the body, canonical for JSON bodies (so re-serialised JSON is the same
 // request) and of the raw bytes otherwise.
 func fingerprint(r *http.Request, body []byte) json.RawMessage {
 	b, _ := json.Marshal(struct {
@@ -435,28 +414,11 @@ func fingerprint(r *http.Request, body []byte) json.RawMessage {
 		Path   string `json:"path"`
 		Query  string `json:"query,omitempty"`
 		Body   string `json:"body"`
-	}{r.Method, r.URL.EscapedPath(), r.URL.RawQuery, bodyDigest(r.Header.Get("Content-Type"), body)})
+	}{strings.ToUpper(r.Method), r.URL.EscapedPath(), r.URL.RawQuery, interceptor.BodyDigest(body, isJSON(r.Header.Get("Content-Type")))})
 	return b
-}
-
-// bodyDigest returns "json:"+canonical digest for a valid JSON body sent as JSON, and
-// "raw:"+SHA-256 of the bytes otherwise.
-func bodyDigest(contentType string, body []byte) string {
-	if isJSON(contentType) {
-		if d, err := residual.Digest(body); err == nil {
-			return "json:" + d
-		}
-	}
-	sum := sha256.Sum256(body)
-	return "raw:" + hex.EncodeToString(sum[:])
 }
 
 func isJSON(contentType string) bool {
 	mt, _, err := mime.ParseMediaType(contentType)
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
-}
-
-func sameDigest(stored string, args []byte) bool {
-	d, err := residual.Digest(args)
-	return err == nil && d == stored
 }

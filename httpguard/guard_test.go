@@ -49,7 +49,8 @@ func TestMalformedKeyIs400(t *testing.T) {
 			extra     []string
 			detail    string
 		}{
-			{"unquoted", `8e03978e-40d5-43e8-bc93-6894a57f9324`, nil, "not a structured-field string"},
+			{"bare key with a space", `8e03978e 40d5`, nil, "neither a structured-field string nor a bare key"},
+			{"bare key with a comma", `a,b`, nil, "neither a structured-field string nor a bare key"},
 			{"empty string", `""`, nil, "empty string"},
 			{"unterminated", `"abc`, nil, "no closing quote"},
 			{"bad escape", `"a\nb"`, nil, "may be escaped"},
@@ -69,16 +70,31 @@ func TestMalformedKeyIs400(t *testing.T) {
 	})
 }
 
-func TestUnquotedKeyWhenAllowed(t *testing.T) {
+// By default a bare key (as most APIs and their clients send it) is accepted, and is the same
+// key as its quoted form.
+func TestUnquotedKeyByDefault(t *testing.T) {
 	t.Parallel()
-	f := setup(t, func(o *setupOpts) { o.guard = func(g *httpguard.Options) { g.AllowUnquotedKey = true } })
+	f := setup(t)
 	tr := f.transports()["httptest"]
 	first := tr.send(t, post("/charges", `8e03978e-40d5-43e8-bc93-6894a57f9324`, `{"amount":1}`))
 	require.Equal(t, http.StatusCreated, first.status)
-	// The quoted and bare forms are the same key.
 	again := tr.send(t, post("/charges", keyA, `{"amount":1}`))
 	require.Equal(t, http.StatusCreated, again.status)
-	require.Equal(t, "true", again.header.Get(httpguard.ReplayHeader))
+	require.Equal(t, "true", again.header.Get(httpguard.ReplayHeader), "the quoted and bare forms are one key")
+	require.EqualValues(t, 1, f.api.charges.Load())
+}
+
+// RequireQuotedKey refuses a bare key with a 400 that says how to quote it.
+func TestUnquotedKeyWhenStrict(t *testing.T) {
+	t.Parallel()
+	f := setup(t, func(o *setupOpts) { o.guard = func(g *httpguard.Options) { g.RequireQuotedKey = true } })
+	tr := f.transports()["httptest"]
+	r := tr.send(t, post("/charges", `8e03978e-40d5-43e8-bc93-6894a57f9324`, `{"amount":1}`))
+	require.Equal(t, http.StatusBadRequest, r.status)
+	p := r.problem(t)
+	require.Equal(t, httpguard.ProblemInvalidKey, p.Type)
+	require.Contains(t, p.Detail, `not a structured-field string; quote it, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+	require.Equal(t, http.StatusCreated, tr.send(t, post("/charges", keyA, `{"amount":1}`)).status)
 	require.EqualValues(t, 1, f.api.charges.Load())
 }
 
@@ -358,6 +374,29 @@ func TestUnguardedMethodsPassThrough(t *testing.T) {
 	r := f.transports()["httptest"].send(t, req{method: http.MethodGet, path: "/charges"})
 	require.Equal(t, http.StatusOK, r.status)
 	require.EqualValues(t, 1, f.api.reads.Load())
+}
+
+// Methods are compared without regard to case: a "post" to a route registered without a
+// method is guarded like a POST (it used to pass unguarded and run twice), and "post" and
+// "POST" with the same key and body are the same request.
+func TestLowercaseMethodIsGuarded(t *testing.T) {
+	t.Parallel()
+	eachTransport(t, func(t *testing.T, f *fixture, tr transport) {
+		lower := req{method: "post", path: "/notes", key: keyA, body: `{"n":1}`, principal: "alice", contentType: "application/json"}
+		first := tr.send(t, lower)
+		require.Equal(t, http.StatusCreated, first.status)
+		again := tr.send(t, lower)
+		require.Equal(t, http.StatusCreated, again.status)
+		require.Equal(t, "true", again.header.Get(httpguard.ReplayHeader), "the retry is replayed")
+		upper := lower
+		upper.method = http.MethodPost
+		require.Equal(t, "true", tr.send(t, upper).header.Get(httpguard.ReplayHeader), "post and POST are one request")
+		require.EqualValues(t, 1, f.api.notes.Load(), "the handler ran once")
+
+		noKey := req{method: "patch", path: "/notes", principal: "alice"}
+		require.Equal(t, http.StatusBadRequest, tr.send(t, noKey).status, "a lowercase patch needs a key too")
+		require.EqualValues(t, 1, f.api.notes.Load())
+	})
 }
 
 func TestBodyTooLarge(t *testing.T) {

@@ -51,6 +51,8 @@ type api struct {
 	refused atomic.Int64
 	broken  atomic.Int64
 	reads   atomic.Int64
+	// notes counts runs of /notes, a route registered without a method.
+	notes atomic.Int64
 	// gate, when set, blocks POST /charges until it is closed; entered is signalled first.
 	gate    chan struct{}
 	entered chan struct{}
@@ -102,6 +104,11 @@ func (a *api) routes() http.Handler {
 	mux.HandleFunc("POST /broken", func(w http.ResponseWriter, r *http.Request) {
 		a.broken.Add(1)
 		http.Error(w, "upstream timed out", http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("/notes", func(w http.ResponseWriter, r *http.Request) {
+		n := a.notes.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"note":%d}`, n)
 	})
 	mux.HandleFunc("GET /charges", func(w http.ResponseWriter, r *http.Request) {
 		a.reads.Add(1)

@@ -3,45 +3,64 @@ package httpguard
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 )
 
 // MaxKeyLength is the longest Idempotency-Key value (after unquoting) the guard accepts.
 const MaxKeyLength = 255
 
-// errKey is wrapped by every key parsing error; the detail goes into the 400 problem.
-var errKey = errors.New("invalid Idempotency-Key")
+// ErrInvalidKey is wrapped by every key parsing error (RequestKey's, and the detail of a
+// Guard's 400 problem): the header is missing, repeated, empty, too long or malformed.
+var ErrInvalidKey = errors.New("invalid Idempotency-Key")
+
+// RequestKey returns the Idempotency-Key of r as a Guard with default options reads it: an
+// RFC 8941 structured-field string (`"tf1_…"`, as tools.Transport sends it) unquoted, or a
+// bare key (`tf1_…`) as is, so both forms give the same key. Servers that store keys without
+// the guard (and fake upstreams in tests) use it to compare keys with the ones toolfence
+// records. It returns an error wrapping ErrInvalidKey that says what is wrong when the header
+// is missing, sent more than once, empty, longer than MaxKeyLength or malformed.
+func RequestKey(r *http.Request) (string, error) {
+	lines := r.Header.Values(KeyHeader)
+	if len(lines) == 0 {
+		return "", fmt.Errorf("%w: the header is missing", ErrInvalidKey)
+	}
+	return parseKey(lines, true)
+}
 
 // parseKey parses the Idempotency-Key field lines of a request as an RFC 8941 Item whose
 // bare item is a String (the draft's definition): `"8e03978e-40d5-43e8-bc93-6894a57f9324"`.
 // Parameters after the string are parsed and ignored, as RFC 8941 asks. With allowRaw, an
 // unquoted value of visible ASCII without DQUOTE, backslash, comma or semicolon is also
-// accepted (legacy clients). It returns the unquoted key, or an error wrapping errKey that
-// says what is wrong.
+// accepted (the form most APIs and their clients use). It returns the unquoted key, or an
+// error wrapping ErrInvalidKey that says what is wrong.
 func parseKey(lines []string, allowRaw bool) (string, error) {
 	if len(lines) > 1 {
-		return "", fmt.Errorf("%w: the header appears %d times; send it once", errKey, len(lines))
+		return "", fmt.Errorf("%w: the header appears %d times; send it once", ErrInvalidKey, len(lines))
 	}
 	in := strings.Trim(lines[0], " \t")
 	if in == "" {
-		return "", fmt.Errorf("%w: the header is empty", errKey)
+		return "", fmt.Errorf("%w: the header is empty", ErrInvalidKey)
 	}
 	if in[0] != '"' {
 		if allowRaw && rawKey(in) {
 			return checkLen(in)
 		}
-		return "", fmt.Errorf(`%w: %q is not a structured-field string; quote it, e.g. Idempotency-Key: "%s"`, errKey, clip(in), clip(in))
+		if allowRaw {
+			return "", fmt.Errorf(`%w: %q is neither a structured-field string nor a bare key (visible ASCII without '"', '\\', ',' or ';'); send it quoted, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`, ErrInvalidKey, clip(in))
+		}
+		return "", fmt.Errorf(`%w: %q is not a structured-field string; quote it, e.g. Idempotency-Key: "%s"`, ErrInvalidKey, clip(in), clip(in))
 	}
 	p := &sfParser{in: in}
 	key, err := p.str()
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", errKey, err)
+		return "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	if err := p.params(); err != nil {
-		return "", fmt.Errorf("%w: %w", errKey, err)
+		return "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	if p.pos != len(p.in) {
-		return "", fmt.Errorf("%w: unexpected %q after the string (one key per request)", errKey, clip(p.in[p.pos:]))
+		return "", fmt.Errorf("%w: unexpected %q after the string (one key per request)", ErrInvalidKey, clip(p.in[p.pos:]))
 	}
 	return checkLen(key)
 }
@@ -49,9 +68,9 @@ func parseKey(lines []string, allowRaw bool) (string, error) {
 func checkLen(key string) (string, error) {
 	switch {
 	case key == "":
-		return "", fmt.Errorf("%w: the key is the empty string", errKey)
+		return "", fmt.Errorf("%w: the key is the empty string", ErrInvalidKey)
 	case len(key) > MaxKeyLength:
-		return "", fmt.Errorf("%w: the key is %d characters long, the limit is %d", errKey, len(key), MaxKeyLength)
+		return "", fmt.Errorf("%w: the key is %d characters long, the limit is %d", ErrInvalidKey, len(key), MaxKeyLength)
 	}
 	return key, nil
 }

@@ -1,6 +1,7 @@
 package httpguard
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 
@@ -47,7 +48,7 @@ func TestParseKey(t *testing.T) {
 	} {
 		got, err := parseKey(tc.in, tc.allowRaw)
 		if tc.want == "" {
-			require.ErrorIs(t, err, errKey, "%q", tc.in)
+			require.ErrorIs(t, err, ErrInvalidKey, "%q", tc.in)
 			continue
 		}
 		require.NoError(t, err, "%q", tc.in)
@@ -73,4 +74,31 @@ func FuzzParseKey(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestRequestKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		header []string
+		want   string // "" means an error
+	}{
+		{[]string{`"tf1_ab"`}, "tf1_ab"},
+		{[]string{`tf1_ab`}, "tf1_ab"},
+		{nil, ""},
+		{[]string{`a b`}, ""},
+		{[]string{`"a"`, `"b"`}, ""},
+	} {
+		r, err := http.NewRequest(http.MethodPost, "http://x/", nil)
+		require.NoError(t, err)
+		for _, h := range tc.header {
+			r.Header.Add(KeyHeader, h)
+		}
+		got, err := RequestKey(r)
+		if tc.want == "" {
+			require.ErrorIs(t, err, ErrInvalidKey, "%q", tc.header)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, tc.want, got)
+	}
 }

@@ -90,14 +90,10 @@ func DefaultClassifier(resp Response, err error) residual.State {
 	case resp.Outcome != residual.None:
 		return resp.Outcome
 	}
-	switch s := resp.Status; {
-	case s == 0 || s >= 200 && s < 300:
+	if resp.Status == 0 {
 		return residual.Succeeded
-	case s == 400 || s == 401 || s == 403 || s == 404 || s == 422:
-		return residual.Failed
-	default:
-		return residual.Unknown
 	}
+	return StatusOutcome(resp.Status)
 }
 
 // Classify runs c (DefaultClassifier when nil) and enforces the invariants no classifier may

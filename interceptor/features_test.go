@@ -88,7 +88,7 @@ func TestKeepAliveRefusedRenewalCancelsCall(t *testing.T) {
 	require.Nil(t, o.res)
 	var v *interceptor.Violation
 	require.ErrorAs(t, o.err, &v)
-	require.Contains(t, []interceptor.Kind{interceptor.UnknownOutcome, interceptor.LeasePreempted}, v.Kind)
+	require.Contains(t, []interceptor.Kind{interceptor.UnknownOutcome, interceptor.LeaseLost}, v.Kind)
 	require.GreaterOrEqual(t, int(fl.renews.Load()), 1)
 	f.clock.Advance(testTTL)
 	require.Equal(t, residual.Unknown, f.get(key).State)
@@ -126,7 +126,7 @@ func TestKeepAliveCutsOffBeforeExpiry(t *testing.T) {
 	require.GreaterOrEqual(t, int(fl.renews.Load()), 2, "renewals were tried")
 	var v *interceptor.Violation
 	require.ErrorAs(t, o.err, &v)
-	require.Contains(t, []interceptor.Kind{interceptor.UnknownOutcome, interceptor.LeasePreempted}, v.Kind)
+	require.Contains(t, []interceptor.Kind{interceptor.UnknownOutcome, interceptor.LeaseLost}, v.Kind)
 	f.clock.Advance(ttl)
 	require.Equal(t, residual.Unknown, f.get(key).State)
 }
@@ -221,7 +221,7 @@ func TestRedact(t *testing.T) {
 	})
 	call := interceptor.Call{Operation: "payments.charge", Target: "invoice:INV-43"}
 	_, err = f.ic.Do(f.ctx, call, late.fn)
-	v := requireViolation(t, err, interceptor.LeasePreempted, f.key(call.Operation, call.Target))
+	v := requireViolation(t, err, interceptor.LeaseLost, f.key(call.Operation, call.Target))
 	require.Equal(t, body, v.Result, "the caller still learns what its tool returned")
 	r := f.get(v.Key)
 	require.Len(t, r.Evidence, 1)

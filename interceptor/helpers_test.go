@@ -189,7 +189,7 @@ var sentinels = map[interceptor.Kind]error{
 	interceptor.UnknownOutcome:   residual.ErrUnknownOutcome,
 	interceptor.AwaitingUpstream: residual.ErrAwaitingUpstream,
 	interceptor.PayloadMismatch:  residual.ErrPayloadMismatch,
-	interceptor.LeasePreempted:   residual.ErrLeaseLost,
+	interceptor.LeaseLost:        residual.ErrLeaseLost,
 	interceptor.MarginTooSmall:   residual.ErrMarginTooSmall,
 }
 
@@ -199,7 +199,7 @@ var recoveryWords = map[interceptor.Kind][]string{
 	interceptor.UnknownOutcome:   {"reconcile", "do not retry"},
 	interceptor.AwaitingUpstream: {"poll", "not a success"},
 	interceptor.PayloadMismatch:  {"different arguments", "first result"},
-	interceptor.LeasePreempted:   {"evidence", "do not retry"},
+	interceptor.LeaseLost:        {"evidence", "do not retry"},
 	interceptor.MarginTooSmall:   {"nothing was sent", "retry"},
 }
 

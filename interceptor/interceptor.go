@@ -4,14 +4,13 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
@@ -23,9 +22,13 @@ import (
 type Interceptor struct {
 	ledger ledger.Ledger
 	cfg    Config
+	ops    *registry
+}
 
-	mu  sync.RWMutex
-	ops map[string]Operation
+// registry holds the operation policies; interceptors made by ForNamespace share one.
+type registry struct {
+	mu sync.RWMutex
+	m  map[string]Operation
 }
 
 // New returns an Interceptor over l. It returns an error wrapping ErrInvalidConfig when a
@@ -49,10 +52,28 @@ func New(l ledger.Ledger, cfg Config) (*Interceptor, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Interceptor{ledger: l, cfg: cfg, ops: maps.Clone(cfg.Operations)}, nil
+	ops := &registry{m: maps.Clone(cfg.Operations)}
+	if ops.m == nil {
+		ops.m = map[string]Operation{}
+	}
+	cfg.Operations = nil // the registry is the one copy
+	return &Interceptor{ledger: l, cfg: cfg, ops: ops}, nil
 }
 
-// Register adds or replaces the policy of one operation. It returns an error wrapping
+// ForNamespace returns an interceptor on the same ledger with the same settings in
+// namespace ns. Both share one set of operation policies: Register on either applies to
+// both. It returns an error wrapping ErrInvalidConfig for an empty namespace.
+func (ic *Interceptor) ForNamespace(ns string) (*Interceptor, error) {
+	if ns == "" {
+		return nil, fmt.Errorf("%w: empty namespace", ErrInvalidConfig)
+	}
+	cfg := ic.cfg
+	cfg.Namespace = ns
+	return &Interceptor{ledger: ic.ledger, cfg: cfg, ops: ic.ops}, nil
+}
+
+// Register adds or replaces the policy of one operation, for every surface that calls
+// through this interceptor (and those made by ForNamespace). It returns an error wrapping
 // ErrInvalidConfig for an empty name or a lease not longer than the margin.
 func (ic *Interceptor) Register(name string, op Operation) error {
 	if name == "" {
@@ -61,20 +82,24 @@ func (ic *Interceptor) Register(name string, op Operation) error {
 	if err := ic.cfg.checkOperation(name, op); err != nil {
 		return err
 	}
-	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	if ic.ops == nil {
-		ic.ops = map[string]Operation{}
-	}
-	ic.ops[name] = op
+	ic.ops.mu.Lock()
+	defer ic.ops.mu.Unlock()
+	ic.ops.m[name] = op
 	return nil
 }
 
-func (ic *Interceptor) operation(name string) Operation {
-	ic.mu.RLock()
-	defer ic.mu.RUnlock()
-	return ic.ops[name]
+// Operation returns the policy registered for an operation (the zero Operation when none).
+func (ic *Interceptor) Operation(name string) Operation {
+	ic.ops.mu.RLock()
+	defer ic.ops.mu.RUnlock()
+	return ic.ops.m[name]
 }
+
+func (ic *Interceptor) operation(name string) Operation { return ic.Operation(name) }
+
+// Settings returns the interceptor's effective settings, defaults filled in. Operations is
+// nil in it: see Operation.
+func (ic *Interceptor) Settings() Config { return ic.cfg }
 
 // Ledger returns the ledger the interceptor writes to.
 func (ic *Interceptor) Ledger() ledger.Ledger { return ic.ledger }
@@ -114,7 +139,7 @@ type Dispatch struct {
 }
 
 // ToolFunc performs the side effect. It must respect ctx: the context ends before the lease
-// does. An error that proves upstream did nothing should wrap ErrNoEffect (see NoEffect).
+// does. ctx carries d (DispatchFrom) for code below the tool. An error that proves upstream did nothing should wrap ErrNoEffect (see NoEffect).
 type ToolFunc func(ctx context.Context, d Dispatch) (Response, error)
 
 // Result says what Do did.
@@ -129,11 +154,17 @@ type Result struct {
 	State   residual.State
 	Attempt int
 	Token   uint64
-	// Truncated says a replayed Output was cut at the result cap.
+	// Truncated says Output was cut at the result cap (a replay of a truncated result).
 	Truncated bool
+	// StoredTruncated says the stored result was cut at the cap, so replays of it will be:
+	// on a replay it equals Truncated; on a fresh execution Output is whole.
+	StoredTruncated bool
 	// ResultDigest is the SHA-256 (hex) of the full result upstream returned.
 	ResultDigest string
-	// RecordedAt is when the outcome was recorded.
+	// Handle is the upstream handle recorded with the outcome, if any.
+	Handle string
+	// RecordedAt is when the outcome was recorded (settled), which is not necessarily when
+	// the effect happened upstream.
 	RecordedAt time.Time
 }
 
@@ -156,147 +187,43 @@ var (
 	ErrToolPanicked = errors.New("interceptor: tool panicked")
 )
 
-// Do runs fn through the ordering barrier for call, in the task carried by ctx:
-//
-//  1. reserve: one durable commit of a pending residual under a new lease and fencing
-//     token; if it cannot be written, fn is not run (error wrapping ErrNotDispatched);
-//  2. margin: the lease must have more than the margin left, or nothing is dispatched;
-//  3. dispatch: fn runs under a context that ends before the lease does (renewed meanwhile);
-//  4. classify: succeeded, accepted, failed or unknown;
-//  5. commit: the outcome is written under the fence and the lease released.
+// Do runs fn through the ordering barrier for call, in the task carried by ctx: Begin
+// (reserve, margin), dispatch under a session that renews the lease and ends fn's context
+// before the lease does, then Commit (classify, commit under the fence). A panic in fn is
+// an unknown outcome.
 //
 // It returns a Result for a success (executed or replayed). For a call that ran and failed
 // with no effect it returns the Result (State Failed, the tool's output) together with an
 // error wrapping ErrCallFailed. Every other refusal or ambiguity is a *Violation: InProgress,
 // UnknownOutcome (also when fn errs ambiguously or panics), AwaitingUpstream (also when fn
-// answers 202 / queued), PayloadMismatch, LeasePreempted or MarginTooSmall. Malformed calls
-// get errors wrapping ErrNoTask, ErrInvalidCall or ErrArgsTooLarge, and nothing is written.
+// answers 202 / queued), PayloadMismatch, LeaseLost or MarginTooSmall. Malformed calls get
+// errors wrapping ErrNoTask, ErrInvalidCall or ErrArgsTooLarge, and nothing is written; a
+// reservation that could not be recorded gets ErrNotDispatched, and fn is not run.
 func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result, error) {
-	task, ok := TaskFrom(ctx)
-	if !ok {
-		return nil, ErrNoTask
-	}
-	digest, err := ic.checkCall(call)
-	if err != nil {
-		return nil, err
-	}
 	if fn == nil {
 		return nil, fmt.Errorf("%w: nil tool function", ErrInvalidCall)
 	}
-	op := ic.operation(call.Operation)
-	ttl := cmp.Or(op.LeaseTTL, ic.cfg.LeaseTTL)
-	key := ic.Key(task, call.Operation, call.Target)
-
-	// 1. Reserve. The local deadline is measured from before the request was sent, so it is
-	// never later than the ledger's expiry, whatever the ledger's clock says.
-	started := ic.cfg.Clock.Now()
-	res, err := ic.ledger.Reserve(ctx, ledger.ReserveParams{
-		Namespace: ic.cfg.Namespace, Key: key, Task: task, Operation: call.Operation,
-		Target: call.Target, Holder: ic.cfg.Holder, RequestDigest: digest, TTL: ttl,
-		Redispatch: op.UpstreamIdempotent,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s %s: reserve failed: %w", ErrNotDispatched, call.Operation, key, err)
+	a, replay, err := ic.Begin(ctx, call, BeginOptions{})
+	if a == nil {
+		return replay, err
 	}
-	switch res.Decision {
-	case ledger.Acquired:
-	case ledger.Replay:
-		return replayResult(res.Residual), nil
-	default:
-		return nil, ic.blocked(res, started)
-	}
-
-	local := res.Lease
-	local.Expires = started.Add(ttl)
-	cur := res.Residual.Current()
-
-	// 2. Pre-dispatch margin; a caller that gave up meanwhile gets nothing dispatched either.
-	// The not-dispatched record is written even when ctx has ended.
-	notDispatched := func(why error) error {
-		_, err := ic.ledger.Commit(context.WithoutCancel(ctx), ledger.CommitParams{
-			Namespace: ic.cfg.Namespace, Key: key, Holder: ic.cfg.Holder, Token: local.Token,
-			Outcome: residual.Failed, Error: "not dispatched: " + why.Error(),
-		})
-		return err
-	}
-	if err := local.CheckMargin(ic.cfg.Clock.Now(), ic.cfg.Margin); err != nil {
-		v := ic.violation(MarginTooSmall, res.Residual, cur, errors.Join(err, notDispatched(err)))
-		v.State = residual.Failed
-		return nil, v
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %s %s: the caller's context ended before dispatch: %w", ErrNotDispatched,
-			call.Operation, key, errors.Join(context.Cause(ctx), notDispatched(err)))
-	}
-
-	// 3. Dispatch under a session that renews the lease and ends the call before it expires.
-	sess := lease.KeepAlive(ctx, local, ic.renewer(key, ttl), lease.KeepAliveConfig{
-		Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, ttl/3),
-	})
-	resp, callErr := invoke(sess.Ctx(), fn, Dispatch{
-		Key: key, Token: local.Token, Attempt: cur.N, Task: task,
-		Operation: call.Operation, Target: call.Target, Args: call.Args,
-	})
+	sess := lease.KeepAlive(ctx, lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()},
+		func(ctx context.Context, _ lease.Lease) (lease.Lease, error) {
+			if _, err := a.Renew(ctx, 0); err != nil {
+				return lease.Lease{}, err
+			}
+			return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()}, nil
+		},
+		lease.KeepAliveConfig{Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, a.TTL()/3)})
+	resp, callErr := invoke(WithDispatch(sess.Ctx(), a.Dispatch), fn, a.Dispatch)
 	sess.Close()
-
-	// 4. Classify.
-	classifier := ic.cfg.Classifier
-	if op.Classify != nil {
-		classifier = op.Classify
-	}
-	outcome := classifyRan(classifier, resp, callErr)
-
-	// 5. Commit under the fence.
-	sum := sha256.Sum256(resp.Body)
-	respDigest := hex.EncodeToString(sum[:])
-	cached, truncated := ic.cacheable(call.Operation, resp.Body)
-	p := ledger.CommitParams{
-		Namespace: ic.cfg.Namespace, Key: key, Holder: ic.cfg.Holder, Token: local.Token,
-		Outcome: outcome, ResponseDigest: respDigest, Result: cached, ResultDigest: respDigest,
-		ResultTruncated: truncated, Handle: resp.Handle, Margin: ic.cfg.Margin,
-	}
-	if callErr != nil {
-		p.Error = callErr.Error()
-	}
-	stored, err := ic.ledger.Commit(context.WithoutCancel(ctx), p)
-	if err != nil {
-		if stored == nil {
-			stored = res.Residual
-		}
-		kind, cause := LeasePreempted, err
-		if !errors.Is(err, residual.ErrLeaseLost) {
-			// The outcome is known here but not durable: the key stays blocked until a
-			// reconciler settles it.
-			kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but its outcome could not be recorded: %w", outcome, err)
-		}
-		v := ic.violation(kind, stored, cur, errors.Join(cause, callErr))
-		v.Result, v.Handle = resp.Body, resp.Handle
-		return nil, v
-	}
-
-	result := &Result{
-		Key: key, Output: resp.Body, State: outcome, Attempt: cur.N, Token: local.Token,
-		ResultDigest: respDigest, RecordedAt: stored.UpdatedAt,
-	}
-	switch outcome {
-	case residual.Succeeded:
-		return result, nil
-	case residual.Failed:
-		return result, fmt.Errorf("%w: %s on %q (attempt %d): %w", ErrCallFailed, call.Operation, call.Target, cur.N,
-			cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
-	case residual.Accepted:
-		v := ic.violation(AwaitingUpstream, stored, cur, callErr)
-		v.Result = resp.Body
-		return nil, v
-	default: // Unknown
-		v := ic.violation(UnknownOutcome, stored, cur, cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
-		v.Result = resp.Body
-		return nil, v
-	}
+	return a.Commit(ctx, resp, callErr)
 }
 
-// checkCall validates a call and returns its request digest.
-func (ic *Interceptor) checkCall(call Call) (string, error) {
+// checkCall validates a call of task and returns its request digest. Every key field must
+// be valid UTF-8: a decoder that replaced invalid bytes would otherwise collapse different
+// intents onto one key.
+func (ic *Interceptor) checkCall(task string, call Call) (string, error) {
 	switch {
 	case call.Operation == "":
 		return "", fmt.Errorf("%w: operation is empty", ErrInvalidCall)
@@ -304,6 +231,11 @@ func (ic *Interceptor) checkCall(call Call) (string, error) {
 		return "", fmt.Errorf("%w: %s: target is empty", ErrInvalidCall, call.Operation)
 	case len(call.Args) > ic.cfg.MaxArgs:
 		return "", fmt.Errorf("%w: %s: %d bytes, the limit is %d", ErrArgsTooLarge, call.Operation, len(call.Args), ic.cfg.MaxArgs)
+	}
+	for _, f := range []struct{ name, v string }{{"task", task}, {"operation", call.Operation}, {"target", call.Target}} {
+		if !utf8.ValidString(f.v) {
+			return "", fmt.Errorf("%w: %s is not valid UTF-8 (%q)", ErrInvalidCall, f.name, truncate(f.v, 64))
+		}
 	}
 	args := call.Args
 	if len(args) == 0 {
@@ -316,6 +248,14 @@ func (ic *Interceptor) checkCall(call Call) (string, error) {
 	return d, nil
 }
 
+// truncate cuts s to at most n bytes.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 // invoke runs fn, turning a panic into an error (an unknown outcome).
 func invoke(ctx context.Context, fn ToolFunc, d Dispatch) (resp Response, err error) {
 	defer func() {
@@ -324,20 +264,6 @@ func invoke(ctx context.Context, fn ToolFunc, d Dispatch) (resp Response, err er
 		}
 	}()
 	return fn(ctx, d)
-}
-
-// renewer renews the lease in the ledger; the local expiry is measured from before the call.
-func (ic *Interceptor) renewer(key string, ttl time.Duration) lease.RenewFunc {
-	return func(ctx context.Context, l lease.Lease) (lease.Lease, error) {
-		before := ic.cfg.Clock.Now()
-		if _, err := ic.ledger.Renew(ctx, ledger.RenewParams{
-			Namespace: ic.cfg.Namespace, Key: key, Holder: ic.cfg.Holder, Token: l.Token, TTL: ttl,
-		}); err != nil {
-			return l, err
-		}
-		l.Expires = before.Add(ttl)
-		return l, nil
-	}
 }
 
 // Redact returns the form of an operation's result that may be stored: the result passed
@@ -357,19 +283,11 @@ func (ic *Interceptor) Redact(operation string, result []byte) (stored []byte) {
 	return ic.cfg.Redact(operation, bytes.Clone(result))
 }
 
-// cacheable applies redaction and the size cap to a result.
-func (ic *Interceptor) cacheable(operation string, body []byte) ([]byte, bool) {
-	body = ic.Redact(operation, body)
-	if len(body) > ic.cfg.MaxResult {
-		return body[:ic.cfg.MaxResult], true
-	}
-	return body, false
-}
-
 func replayResult(r *residual.Residual) *Result {
 	res := &Result{
 		Key: r.Key, Output: r.Result, Replayed: true, State: r.State, Token: r.Token,
-		Truncated: r.ResultTruncated, ResultDigest: r.ResultDigest, RecordedAt: r.UpdatedAt,
+		Truncated: r.ResultTruncated, StoredTruncated: r.ResultTruncated, ResultDigest: r.ResultDigest, Handle: r.Handle,
+		RecordedAt: r.UpdatedAt,
 	}
 	if a := r.Current(); a != nil {
 		res.Attempt = a.N
@@ -378,22 +296,23 @@ func replayResult(r *residual.Residual) *Result {
 }
 
 // blocked turns a blocking reservation decision into a Violation.
-func (ic *Interceptor) blocked(res *ledger.ReserveResult, now time.Time) *Violation {
+func (ic *Interceptor) blocked(res *ledger.ReserveResult, digest string, now time.Time) *Violation {
 	r := res.Residual
 	kind := map[ledger.Decision]Kind{
 		ledger.InProgress: InProgress, ledger.UnknownOutcome: UnknownOutcome,
 		ledger.AwaitingUpstream: AwaitingUpstream, ledger.PayloadMismatch: PayloadMismatch,
 	}[res.Decision]
 	v := ic.violation(kind, r, r.Current(), nil)
+	v.RequestMatches = r.RequestDigest == digest
 	switch kind {
 	case InProgress:
 		if a := r.Current(); a != nil {
 			v.RetryAfter = max(a.LeaseExpires.Sub(now), 0)
 		}
 	case AwaitingUpstream:
-		v.Handle = r.Handle
+		v.Handle, v.Result, v.ResultTruncated = r.Handle, r.Result, r.ResultTruncated
 	case PayloadMismatch:
-		v.Result = r.Result
+		v.Result, v.ResultTruncated = r.Result, r.ResultTruncated
 	}
 	return v
 }

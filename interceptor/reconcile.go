@@ -34,10 +34,11 @@ type ReconcileParams struct {
 	By string
 }
 
-// ReconcileReport says what Reconcile settled and what it left open.
+// ReconcileReport says what Reconcile settled and what it left open. Every surface
+// (Go, MCP's reconcile tool) reports in this shape; both lists are non-nil.
 type ReconcileReport struct {
-	Resolved []Settled
-	Open     []Unsettled
+	Resolved []Settled   `json:"resolved"`
+	Open     []Unsettled `json:"open"`
 }
 
 // Settled is one residual a probe settled.
@@ -89,7 +90,7 @@ func (ic *Interceptor) Reconcile(ctx context.Context, p ReconcileParams) (*Recon
 			}
 		}
 	}
-	rep := &ReconcileReport{}
+	rep := &ReconcileReport{Resolved: []Settled{}, Open: []Unsettled{}}
 	for _, r := range todo {
 		s, u := ic.reconcileOne(ctx, r, by)
 		if s != nil {
@@ -123,9 +124,8 @@ func (ic *Interceptor) reconcileOne(ctx context.Context, r *residual.Residual, b
 	if !pr.Outcome.Terminal() {
 		return open(fmt.Sprintf("probe says %s: %s", pr.Outcome, pr.Evidence))
 	}
-	stored, err := ic.ledger.Resolve(ctx, ledger.ResolveParams{
-		Namespace: ic.cfg.Namespace, Key: r.Key, As: pr.Outcome, By: by,
-		Note: "settled by probe", Evidence: pr.Evidence, Result: ic.redactProbe(r.Operation, pr.Result),
+	stored, err := ic.Resolve(ctx, ResolveParams{
+		Key: r.Key, As: pr.Outcome, By: by, Note: "settled by probe", Evidence: pr.Evidence, Result: pr.Result,
 	})
 	if err != nil {
 		return open("resolve failed: " + err.Error())
@@ -140,13 +140,4 @@ func safeProbe(ctx context.Context, probe Probe, r *residual.Residual) (pr Probe
 		}
 	}()
 	return probe(ctx, r.Clone())
-}
-
-// redactProbe stores a probe's result the way Do stores a tool's: redacted. No result stays
-// nil (Resolve then keeps what is cached).
-func (ic *Interceptor) redactProbe(operation string, result []byte) []byte {
-	if result == nil {
-		return nil
-	}
-	return ic.Redact(operation, result)
 }

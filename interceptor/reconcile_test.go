@@ -268,7 +268,7 @@ func TestReconcileFencesOutZombie(t *testing.T) {
 	require.NoError(t, repErr)
 	require.Len(t, rep.Resolved, 1)
 	require.Equal(t, residual.Unknown, rep.Resolved[0].From, "an expired pending reads unknown")
-	v := requireViolation(t, err, interceptor.LeasePreempted, key)
+	v := requireViolation(t, err, interceptor.LeaseLost, key)
 	require.Equal(t, uint64(1), v.Token)
 
 	r := f.get(key)

@@ -21,19 +21,30 @@ const (
 	AwaitingUpstream Kind = "awaiting_upstream"
 	// PayloadMismatch: the key already succeeded with other arguments.
 	PayloadMismatch Kind = "payload_mismatch"
-	// LeasePreempted: the lease was lost before the outcome could be committed; the outcome
-	// was kept as evidence only.
-	LeasePreempted Kind = "lease_preempted"
+	// LeaseLost: the lease was lost (expired, preempted by a successor or a resolution)
+	// before the outcome could be committed or the lease renewed; an outcome was kept as
+	// evidence only. It wraps residual.ErrLeaseLost.
+	LeaseLost Kind = "lease_lost"
 	// MarginTooSmall: too little lease time was left to dispatch safely; nothing was sent.
 	MarginTooSmall Kind = "margin_too_small"
 )
+
+// LeasePreempted is the former name of LeaseLost.
+//
+// Deprecated: use LeaseLost; the wire value is "lease_lost".
+const LeasePreempted = LeaseLost
+
+// Kinds returns every violation kind, in a stable order.
+func Kinds() []Kind {
+	return []Kind{InProgress, UnknownOutcome, AwaitingUpstream, PayloadMismatch, LeaseLost, MarginTooSmall}
+}
 
 var kindSentinel = map[Kind]error{
 	InProgress:       residual.ErrInProgress,
 	UnknownOutcome:   residual.ErrUnknownOutcome,
 	AwaitingUpstream: residual.ErrAwaitingUpstream,
 	PayloadMismatch:  residual.ErrPayloadMismatch,
-	LeasePreempted:   residual.ErrLeaseLost,
+	LeaseLost:        residual.ErrLeaseLost,
 	MarginTooSmall:   residual.ErrMarginTooSmall,
 }
 
@@ -51,8 +62,8 @@ type Violation struct {
 	Target    string
 	// State is the residual's effective state when the violation was raised.
 	State residual.State
-	// Attempt, Holder and Token describe the prior (or, for LeasePreempted and
-	// MarginTooSmall, the caller's own) attempt.
+	// Attempt, Holder and Token describe the prior (or, for LeaseLost and MarginTooSmall,
+	// the caller's own) attempt.
 	Attempt int
 	Holder  string
 	Token   uint64
@@ -63,19 +74,35 @@ type Violation struct {
 	// Handle is the upstream handle to poll (AwaitingUpstream).
 	Handle string
 	// Result is the recorded result of the key (PayloadMismatch: what the first call
-	// returned), or what this caller's tool returned when its outcome could not be
-	// recorded authoritatively (LeasePreempted, UnknownOutcome after a dispatch).
+	// returned; AwaitingUpstream: upstream's queued answer), or what this caller's tool returned when its outcome could not be
+	// recorded authoritatively (LeaseLost, UnknownOutcome after a dispatch).
 	Result []byte
+	// ResultTruncated says Result was cut at the result cap when it was stored.
+	ResultTruncated bool
+	// RequestMatches says the key's recorded request digest equals this call's: a blocked
+	// call is a retry of the recorded one, not a different request on the same key.
+	RequestMatches bool
 	// Recovery says, in a sentence, what to do next.
 	Recovery string
 	// Cause is the underlying error, if any (the tool's error, the ledger's refusal).
 	Cause error
 }
 
-// Error describes the violation in one line: kind, key, prior attempt and recovery.
+// Error describes the violation in one line: kind, key, prior attempt, cause and recovery.
 func (v *Violation) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "toolfence: %s: %s %s on %q", v.Kind, v.Operation, v.Key, v.Target)
+	fmt.Fprintf(&b, "toolfence: %s: %s", v.Kind, v.Describe())
+	if v.Recovery != "" {
+		fmt.Fprintf(&b, "; recovery: %s", v.Recovery)
+	}
+	return b.String()
+}
+
+// Describe says what happened, without the kind and the recovery: the operation, key and
+// target, the prior attempt and the cause.
+func (v *Violation) Describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s on %q", v.Operation, v.Key, v.Target)
 	if v.Attempt > 0 {
 		fmt.Fprintf(&b, " (attempt %d by %s, token %d", v.Attempt, v.Holder, v.Token)
 		if !v.Since.IsZero() {
@@ -85,9 +112,6 @@ func (v *Violation) Error() string {
 	}
 	if v.Cause != nil {
 		fmt.Fprintf(&b, ": %v", v.Cause)
-	}
-	if v.Recovery != "" {
-		fmt.Fprintf(&b, "; recovery: %s", v.Recovery)
 	}
 	return b.String()
 }
@@ -99,20 +123,4 @@ func (v *Violation) Unwrap() []error {
 		errs = append(errs, v.Cause)
 	}
 	return errs
-}
-
-// Recovery texts, one per kind. Seed 004: a pending hit is not a terminal hit.
-var recoveries = map[Kind]string{
-	InProgress: "another attempt holds the lease and may be in flight; do not dispatch again: " +
-		"retry after the lease expires, when the key reads as replayable, failed or unknown",
-	UnknownOutcome: "a previous attempt may have reached upstream and its outcome was never recorded; " +
-		"do not retry: reconcile first (a probe, or `toolfence resolve KEY --as succeeded|failed`)",
-	AwaitingUpstream: "upstream accepted the call but has not finished it; poll the handle, " +
-		"then resolve the residual (a probe does it automatically); it is not a success yet",
-	PayloadMismatch: "this (task, operation, target) already succeeded with different arguments; " +
-		"the first result stands; use another target or task for a genuinely new operation",
-	LeasePreempted: "the lease was lost before the outcome was committed; the outcome was kept as evidence " +
-		"for reconcilers; do not retry: the key belongs to a successor or is awaiting reconciliation",
-	MarginTooSmall: "too little lease time was left to dispatch safely; nothing was sent and the attempt " +
-		"is recorded as failed; retry with a longer lease",
 }

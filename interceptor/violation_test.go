@@ -193,7 +193,7 @@ func TestViolationLeasePreemptedByExpiry(t *testing.T) {
 	})
 	res, err := f.ic.Do(f.ctx, charge(chargeArgs), tl.fn)
 	require.Nil(t, res)
-	v := requireViolation(t, err, interceptor.LeasePreempted, key)
+	v := requireViolation(t, err, interceptor.LeaseLost, key)
 	require.Equal(t, body, v.Result, "the caller learns what its tool returned")
 	require.Equal(t, 1, v.Attempt)
 	require.Equal(t, uint64(1), v.Token)
@@ -233,7 +233,7 @@ func TestViolationLeasePreemptedByResolve(t *testing.T) {
 	})
 	_, err := f.ic.Do(f.ctx, charge(chargeArgs), tl.fn)
 	require.NoError(t, resolveErr)
-	v := requireViolation(t, err, interceptor.LeasePreempted, key)
+	v := requireViolation(t, err, interceptor.LeaseLost, key)
 	require.Equal(t, []byte(`{"charge":"ch_late"}`), v.Result)
 
 	r := f.get(key)
@@ -277,7 +277,7 @@ func TestViolationLeasePreemptedBySuccessorRedispatch(t *testing.T) {
 	require.NoError(t, bErr)
 	require.Equal(t, 2, bRes.Attempt)
 	require.Equal(t, uint64(2), bRes.Token)
-	v := requireViolation(t, err, interceptor.LeasePreempted, key)
+	v := requireViolation(t, err, interceptor.LeaseLost, key)
 	require.Equal(t, uint64(1), v.Token)
 
 	r := f.get(key)
@@ -406,7 +406,7 @@ func TestViolationCommitNeedsMargin(t *testing.T) {
 	})
 	res, err := f.ic.Do(f.ctx, charge(chargeArgs), tl.fn)
 	require.Nil(t, res)
-	v := requireViolation(t, err, interceptor.LeasePreempted, key)
+	v := requireViolation(t, err, interceptor.LeaseLost, key)
 	require.Equal(t, []byte(`{"charge":"ch_1"}`), v.Result)
 	require.Zero(t, fl.renews.Load(), "renewal was disabled")
 

@@ -167,8 +167,12 @@ func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.
 	r.UpdatedAt = now
 	switch {
 	case p.As == residual.Succeeded && p.Result != nil:
-		sum := sha256.Sum256(p.Result)
-		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, hex.EncodeToString(sum[:]), false
+		digest := p.ResultDigest
+		if digest == "" {
+			sum := sha256.Sum256(p.Result)
+			digest = hex.EncodeToString(sum[:])
+		}
+		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, digest, p.ResultTruncated
 	case from == residual.Accepted:
 		// The stored body was upstream's "queued" answer, not the outcome: never replay it
 		// as the result of a success (or keep it as one of a failure).

@@ -251,6 +251,10 @@ type ResolveParams struct {
 	Evidence string
 	// Result optionally sets the cached result when resolving as succeeded.
 	Result []byte
+	// ResultDigest is the SHA-256 (hex) of the whole result when Result was redacted or
+	// cut; empty means the digest of Result. ResultTruncated says Result was cut.
+	ResultDigest    string
+	ResultTruncated bool
 }
 
 // Validate returns an error naming the first missing or malformed field.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
@@ -177,15 +178,12 @@ func (c tickingClock) Now() time.Time {
 // left when it lands.
 func TestMarginTooSmall(t *testing.T) {
 	t.Parallel()
-	var ticking tickingClock
-	e := setup(t, func(o *mcpserver.Options) {
-		ticking = tickingClock{Fake: lease.NewFake(t0), step: 30 * time.Millisecond}
-		o.Clock = ticking
-	})
+	ticking := tickingClock{Fake: lease.NewFake(t0), step: 30 * time.Millisecond}
+	e := setupWith(t, interceptor.Config{Clock: ticking}, nil)
 	c := e.dial(tokA, legacy)
 	b := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": "o", "target": "x", "args": m{}, "lease_ms": 60})
 	require.Equal(t, mcpserver.DecisionBlocked, b.Decision)
-	require.Equal(t, "margin_too_small", b.Violation.Kind)
+	require.Equal(t, interceptor.MarginTooSmall, b.Violation.Kind)
 	require.Contains(t, b.Violation.Recovery, "longer lease_ms")
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
 	require.Equal(t, residual.Failed, v.State)

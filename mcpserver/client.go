@@ -31,9 +31,9 @@ var (
 )
 
 var kindSentinels = map[string]error{
-	kindInvalidInput: ErrInvalidInput, kindNotFound: residual.ErrNotFound, kindLeaseLost: residual.ErrLeaseLost,
-	kindRefused: ErrRefused, kindInProgress: residual.ErrInProgress, kindInvalidTransition: residual.ErrInvalidTransition,
-	kindUnavailable: ErrUnavailable, kindInternal: ErrInternal,
+	KindInvalidInput: ErrInvalidInput, KindNotFound: residual.ErrNotFound, KindLeaseLost: residual.ErrLeaseLost,
+	KindRefused: ErrRefused, KindInProgress: residual.ErrInProgress, KindInvalidTransition: residual.ErrInvalidTransition,
+	KindUnavailable: ErrUnavailable, KindInternal: ErrInternal,
 }
 
 // ToolError is an isError result of a tool, as Client returns it. errors.Is matches the
@@ -139,7 +139,7 @@ func (c *Client) Call(ctx context.Context, tool string, in, out any) error {
 			Error ErrorInfo `json:"error"`
 		}
 		if len(raw) == 0 || json.Unmarshal(raw, &wrapped) != nil || wrapped.Error.Kind == "" {
-			return &ToolError{Tool: tool, Info: ErrorInfo{Kind: kindInternal, Message: resultText(res)}}
+			return &ToolError{Tool: tool, Info: ErrorInfo{Kind: KindInternal, Message: resultText(res)}}
 		}
 		return &ToolError{Tool: tool, Info: wrapped.Error}
 	}

@@ -73,10 +73,9 @@ func TestNewAndClose(t *testing.T) {
 	ic, err := interceptor.New(led, interceptor.Config{})
 	require.NoError(t, err)
 	for name, o := range map[string]mcpserver.Options{
-		"lease within margin": {DefaultLease: 10 * time.Millisecond},
-		"max below default":   {MaxLease: time.Second},
-		"negative margin":     {Margin: -1},
-		"bad operation":       {Operations: map[string]interceptor.Operation{"": {}}},
+		"max below default":  {MaxLease: time.Second},
+		"negative field cap": {MaxField: -1},
+		"bad operation":      {Operations: map[string]interceptor.Operation{"": {}}},
 	} {
 		_, err := mcpserver.New(ic, o)
 		require.ErrorIs(t, err, mcpserver.ErrInvalidOptions, name)

@@ -5,13 +5,9 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/mark3labs/mcp-go/mcp"
-
-	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/residual"
 )
 
 // Who may commit or renew an attempt begun over MCP.
@@ -68,89 +64,27 @@ func (c *check) secret(s string) {
 	}
 }
 
+// recoveryNotHolder is the recovery of a commit or renewal whose lease_secret does not
+// prove the caller is the attempt's holder.
 const recoveryNotHolder = "only the caller that received the lease_secret from begin_call may commit or renew this attempt; " +
 	"do not perform or settle the call: wait for its holder, or for the lease to expire and then reconcile or " +
 	"resolve_residual (inspect_residual shows it)"
 
-// authorize finds the attempt of r issued under token and checks that secret is its lease
-// secret. It returns the attempt and the holder to fence the ledger step with, or the
-// isError result of tool (lease_lost) naming the problem; it writes nothing.
-func authorize(tool string, r *residual.Residual, token uint64, secret string) (*residual.Attempt, string, *mcp.CallToolResult) {
-	var attempt *residual.Attempt
-	for i := range r.Attempts {
-		if r.Attempts[i].Token == token {
-			attempt = &r.Attempts[i]
-		}
-	}
-	if attempt == nil {
-		v := &Violation{
-			Kind: string(interceptor.LeasePreempted), State: r.State, Token: r.Token, Recovery: recoveries[interceptor.LeasePreempted],
-			Message: fmt.Sprintf("token %d was never issued for key %s (its highest token is %d)", token, r.Key, r.Token),
-		}
-		return nil, "", errorResult(tool, ErrorInfo{Kind: kindLeaseLost, Message: v.Message, Recovery: v.Recovery, Violation: v})
-	}
-	i := strings.LastIndexByte(attempt.Holder, '#')
-	if i < 0 || len(attempt.Holder)-i-1 != holderHashLen {
-		return nil, "", toolError(tool, kindLeaseLost, fmt.Sprintf("token %d of key %s is held by %s, which did not begin the call over MCP "+
-			"and has no lease_secret; nothing was written", token, r.Key, attempt.Holder), recoveryNotHolder)
-	}
-	name, hash := attempt.Holder[:i], attempt.Holder[i+1:]
-	if subtle.ConstantTimeCompare([]byte(hash), []byte(secretHash(secret))) != 1 {
-		return nil, "", toolError(tool, kindLeaseLost, fmt.Sprintf("lease_secret does not match the holder %s of token %d of key %s; "+
-			"nothing was written", attempt.Holder, token, r.Key), recoveryNotHolder)
-	}
-	return attempt, holderOf(name, secret), nil
-}
+// errNotHolder is wrapped by the refusals of holds.
+var errNotHolder = errors.New("mcpserver: not the holder")
 
-// checkClaim checks the outcome an agent claims against what it reports from upstream, with
-// the operation's classifier (the interceptor's default when none is registered). With an
-// upstream status, the classifier judges the status and body alone: the claim must not
-// decide the classification it is checked against. Without one, the claim is what there
-// is, and only a queued body overrides it. The claim is accepted when it matches, or when
-// it is more cautious: unknown always, accepted for what reads as a success. It returns nil,
-// or the isError result refusing the claim (the residual is unchanged).
-func checkClaim(classify interceptor.Classifier, claimed residual.State, in CommitInput, body []byte) *mcp.CallToolResult {
-	if claimed == residual.Unknown {
+// holds returns the proof interceptor.Resume asks for: the recorded holder must have begun
+// over MCP (NAME#HASH) and HASH must be the hash of secret. The comparison takes constant
+// time. It writes nothing.
+func holds(secret string) func(recordedHolder string) error {
+	return func(h string) error {
+		i := strings.LastIndexByte(h, '#')
+		if i < 0 || len(h)-i-1 != holderHashLen {
+			return fmt.Errorf("%w: the attempt is held by %s, which did not begin the call over MCP and has no lease_secret", errNotHolder, h)
+		}
+		if subtle.ConstantTimeCompare([]byte(h[i+1:]), []byte(secretHash(secret))) != 1 {
+			return fmt.Errorf("%w: lease_secret does not match the holder %s", errNotHolder, h)
+		}
 		return nil
 	}
-	resp := interceptor.Response{Body: body, Status: in.UpstreamStatus, Handle: in.Handle}
-	if in.UpstreamStatus == 0 {
-		resp.Outcome = claimed
-	}
-	got := interceptor.Classify(classify, resp, nil)
-	if got == claimed || claimed == residual.Accepted && got == residual.Succeeded {
-		return nil
-	}
-	return refusedClassification(claimed, got, in)
-}
-
-func refusedClassification(claimed, got residual.State, in CommitInput) *mcp.CallToolResult {
-	if got == residual.Accepted {
-		why := "the upstream body says the work is queued / pending"
-		if in.UpstreamStatus == 202 {
-			why = "upstream answered 202 Accepted"
-		}
-		return toolError(ToolCommit, kindRefused,
-			fmt.Sprintf("outcome %s refused: %s, which is not a confirmed effect; the residual is unchanged", claimed, why),
-			"commit it again as outcome=accepted with the handle (status URL or job id) so the key waits for upstream; "+
-				"resolve_residual or reconcile settles it once upstream finishes")
-	}
-	why := fmt.Sprintf("the operation's classifier reads this upstream answer as %s", got)
-	if in.UpstreamStatus != 0 {
-		why = fmt.Sprintf("upstream_status %d implies %s", in.UpstreamStatus, got)
-		switch got {
-		case residual.Unknown:
-			why += " (a timeout, conflict, rate limit or server error does not prove that upstream did nothing)"
-		case residual.Failed:
-			why += " (upstream refused the request before any effect)"
-		}
-	}
-	recovery := fmt.Sprintf("commit it as outcome=%s, or as outcome=unknown when you cannot tell", got)
-	switch got {
-	case residual.Unknown:
-		recovery = "commit it as outcome=unknown; the key then blocks until reconcile or resolve_residual settles it after checking upstream"
-	case residual.Succeeded:
-		recovery = "commit it as outcome=succeeded (or accepted / unknown if you know less)"
-	}
-	return toolError(ToolCommit, kindRefused, fmt.Sprintf("outcome %s refused: %s; the residual is unchanged", claimed, why), recovery)
 }

@@ -76,7 +76,7 @@ func TestLeaseSecretFencesCommitAndRenew(t *testing.T) {
 	require.Equal(t, before, snapshot(t, e.led, nsA), "a commit without the secret writes nothing")
 	next := beginOn(t, other, "invoice:1")
 	require.Equal(t, mcpserver.DecisionBlocked, next.Decision, "A's call is still in flight: no second dispatch")
-	require.Equal(t, "in_progress", next.Violation.Kind)
+	require.Equal(t, interceptor.Kind("in_progress"), next.Violation.Kind)
 
 	// begin_call handed A a 128-bit secret; the stored holder carries only its hash.
 	require.Regexp(t, `^[0-9a-f]{32}$`, b.LeaseSecret)
@@ -202,13 +202,13 @@ func TestCommitClassifiesTheStatus(t *testing.T) {
 		require.Contains(t, info.Message, "outcome "+tc.outcome+" refused", name)
 		require.Contains(t, info.Recovery, "outcome="+tc.implied, name)
 		if tc.status != 0 && tc.status != 202 && tc.body == nil {
-			require.Contains(t, info.Message, fmt.Sprintf("upstream_status %d implies %s", tc.status, tc.implied), name)
+			require.Contains(t, info.Message, fmt.Sprintf("upstream status %d implies %s", tc.status, tc.implied), name)
 		}
 		require.Equal(t, before, snapshot(t, e.led, nsA), "%s: a refused commit changes nothing", name)
 		// Still in flight: no second dispatch.
 		again := beginOn(t, c, fmt.Sprintf("invoice:%d", i))
 		require.Equal(t, mcpserver.DecisionBlocked, again.Decision, name)
-		require.Equal(t, "in_progress", again.Violation.Kind, name)
+		require.Equal(t, interceptor.Kind("in_progress"), again.Violation.Kind, name)
 	}
 
 	// The reproduction: failed + 503 is refused; committed as unknown, the key then blocks
@@ -218,7 +218,7 @@ func TestCommitClassifiesTheStatus(t *testing.T) {
 	require.Equal(t, residual.Unknown, ok[mcpserver.CommitResult](t, c, "commit_call", commitArgs(b, "unknown", m{"upstream_status": 503})).State)
 	next := beginOn(t, c, "invoice:503")
 	require.Equal(t, mcpserver.DecisionBlocked, next.Decision)
-	require.Equal(t, "unknown_outcome", next.Violation.Kind)
+	require.Equal(t, interceptor.Kind("unknown_outcome"), next.Violation.Kind)
 }
 
 // failingWatcher is a ledger whose change stream fails on its first subscription.
@@ -249,7 +249,7 @@ func TestWatchRetryUsesTheClock(t *testing.T) {
 	fw := &failingWatcher{Ledger: led, w: led, seen: make(chan int32, 4)}
 	ic, err := interceptor.New(fw, interceptor.Config{Namespace: nsA, Clock: clock})
 	require.NoError(t, err)
-	srv, err := mcpserver.New(ic, mcpserver.Options{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	srv, err := mcpserver.New(ic, mcpserver.Options{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, srv.Close()) })
 	_, err = srv.MCPServer(nsA)

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -58,24 +58,37 @@ func (c *check) token(t uint64) {
 	}
 }
 
+// leaseTTL checks lease_ms against this surface's cap; 0 (when not required) means the
+// interceptor's default. Whether it exceeds the safety margin is the interceptor's check.
 func (sp *space) leaseTTL(c *check, ms int64, required bool) time.Duration {
 	if ms == 0 {
 		if required {
 			c.fail("lease_ms is required")
 		}
-		return sp.srv.opts.DefaultLease
+		return 0
 	}
 	o := sp.srv.opts
-	ttl := time.Duration(ms) * time.Millisecond
 	switch {
 	case ms < 0:
 		c.fail("lease_ms %d is negative", ms)
 	case ms > o.MaxLease.Milliseconds():
 		c.fail("lease_ms %d exceeds the limit %d (%v)", ms, o.MaxLease.Milliseconds(), o.MaxLease)
-	case ttl <= o.Margin:
-		c.fail("lease_ms %d is not longer than the safety margin %v", ms, o.Margin)
 	}
-	return ttl
+	return time.Duration(ms) * time.Millisecond
+}
+
+// cleanName keeps the printable runes of a self-reported name, at most maxClientName bytes.
+func cleanName(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || unicode.IsControl(r) || r == '#' {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
+	if len(s) > maxClientName {
+		s = truncate(s, maxClientName)
+	}
+	return strings.TrimSpace(s)
 }
 
 func truncate(s string, n int) string {
@@ -100,14 +113,19 @@ func jsonValue(b []byte) json.RawMessage {
 	return s
 }
 
-// caller names who is calling: the explicit holder, or one derived from the MCP client.
+// maxClientName caps the part of a holder taken from the MCP client's self-reported name.
+const maxClientName = 64
+
+// caller names who is calling: the explicit holder, or one derived from the MCP client's
+// name (cleaned of control characters and cut at maxClientName bytes: it is the client's
+// word, and it reaches the ledger).
 func caller(ctx context.Context, explicit string) string {
 	if explicit != "" {
 		return explicit
 	}
 	name := "agent"
 	if s, ok := server.ClientSessionFromContext(ctx).(server.SessionWithClientInfo); ok {
-		if n := s.GetClientInfo().Name; n != "" {
+		if n := cleanName(s.GetClientInfo().Name); n != "" {
 			name = n
 		}
 	}
@@ -120,12 +138,13 @@ func caller(ctx context.Context, explicit string) string {
 func ledgerError(tool string, err error, key string) *mcp.CallToolResult {
 	switch {
 	case errors.Is(err, residual.ErrNotFound):
-		return toolError(tool, kindNotFound, fmt.Sprintf("no residual with key %s in this namespace", key),
+		return toolError(tool, KindNotFound, fmt.Sprintf("no residual with key %s in this namespace", key),
 			"check the key (list_pending shows open residuals); keys of other namespaces are not visible")
-	case errors.Is(err, ledger.ErrInvalidParams), errors.Is(err, residual.ErrInvalidKey), errors.Is(err, residual.ErrInvalidState):
-		return toolError(tool, kindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
+	case errors.Is(err, ledger.ErrInvalidParams), errors.Is(err, residual.ErrInvalidKey), errors.Is(err, residual.ErrInvalidState),
+		errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge):
+		return toolError(tool, KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
 	default:
-		return toolError(tool, kindUnavailable, "the ledger failed: "+err.Error(), "try again later")
+		return toolError(tool, KindUnavailable, "the ledger failed: "+err.Error(), "try again later")
 	}
 }
 
@@ -163,7 +182,7 @@ func (sp *space) listPending(ctx context.Context, req mcp.CallToolRequest) (*mcp
 	if err != nil {
 		return ledgerError(ToolListPending, err, ""), nil
 	}
-	now := sp.srv.opts.Clock.Now()
+	now := sp.now()
 	out := ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d open residual(s)", len(page.Residuals))
@@ -181,7 +200,7 @@ func (sp *space) listPending(ctx context.Context, req mcp.CallToolRequest) (*mcp
 func summarize(r *residual.Residual, now time.Time) ResidualSummary {
 	s := ResidualSummary{
 		Key: r.Key, Task: r.Task, Operation: r.Operation, Target: r.Target, State: r.State,
-		Token: r.Token, Handle: r.Handle, Since: r.CreatedAt, Recovery: recoveryFor(r, now),
+		Token: r.Token, Handle: r.Handle, Since: r.CreatedAt, Recovery: interceptor.RecoveryFor(r, now),
 	}
 	if a := r.Current(); a != nil {
 		s.Attempt, s.Holder, s.Since, s.LeaseExpiresAt = a.N, a.Holder, a.Started, a.LeaseExpires
@@ -203,7 +222,7 @@ func (sp *space) inspect(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	if err != nil {
 		return ledgerError(ToolInspect, err, in.Key), nil
 	}
-	v := view(r, sp.srv.opts.Clock.Now())
+	v := view(r, sp.now())
 	return okResult(v, fmt.Sprintf("%s is %s (%s %q, task %q, %d attempt(s)): %s",
 		r.Key, r.State, r.Operation, r.Target, r.Task, len(r.Attempts), v.Recovery)), nil
 }
@@ -214,7 +233,7 @@ func view(r *residual.Residual, now time.Time) ResidualView {
 		State: r.State, RequestDigest: r.RequestDigest, Attempts: append([]residual.Attempt{}, r.Attempts...),
 		Result: jsonValue(r.Result), ResultDigest: r.ResultDigest, ResultTruncated: r.ResultTruncated,
 		Handle: r.Handle, Resolutions: r.Resolutions, Token: r.Token, CreatedAt: r.CreatedAt,
-		UpdatedAt: r.UpdatedAt, Recovery: recoveryFor(r, now),
+		UpdatedAt: r.UpdatedAt, Recovery: interceptor.RecoveryFor(r, now),
 	}
 	for _, e := range r.Evidence {
 		v.Evidence = append(v.Evidence, EvidenceView{
@@ -230,13 +249,12 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if err != nil {
 		return invalid(ToolBegin, err), nil
 	}
-	o := sp.srv.opts
 	var c check
 	c.required("task", in.Task)
 	c.required("operation", in.Operation)
 	c.required("target", in.Target)
 	for name, v := range map[string]string{"task": in.Task, "operation": in.Operation, "target": in.Target, "holder": in.Holder} {
-		c.size(name, v, o.MaxField)
+		c.size(name, v, sp.srv.opts.MaxField)
 	}
 	args := bytes.TrimSpace(in.Args)
 	switch {
@@ -244,114 +262,77 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		c.fail("args is required (a JSON object; {} when the call takes none)")
 	case args[0] != '{':
 		c.fail("args must be a JSON object")
-	case len(args) > o.MaxArgs:
-		c.fail("args is %d bytes, the limit is %d", len(args), o.MaxArgs)
 	}
 	ttl := sp.leaseTTL(&c, in.LeaseMS, false)
 	if c.err != nil {
 		return invalid(ToolBegin, c.err), nil
 	}
-	digest, err := residual.Digest(args)
-	if err != nil {
-		return invalid(ToolBegin, fmt.Errorf("args: %w", err)), nil
-	}
 	secret := newLeaseSecret()
-	holder := holderOf(caller(ctx, in.Holder), secret)
-	key := sp.ic.Key(in.Task, in.Operation, in.Target)
-	op := o.Operations[in.Operation]
-
-	// Reserve, measuring the local deadline from before the request was sent, as the
-	// interceptor does: it is never later than the ledger's expiry.
-	started := o.Clock.Now()
-	res, err := sp.ic.Ledger().Reserve(context.WithoutCancel(ctx), ledger.ReserveParams{
-		Namespace: sp.ns, Key: key, Task: in.Task, Operation: in.Operation, Target: in.Target,
-		Holder: holder, RequestDigest: digest, TTL: ttl, Redispatch: op.UpstreamIdempotent,
-	})
-	if err != nil {
-		if errors.Is(err, ledger.ErrInvalidParams) {
-			return invalid(ToolBegin, err), nil
-		}
-		return toolError(ToolBegin, kindUnavailable, "the reservation could not be recorded: "+err.Error(),
-			"do NOT perform the call (nothing guards it); call begin_call again later"), nil
-	}
-	r := res.Residual
-	switch res.Decision {
-	case ledger.Acquired:
-	case ledger.Replay:
+	// The reservation must not be torn by a client that goes away mid-request.
+	a, replay, err := sp.ic.Begin(interceptor.WithTask(context.WithoutCancel(ctx), in.Task),
+		interceptor.Call{Operation: in.Operation, Target: in.Target, Args: args},
+		interceptor.BeginOptions{Holder: holderOf(caller(ctx, in.Holder), secret), LeaseTTL: ttl})
+	var v *interceptor.Violation
+	switch {
+	case replay != nil:
 		out := BeginResult{
-			Decision: DecisionReplay, Key: key, Token: r.Token, Result: jsonValue(r.Result),
-			ResultTruncated: r.ResultTruncated,
-		}
-		if a := r.Current(); a != nil {
-			out.Attempt, out.Holder = a.N, a.Holder
+			Decision: DecisionReplay, Key: replay.Key, Attempt: replay.Attempt, Token: replay.Token,
+			Result: jsonValue(replay.Output), ResultTruncated: replay.Truncated,
 		}
 		return okResult(out, fmt.Sprintf("REPLAY: %s on %q already succeeded (key %s); use the cached result and do NOT perform the call again",
-			in.Operation, in.Target, key)), nil
-	default:
-		v := blockedViolation(res, started)
-		out := BeginResult{Decision: DecisionBlocked, Key: key, Attempt: v.Attempt, Token: v.Token, Holder: v.Holder, Violation: v}
-		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s; recovery: %s", v.Kind, v.Message, v.Recovery)), nil
+			in.Operation, in.Target, replay.Key)), nil
+	case errors.As(err, &v):
+		vv := violationView(v)
+		out := BeginResult{Decision: DecisionBlocked, Key: v.Key, Attempt: v.Attempt, Token: v.Token, Holder: v.Holder, Violation: vv}
+		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s; recovery: %s", v.Kind, vv.Message, v.Recovery)), nil
+	case errors.Is(err, interceptor.ErrNotDispatched):
+		return toolError(ToolBegin, KindUnavailable, "the reservation could not be recorded: "+err.Error(),
+			"do NOT perform the call (nothing guards it); call begin_call again later"), nil
+	case err != nil:
+		return ledgerError(ToolBegin, err, ""), nil
 	}
-
-	cur := r.Current()
-	local := res.Lease
-	local.Expires = started.Add(ttl)
-	if err := local.CheckMargin(o.Clock.Now(), o.Margin); err != nil {
-		_, cerr := sp.ic.Ledger().Commit(context.WithoutCancel(ctx), ledger.CommitParams{
-			Namespace: sp.ns, Key: key, Holder: holder, Token: local.Token,
-			Outcome: residual.Failed, Error: "not dispatched: " + err.Error(),
-		})
-		msg := err.Error()
-		if cerr != nil {
-			msg += "; recording the attempt as not dispatched failed too: " + cerr.Error()
-		}
-		v := &Violation{
-			Kind: string(interceptor.MarginTooSmall), Message: msg, Recovery: recoveryMarginTooSmall,
-			State: residual.Failed, Attempt: cur.N, Holder: holder, Token: local.Token, Since: cur.Started,
-		}
-		out := BeginResult{Decision: DecisionBlocked, Key: key, Attempt: cur.N, Token: local.Token, Holder: holder, Violation: v}
-		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s", v.Kind, msg)), nil
-	}
+	d, l := a.Dispatch, a.Lease()
 	out := BeginResult{
-		Decision: DecisionProceed, Key: key, Attempt: cur.N, Token: local.Token, Holder: holder,
-		LeaseSecret: secret, LeaseExpiresAt: res.Lease.Expires, LeaseMS: ttl.Milliseconds(),
+		Decision: DecisionProceed, Key: d.Key, Attempt: d.Attempt, Token: d.Token, Holder: a.Holder,
+		LeaseSecret: secret, LeaseExpiresAt: l.Expires, LeaseMS: a.TTL().Milliseconds(),
 	}
 	// The summary line does not repeat the secret; it reaches the caller in the result only.
 	return okResult(out, fmt.Sprintf("PROCEED: perform %s on %q once, then commit_call with key %s, token %d and this result's "+
 		"lease_secret within %v (renew_lease for longer calls); keep lease_secret to yourself: it makes you the holder; "+
 		"send the key upstream as Idempotency-Key if it supports one",
-		in.Operation, in.Target, key, local.Token, ttl)), nil
+		in.Operation, in.Target, d.Key, d.Token, a.TTL())), nil
 }
 
-// blockedViolation describes a blocking reservation decision.
-func blockedViolation(res *ledger.ReserveResult, now time.Time) *Violation {
-	r := res.Residual
-	kind := map[ledger.Decision]interceptor.Kind{
-		ledger.InProgress: interceptor.InProgress, ledger.UnknownOutcome: interceptor.UnknownOutcome,
-		ledger.AwaitingUpstream: interceptor.AwaitingUpstream, ledger.PayloadMismatch: interceptor.PayloadMismatch,
-	}[res.Decision]
-	v := &Violation{Kind: string(kind), State: r.State, Handle: r.Handle, Recovery: recoveries[kind], Token: r.Token}
-	a := r.Current()
-	if a != nil {
-		v.Attempt, v.Holder, v.Token, v.Since = a.N, a.Holder, a.Token, a.Started
+// violationView is the wire form of an interceptor violation.
+func violationView(v *interceptor.Violation) *Violation {
+	return &Violation{
+		Kind: v.Kind, Message: v.Describe(), Recovery: v.Recovery, State: v.State, Attempt: v.Attempt,
+		Holder: v.Holder, Token: v.Token, Since: v.Since, RetryAfterMS: v.RetryAfter.Milliseconds(),
+		Handle: v.Handle, Result: jsonValue(v.Result),
 	}
-	switch kind {
-	case interceptor.InProgress:
-		if a != nil {
-			v.RetryAfterMS = max(a.LeaseExpires.Sub(now), 0).Milliseconds()
+}
+
+// violationError is the isError result of a violation raised by a commit or renewal.
+func violationError(tool string, v *interceptor.Violation, what string) *mcp.CallToolResult {
+	vv := violationView(v)
+	return errorResult(tool, ErrorInfo{Kind: string(v.Kind), Message: what + ": " + vv.Message, Recovery: v.Recovery, Violation: vv})
+}
+
+// resume finds the attempt of key under token for the caller holding secret. It returns the
+// attempt, or the isError result of tool refusing it (nothing written).
+func (sp *space) resume(ctx context.Context, tool, key string, token uint64, secret string) (*interceptor.Attempt, *mcp.CallToolResult) {
+	a, err := sp.ic.Resume(ctx, interceptor.ResumeParams{Key: key, Token: token, Authorize: holds(secret)})
+	var v *interceptor.Violation
+	switch {
+	case errors.As(err, &v):
+		if errors.Is(err, errNotHolder) {
+			v.Recovery = recoveryNotHolder
 		}
-		v.Message = fmt.Sprintf("%s on %q is in flight under a live lease held by %s (attempt %d, token %d)", r.Operation, r.Target, v.Holder, v.Attempt, v.Token)
-	case interceptor.UnknownOutcome:
-		v.Message = fmt.Sprintf("%s on %q may have reached upstream (attempt %d by %s) and its outcome was never recorded", r.Operation, r.Target, v.Attempt, v.Holder)
-	case interceptor.AwaitingUpstream:
-		v.Message = fmt.Sprintf("upstream accepted %s on %q but has not finished it (handle %q)", r.Operation, r.Target, r.Handle)
-	case interceptor.PayloadMismatch:
-		v.Result = jsonValue(r.Result)
-		v.Message = fmt.Sprintf("%s on %q already succeeded with different arguments", r.Operation, r.Target)
-	default:
-		v.Kind, v.Message = res.Decision.String(), "blocked by the ledger: "+res.Decision.String()
+		return nil, violationError(tool, v, "refused; nothing was written")
+	case err != nil:
+		return nil, ledgerError(tool, err, key)
 	}
-	return v
+	return a, nil
 }
 
 func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -359,7 +340,7 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	if err != nil {
 		return invalid(ToolCommit, err), nil
 	}
-	o := sp.srv.opts
+	o, cfg := sp.srv.opts, sp.ic.Settings()
 	var c check
 	c.key(in.Key)
 	c.token(in.Token)
@@ -373,74 +354,53 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	}
 	c.size("handle", in.Handle, o.MaxField)
 	c.size("error", in.Error, o.MaxField)
-	if in.UpstreamStatus < 0 || in.UpstreamStatus > 999 {
+	if in.UpstreamStatus != 0 && (in.UpstreamStatus < 100 || in.UpstreamStatus > 599) {
 		c.fail("upstream_status %d: want an HTTP status (100 to 599) or 0", in.UpstreamStatus)
 	}
 	result := bytes.TrimSpace(in.Result)
 	if string(result) == "null" {
 		result = nil
 	}
-	if limit := o.MaxArgs + o.MaxResult; len(result) > limit {
+	if limit := cfg.MaxArgs + cfg.MaxResult; len(result) > limit {
 		c.fail("result is %d bytes, the limit is %d", len(result), limit)
 	}
-	if len(in.UpstreamBody) > o.MaxArgs+o.MaxResult {
-		c.fail("upstream_body is %d bytes, the limit is %d", len(in.UpstreamBody), o.MaxArgs+o.MaxResult)
+	if len(in.UpstreamBody) > cfg.MaxArgs+cfg.MaxResult {
+		c.fail("upstream_body is %d bytes, the limit is %d", len(in.UpstreamBody), cfg.MaxArgs+cfg.MaxResult)
 	}
 	c.secret(in.LeaseSecret)
 	if c.err != nil {
 		return invalid(ToolCommit, c.err), nil
 	}
-	r, err := sp.get(ctx, in.Key)
-	if err != nil {
-		return ledgerError(ToolCommit, err, in.Key), nil
-	}
-
-	// Only the holder of the attempt commits it: the token is public, the secret is not.
-	attempt, holder, refused := authorize(ToolCommit, r, in.Token, in.LeaseSecret)
+	a, refused := sp.resume(ctx, ToolCommit, in.Key, in.Token, in.LeaseSecret)
 	if refused != nil {
 		return refused, nil
 	}
-	// Classify what the agent reports with the interceptor's rules: a queued answer is
-	// never a success (nor a failure: the effect is in flight upstream), and a claim the
-	// upstream status contradicts is refused unless it is more cautious.
-	if refused := checkClaim(o.Operations[r.Operation].Classify, outcome, in, upstreamBody(in.UpstreamBody, result)); refused != nil {
-		return refused, nil
-	}
-
-	sum := sha256.Sum256(result)
-	digest := hex.EncodeToString(sum[:])
-	// Store what the interceptor would: redacted (the digest stays that of the whole result).
-	cached, truncated := sp.ic.Redact(r.Operation, result), false
-	if len(cached) > o.MaxResult {
-		cached, truncated = cached[:o.MaxResult], true
-	}
-	stored, err := sp.ic.Ledger().Commit(context.WithoutCancel(ctx), ledger.CommitParams{
-		Namespace: sp.ns, Key: in.Key, Holder: holder, Token: in.Token, Outcome: outcome,
-		ResponseDigest: digest, Result: cached, ResultDigest: digest, ResultTruncated: truncated,
-		Handle: in.Handle, Error: in.Error, Margin: o.Margin,
+	res, err := a.Report(ctx, interceptor.Report{
+		Outcome: outcome, Status: in.UpstreamStatus, Body: upstreamBody(in.UpstreamBody, result),
+		Result: result, Handle: in.Handle, Error: in.Error,
 	})
+	var (
+		v  *interceptor.Violation
+		ce *interceptor.ClaimError
+	)
 	switch {
-	case errors.Is(err, residual.ErrLeaseLost):
-		if stored == nil {
-			stored = r
-		}
-		v := &Violation{
-			Kind: string(interceptor.LeasePreempted), Message: err.Error(), Recovery: recoveries[interceptor.LeasePreempted],
-			State: stored.State, Attempt: attempt.N, Holder: attempt.Holder, Token: in.Token, Since: attempt.Started,
-		}
-		return errorResult(ToolCommit, ErrorInfo{Kind: kindLeaseLost, Message: "commit refused, the fence was lost: " + err.Error(),
-			Recovery: v.Recovery, Violation: v}), nil
+	case errors.As(err, &ce):
+		return toolError(ToolCommit, KindRefused, ce.Error(), ce.Recovery), nil
+	case errors.Is(err, interceptor.ErrClassifierPanicked):
+		return toolError(ToolCommit, KindInternal, err.Error(), "commit_call again with outcome=unknown; report the panic to the server's operator"), nil
+	case errors.As(err, &v):
+		return violationError(ToolCommit, v, "commit refused, the fence was lost"), nil
 	case err != nil && (errors.Is(err, ledger.ErrInvalidParams) || errors.Is(err, residual.ErrNotFound)):
 		return ledgerError(ToolCommit, err, in.Key), nil
 	case err != nil:
-		return toolError(ToolCommit, kindUnavailable, "the outcome was not recorded: "+err.Error(),
+		return toolError(ToolCommit, KindUnavailable, err.Error(),
 			"call commit_call again with the same key and token while the lease lasts; after that the key reads as unknown and must be reconciled"), nil
 	}
 	out := CommitResult{
-		Key: in.Key, State: stored.State, Attempt: attempt.N, Token: in.Token, Handle: stored.Handle,
-		ResultDigest: digest, ResultTruncated: truncated, RecordedAt: stored.UpdatedAt,
+		Key: res.Key, State: res.State, Attempt: res.Attempt, Token: res.Token, Handle: res.Handle,
+		ResultDigest: res.ResultDigest, ResultTruncated: res.StoredTruncated, RecordedAt: res.RecordedAt,
 	}
-	summary := fmt.Sprintf("recorded %s for %s (attempt %d, token %d)", stored.State, in.Key, attempt.N, in.Token)
+	summary := fmt.Sprintf("recorded %s for %s (attempt %d, token %d)", res.State, res.Key, res.Attempt, res.Token)
 	if outcome == residual.Accepted && in.Handle == "" {
 		summary += "; no handle was given, so a successor cannot poll upstream for it"
 	}
@@ -476,23 +436,15 @@ func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	if c.err != nil {
 		return invalid(ToolRenew, c.err), nil
 	}
-	r, err := sp.get(ctx, in.Key)
-	if err != nil {
-		return ledgerError(ToolRenew, err, in.Key), nil
-	}
-	_, holder, refused := authorize(ToolRenew, r, in.Token, in.LeaseSecret)
+	a, refused := sp.resume(ctx, ToolRenew, in.Key, in.Token, in.LeaseSecret)
 	if refused != nil {
 		return refused, nil
 	}
-	l, err := sp.ic.Ledger().Renew(context.WithoutCancel(ctx), ledger.RenewParams{
-		Namespace: sp.ns, Key: in.Key, Holder: holder, Token: in.Token, TTL: ttl,
-	})
+	l, err := a.Renew(context.WithoutCancel(ctx), ttl)
+	var v *interceptor.Violation
 	switch {
-	case errors.Is(err, residual.ErrLeaseLost):
-		v := &Violation{Kind: string(interceptor.LeasePreempted), Message: err.Error(), Recovery: recoveryRenewLost,
-			State: r.State, Holder: holder, Token: in.Token}
-		return errorResult(ToolRenew, ErrorInfo{Kind: kindLeaseLost, Message: "renewal refused, the fence was lost: " + err.Error(),
-			Recovery: v.Recovery, Violation: v}), nil
+	case errors.As(err, &v):
+		return violationError(ToolRenew, v, "renewal refused, the fence was lost"), nil
 	case err != nil:
 		return ledgerError(ToolRenew, err, in.Key), nil
 	}
@@ -505,7 +457,7 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	if err != nil {
 		return invalid(ToolResolve, err), nil
 	}
-	o := sp.srv.opts
+	o, cfg := sp.srv.opts, sp.ic.Settings()
 	var c check
 	c.key(in.Key)
 	as := residual.State(in.As)
@@ -524,25 +476,21 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	if string(result) == "null" {
 		result = nil
 	}
-	if len(result) > 0 && as == residual.Failed {
-		c.fail("result is only kept when resolving as succeeded")
-	}
-	if len(result) > o.MaxResult {
-		c.fail("result is %d bytes, the limit is %d", len(result), o.MaxResult)
+	if limit := cfg.MaxArgs + cfg.MaxResult; len(result) > limit {
+		c.fail("result is %d bytes, the limit is %d", len(result), limit)
 	}
 	if c.err != nil {
 		return invalid(ToolResolve, c.err), nil
 	}
-	stored, err := sp.ic.Ledger().Resolve(context.WithoutCancel(ctx), ledger.ResolveParams{
-		Namespace: sp.ns, Key: in.Key, As: as, By: caller(ctx, in.By), Note: in.Note,
-		Evidence: in.Evidence, Result: result,
+	stored, err := sp.ic.Resolve(context.WithoutCancel(ctx), interceptor.ResolveParams{
+		Key: in.Key, As: as, By: caller(ctx, in.By), Note: in.Note, Evidence: in.Evidence, Result: result,
 	})
 	switch {
 	case errors.Is(err, residual.ErrInProgress):
-		return toolError(ToolResolve, kindInProgress, err.Error(),
+		return toolError(ToolResolve, KindInProgress, err.Error(),
 			"a live lease covers the key and its holder may still commit; wait until the lease expires (the key then reads as unknown) and resolve it then"), nil
 	case errors.Is(err, residual.ErrInvalidTransition):
-		return toolError(ToolResolve, kindInvalidTransition, err.Error(), "nothing to resolve: inspect_residual shows its record"), nil
+		return toolError(ToolResolve, KindInvalidTransition, err.Error(), "nothing to resolve: inspect_residual shows its record"), nil
 	case err != nil:
 		return ledgerError(ToolResolve, err, in.Key), nil
 	}
@@ -577,16 +525,13 @@ func (sp *space) reconcile(ctx context.Context, req mcp.CallToolRequest) (*mcp.C
 	if err != nil {
 		return ledgerError(ToolReconcile, err, in.Key), nil
 	}
-	out := ReconcileResult{Resolved: []ReconcileSettled{}, Open: []ReconcileOpen{}}
 	var b strings.Builder
 	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(rep.Resolved), len(rep.Open))
 	for _, s := range rep.Resolved {
-		out.Resolved = append(out.Resolved, ReconcileSettled{Key: s.Key, From: s.From, To: s.To, Token: s.Token, Evidence: s.Evidence})
 		fmt.Fprintf(&b, "\n- settled %s: %s → %s", s.Key, s.From, s.To)
 	}
 	for _, u := range rep.Open {
-		out.Open = append(out.Open, ReconcileOpen{Key: u.Key, State: u.State, Reason: u.Reason})
 		fmt.Fprintf(&b, "\n- open %s (%s): %s", u.Key, u.State, u.Reason)
 	}
-	return okResult(out, b.String()), nil
+	return okResult(rep, b.String()), nil
 }

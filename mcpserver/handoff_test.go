@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -128,7 +129,7 @@ func TestSuccessorHandOff(t *testing.T) {
 
 			delete(begin, "holder")
 			blocked := ok[mcpserver.BeginResult](t, b, "begin_call", begin)
-			require.Equal(t, "in_progress", blocked.Violation.Kind)
+			require.Equal(t, interceptor.Kind("in_progress"), blocked.Violation.Kind)
 			rec := ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"task": "run-7"})
 			require.Empty(t, rec.Resolved, "a live lease is left alone")
 			require.Contains(t, rec.Open[0].Reason, "live lease")
@@ -141,7 +142,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			require.Equal(t, a.Key, list.Residuals[0].Key)
 			require.Contains(t, list.Residuals[0].Recovery, "reconcile")
 			blocked = ok[mcpserver.BeginResult](t, b, "begin_call", begin)
-			require.Equal(t, "unknown_outcome", blocked.Violation.Kind)
+			require.Equal(t, interceptor.Kind("unknown_outcome"), blocked.Violation.Kind)
 			require.Equal(t, a.Holder, blocked.Violation.Holder)
 
 			var settledToken uint64
@@ -174,7 +175,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			e1 := fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "succeeded", "result": m{"charge": "ch_zombie"}})
 			require.Equal(t, "lease_lost", e1.Kind)
 			require.NotNil(t, e1.Violation)
-			require.Equal(t, "lease_preempted", e1.Violation.Kind)
+			require.Equal(t, interceptor.LeaseLost, e1.Violation.Kind, "one name: the wire says lease_lost for the kind as for the error")
 			require.Equal(t, a.Holder, e1.Violation.Holder)
 			after := ok[mcpserver.ResidualView](t, b, "inspect_residual", m{"key": a.Key})
 			require.Equal(t, residual.Succeeded, after.State)

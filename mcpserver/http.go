@@ -19,7 +19,8 @@ const Path = "/mcp"
 // loopback connection (403 otherwise), in the namespace of the interceptor given to New.
 // Request bodies larger than MaxArgs+MaxResult+1 MiB get 413.
 func (s *Server) Handler() http.Handler {
-	limit := int64(s.opts.MaxArgs) + int64(s.opts.MaxResult) + 1<<20
+	cfg := s.base.Settings()
+	limit := int64(cfg.MaxArgs) + int64(cfg.MaxResult) + 1<<20
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ns, ok := s.authenticate(w, r)
 		if !ok {

@@ -65,7 +65,7 @@ func (sp *space) readPending(ctx context.Context, req mcp.ReadResourceRequest) (
 	if err != nil {
 		return nil, fmt.Errorf("toolfence: listing open residuals: %w", err)
 	}
-	now := sp.srv.opts.Clock.Now()
+	now := sp.now()
 	out := ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}
 	for _, r := range page.Residuals {
 		out.Residuals = append(out.Residuals, summarize(r, now))
@@ -89,7 +89,7 @@ func (sp *space) readResidual(ctx context.Context, req mcp.ReadResourceRequest) 
 	if err != nil {
 		return nil, fmt.Errorf("toolfence: %w", err)
 	}
-	return jsonContents(uri, view(r, sp.srv.opts.Clock.Now()))
+	return jsonContents(uri, view(r, sp.now()))
 }
 
 func (sp *space) addPrompt() {
@@ -109,7 +109,7 @@ func (sp *space) reconcileTaskPrompt(ctx context.Context, req mcp.GetPromptReque
 	if err != nil {
 		return nil, fmt.Errorf("toolfence: listing open residuals of task %q: %w", task, err)
 	}
-	now := sp.srv.opts.Clock.Now()
+	now := sp.now()
 	var b strings.Builder
 	fmt.Fprintf(&b, "You are taking over task %q from a predecessor agent that may have crashed in the middle of side-effecting calls.\n", task)
 	b.WriteString(`Rules: never perform a side-effecting call whose previous outcome is unknown; never treat a queued (202) answer as done.

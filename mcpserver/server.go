@@ -13,47 +13,38 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 )
 
 // Defaults of Options.
 const (
+	// DefaultLease is the lease of a begin_call without lease_ms when the interceptor has
+	// no other: interceptor.DefaultLeaseTTL. The interceptor's Config.LeaseTTL decides.
 	DefaultLease    = interceptor.DefaultLeaseTTL
 	DefaultMaxLease = time.Hour
 	// DefaultMaxField caps task, operation, target, handle, note and other strings.
 	DefaultMaxField = 4 << 10
 )
 
-// Options configures a Server. Every field has a useful zero value.
+// Options configures a Server. Every field has a useful zero value. The barrier's own
+// settings (lease length, margin, clock, argument and result caps, redaction, operation
+// policies) are the interceptor's: see interceptor.Config; the server adds only the limits
+// of its network surface.
 type Options struct {
 	// Tokens maps bearer tokens to namespaces for the HTTP transport. Defaults to none:
 	// then HTTP is served only on a loopback address, without authentication, in the
 	// namespace of the interceptor given to New.
 	Tokens Tokens
-	// Operations holds per-operation policies (probes, classifiers, upstream idempotency)
-	// for every namespace: they are registered on the interceptor given to New and on every
-	// interceptor the server creates. Defaults to none.
+	// Operations holds per-operation policies (probes, classifiers, upstream idempotency):
+	// New registers them on the interceptor it is given, whose policies every namespace
+	// shares. Defaults to none.
 	Operations map[string]interceptor.Operation
 	// NewInterceptor builds the interceptor of a namespace other than the one of the
-	// interceptor given to New. Defaults to interceptor.New on the same ledger with
-	// Namespace, Clock, Margin and Operations set.
+	// interceptor given to New. Defaults to that interceptor's ForNamespace: the same
+	// ledger, settings and operation policies.
 	NewInterceptor func(namespace string) (*interceptor.Interceptor, error)
-	// Clock measures margins and lease deadlines in this process. Defaults to lease.Real.
-	Clock lease.Clock
-	// Margin that must be left on a lease at begin_call's dispatch check and at commit.
-	// Defaults to lease.DefaultMargin (50ms).
-	Margin time.Duration
-	// DefaultLease is the lease of a begin_call without lease_ms. Defaults to 30s.
-	DefaultLease time.Duration
 	// MaxLease caps lease_ms. Defaults to one hour.
 	MaxLease time.Duration
-	// MaxArgs caps the size of begin_call's args in bytes. Defaults to 1 MiB.
-	MaxArgs int
-	// MaxResult caps the cached result in bytes; a longer result is cut, keeps the digest
-	// of the whole and is marked truncated. Results larger than MaxArgs+MaxResult are
-	// refused. Defaults to 256 KiB.
-	MaxResult int
 	// MaxField caps every other string input in bytes. Defaults to 4 KiB.
 	MaxField int
 	// HTTPStateless serves protocol versions up to 2025-11-25 without sessions (no
@@ -72,13 +63,8 @@ var ErrInvalidOptions = errors.New("mcpserver: invalid options")
 // ErrClosed is returned by calls on a closed Server.
 var ErrClosed = errors.New("mcpserver: closed")
 
-func (o *Options) normalize() error {
-	o.Clock = cmp.Or[lease.Clock](o.Clock, lease.Real{})
-	o.Margin = cmp.Or(o.Margin, lease.DefaultMargin)
-	o.DefaultLease = cmp.Or(o.DefaultLease, DefaultLease)
+func (o *Options) normalize(cfg interceptor.Config) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
-	o.MaxArgs = cmp.Or(o.MaxArgs, interceptor.DefaultMaxArgs)
-	o.MaxResult = cmp.Or(o.MaxResult, interceptor.DefaultMaxResult)
 	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
 	o.Version = cmp.Or(o.Version, "dev")
 	if o.Logger == nil {
@@ -88,14 +74,10 @@ func (o *Options) normalize() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
 	switch {
-	case o.Margin < 0:
-		return bad("Margin %v is negative", o.Margin)
-	case o.DefaultLease <= o.Margin:
-		return bad("DefaultLease %v is not longer than the margin %v", o.DefaultLease, o.Margin)
-	case o.MaxLease < o.DefaultLease:
-		return bad("MaxLease %v is shorter than DefaultLease %v", o.MaxLease, o.DefaultLease)
-	case o.MaxArgs < 0 || o.MaxResult < 0 || o.MaxField < 0:
-		return bad("size limits must not be negative")
+	case o.MaxLease < cfg.LeaseTTL:
+		return bad("MaxLease %v is shorter than the interceptor's lease %v", o.MaxLease, cfg.LeaseTTL)
+	case o.MaxField < 0:
+		return bad("MaxField %d is negative", o.MaxField)
 	}
 	for tok, ns := range o.Tokens.byHash {
 		if ns == "" {
@@ -129,7 +111,7 @@ func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 	if ic == nil {
 		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
 	}
-	if err := opts.normalize(); err != nil {
+	if err := opts.normalize(ic.Settings()); err != nil {
 		return nil, err
 	}
 	for name, op := range opts.Operations {
@@ -234,10 +216,7 @@ func (s *Server) interceptorFor(ns string) (*interceptor.Interceptor, error) {
 			err = fmt.Errorf("%w: NewInterceptor(%q) returned nil", ErrInvalidOptions, ns)
 		}
 	} else {
-		ic, err = interceptor.New(s.ledger, interceptor.Config{
-			Namespace: ns, Clock: s.opts.Clock, Margin: s.opts.Margin,
-			LeaseTTL: s.opts.DefaultLease, Operations: s.opts.Operations,
-		})
+		ic, err = s.base.ForNamespace(ns)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("mcpserver: namespace %q: %w", ns, err)

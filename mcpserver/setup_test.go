@@ -1,6 +1,7 @@
 package mcpserver_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -120,13 +121,17 @@ func setupWith(t *testing.T, cfg interceptor.Config, mod func(*mcpserver.Options
 	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, led.Close()) })
-	cfg.Namespace, cfg.Clock = nsA, clock
+	cfg.Namespace = nsA
+	if cfg.Clock == nil {
+		cfg.Clock = clock
+	}
+	cfg.MaxArgs, cfg.MaxResult = cmp.Or(cfg.MaxArgs, 4<<10), cmp.Or(cfg.MaxResult, 1<<10)
 	ic, err := interceptor.New(led, cfg)
 	require.NoError(t, err)
 	var tokens mcpserver.Tokens
 	require.NoError(t, tokens.Add(tokA, nsA))
 	require.NoError(t, tokens.Add(tokB, nsB))
-	opts := mcpserver.Options{Tokens: tokens, Clock: clock, Operations: probes(), MaxArgs: 4 << 10, MaxResult: 1 << 10}
+	opts := mcpserver.Options{Tokens: tokens, Operations: probes()}
 	if mod != nil {
 		mod(&opts)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -85,7 +86,7 @@ func (sp *space) recoverTool(next server.ToolHandlerFunc) server.ToolHandlerFunc
 		defer func() {
 			if p := recover(); p != nil {
 				sp.srv.opts.Logger.Error("mcpserver: tool panicked", "tool", req.Params.Name, "panic", p, "stack", string(debug.Stack()))
-				res, err = toolError(req.Params.Name, kindInternal, fmt.Sprintf("internal error (panic): %v", p),
+				res, err = toolError(req.Params.Name, KindInternal, fmt.Sprintf("internal error (panic): %v", p),
 					"this is a toolfence bug; inspect_residual shows what the ledger recorded before you retry"), nil
 			}
 		}()
@@ -108,14 +109,14 @@ func (sp *space) watch(ctx context.Context, w ledger.Watcher) {
 				return
 			// The retry waits on the injected clock like the resync below, so tests
 			// drive it with lease.Fake instead of sleeping.
-			case <-sp.srv.opts.Clock.After(watchRetry):
+			case <-sp.clock().After(watchRetry):
 				continue
 			}
 		}
 		// (Re)build the open set after subscribing, so no change falls in between; rebuild
 		// it now and then, since a slow reader may miss changes.
 		sp.syncOpen(ctx)
-		resync := sp.srv.opts.Clock.After(resyncEvery)
+		resync := sp.clock().After(resyncEvery)
 	stream:
 		for {
 			select {
@@ -128,7 +129,7 @@ func (sp *space) watch(ctx context.Context, w ledger.Watcher) {
 				return
 			case <-resync:
 				sp.syncOpen(ctx)
-				resync = sp.srv.opts.Clock.After(resyncEvery)
+				resync = sp.clock().After(resyncEvery)
 			}
 		}
 	}
@@ -298,3 +299,9 @@ func (s *subscriptions) notifyUpdated(uri string) {
 		}
 	}
 }
+
+// clock is the clock of the namespace's interceptor.
+func (sp *space) clock() lease.Clock { return sp.ic.Settings().Clock }
+
+// now reads the namespace's clock.
+func (sp *space) now() time.Time { return sp.clock().Now() }

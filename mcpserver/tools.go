@@ -25,18 +25,6 @@ const (
 	ToolReconcile   = "reconcile"
 )
 
-// Error kinds of isError results (ErrorInfo.Kind).
-const (
-	kindInvalidInput      = "invalid_input"
-	kindNotFound          = "not_found"
-	kindLeaseLost         = "lease_lost"
-	kindRefused           = "refused"
-	kindInProgress        = "in_progress"
-	kindInvalidTransition = "invalid_transition"
-	kindUnavailable       = "unavailable"
-	kindInternal          = "internal"
-)
-
 // schemaOf reflects the JSON schema of T with invopop/jsonschema: one self-contained object
 // schema (no $ref), unknown properties refused for inputs.
 func schemaOf[T any]() json.RawMessage {
@@ -202,14 +190,14 @@ func errorResult(tool string, info ErrorInfo) *mcp.CallToolResult {
 }
 
 func invalid(tool string, err error) *mcp.CallToolResult {
-	return toolError(tool, kindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
+	return toolError(tool, KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
 }
 
 // okResult is a structured result with a text fallback: a one-line summary and the JSON.
 func okResult(structured any, summary string) *mcp.CallToolResult {
 	b, err := json.Marshal(structured)
 	if err != nil {
-		return toolError("toolfence", kindInternal, "result cannot be encoded: "+err.Error(), "")
+		return toolError("toolfence", KindInternal, "result cannot be encoded: "+err.Error(), "")
 	}
 	return mcp.NewToolResultStructured(structured, summary+"\n"+string(b))
 }

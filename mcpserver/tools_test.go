@@ -9,6 +9,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -89,7 +90,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 		"task": task, "operation": "charge", "target": "invoice:1", "args": m{"amount": 5, "currency": "EUR"},
 	})
 	require.Equal(t, mcpserver.DecisionBlocked, again.Decision)
-	require.Equal(t, "in_progress", again.Violation.Kind)
+	require.Equal(t, interceptor.Kind("in_progress"), again.Violation.Kind)
 	require.Positive(t, again.Violation.RetryAfterMS)
 	require.Equal(t, b.Holder, again.Violation.Holder)
 	require.Empty(t, again.LeaseSecret)
@@ -115,7 +116,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 		"task": task, "operation": "charge", "target": "invoice:1", "args": m{"amount": 6, "currency": "EUR"},
 	})
 	require.Equal(t, mcpserver.DecisionBlocked, mm.Decision)
-	require.Equal(t, "payload_mismatch", mm.Violation.Kind)
+	require.Equal(t, interceptor.Kind("payload_mismatch"), mm.Violation.Kind)
 	require.JSONEq(t, `{"charge":"ch_1"}`, string(mm.Violation.Result))
 
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
@@ -136,7 +137,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	require.Equal(t, residual.Unknown, ucm.State)
 	ub := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": op, "target": "bob@example.com", "args": m{"subject": "hi"}})
 	require.Equal(t, mcpserver.DecisionBlocked, ub.Decision)
-	require.Equal(t, "unknown_outcome", ub.Violation.Kind)
+	require.Equal(t, interceptor.Kind("unknown_outcome"), ub.Violation.Kind)
 	require.Contains(t, ub.Violation.Recovery, "reconcile")
 	list = ok[mcpserver.ListResult](t, c, "list_pending", m{"state": "unknown"})
 	require.Len(t, list.Residuals, 1)
@@ -172,7 +173,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	acm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "accepted", "upstream_status": 202, "handle": "/jobs/9"})
 	require.Equal(t, residual.Accepted, acm.State)
 	ab := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": "export", "target": "report:9", "args": m{}})
-	require.Equal(t, "awaiting_upstream", ab.Violation.Kind)
+	require.Equal(t, interceptor.Kind("awaiting_upstream"), ab.Violation.Kind)
 	require.Equal(t, "/jobs/9", ab.Violation.Handle)
 	rs := ok[mcpserver.ResolveResult](t, c, "resolve_residual", m{"key": a.Key, "as": "failed", "note": "job 9 was cancelled upstream"})
 	require.Equal(t, residual.Accepted, rs.From)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -169,16 +170,16 @@ type BeginResult struct {
 
 // Violation says why begin_call is blocked, or why a commit or renewal was fenced out.
 type Violation struct {
-	// Kind is in_progress, unknown_outcome, awaiting_upstream, payload_mismatch,
-	// margin_too_small or lease_lost.
-	Kind     string         `json:"kind"`
-	Message  string         `json:"message"`
-	Recovery string         `json:"recovery"`
-	State    residual.State `json:"state,omitempty"`
-	Attempt  int            `json:"attempt,omitempty"`
-	Holder   string         `json:"holder,omitempty"`
-	Token    uint64         `json:"token,omitempty"`
-	Since    time.Time      `json:"since,omitzero"`
+	// Kind is the interceptor's violation kind: in_progress, unknown_outcome,
+	// awaiting_upstream, payload_mismatch, margin_too_small or lease_lost.
+	Kind     interceptor.Kind `json:"kind"`
+	Message  string           `json:"message"`
+	Recovery string           `json:"recovery"`
+	State    residual.State   `json:"state,omitempty"`
+	Attempt  int              `json:"attempt,omitempty"`
+	Holder   string           `json:"holder,omitempty"`
+	Token    uint64           `json:"token,omitempty"`
+	Since    time.Time        `json:"since,omitzero"`
 	// RetryAfterMS is how long until the live lease expires (in_progress).
 	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
 	Handle       string `json:"handle,omitempty"`
@@ -214,32 +215,40 @@ type ResolveResult struct {
 	Token uint64         `json:"token"`
 }
 
-// ReconcileResult is the output of reconcile.
-type ReconcileResult struct {
-	Resolved []ReconcileSettled `json:"resolved"`
-	Open     []ReconcileOpen    `json:"open"`
-}
+// ReconcileResult is the output of reconcile: the interceptor's report.
+type ReconcileResult = interceptor.ReconcileReport
 
 // ReconcileSettled is one residual a probe settled.
-type ReconcileSettled struct {
-	Key      string         `json:"key"`
-	From     residual.State `json:"from"`
-	To       residual.State `json:"to"`
-	Token    uint64         `json:"token"`
-	Evidence string         `json:"evidence,omitempty"`
-}
+type ReconcileSettled = interceptor.Settled
 
 // ReconcileOpen is one residual left open, with the reason.
-type ReconcileOpen struct {
-	Key    string         `json:"key"`
-	State  residual.State `json:"state"`
-	Reason string         `json:"reason"`
-}
+type ReconcileOpen = interceptor.Unsettled
+
+// Kinds of isError results (ErrorInfo.Kind): stable tokens clients can compare. A kind that
+// is also a violation kind has the interceptor's name for it.
+const (
+	// KindInvalidInput: the arguments are malformed; nothing was written.
+	KindInvalidInput = "invalid_input"
+	// KindNotFound: no residual with the key in this namespace.
+	KindNotFound = "not_found"
+	// KindLeaseLost: the fence was lost or the caller is not the attempt's holder
+	// (interceptor.LeaseLost).
+	KindLeaseLost = string(interceptor.LeaseLost)
+	// KindRefused: a reported outcome contradicts what upstream answered; nothing written.
+	KindRefused = "refused"
+	// KindInProgress: a live lease covers the key (interceptor.InProgress).
+	KindInProgress = string(interceptor.InProgress)
+	// KindInvalidTransition: the residual is already settled.
+	KindInvalidTransition = "invalid_transition"
+	// KindUnavailable: the ledger failed; try again later.
+	KindUnavailable = "unavailable"
+	// KindInternal: a bug on the server's side.
+	KindInternal = "internal"
+)
 
 // ErrorInfo is the structured content of an isError tool result: {"error": ErrorInfo}.
 type ErrorInfo struct {
-	// Kind is a stable token: invalid_input, not_found, lease_lost, refused,
-	// in_progress, invalid_transition, unavailable or internal.
+	// Kind is one of the Kind constants.
 	Kind      string     `json:"kind"`
 	Message   string     `json:"message"`
 	Recovery  string     `json:"recovery,omitempty"`

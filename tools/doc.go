@@ -1,8 +1,8 @@
 // Package tools guards langchaingo tools with toolfence: Guard wraps any tools.Tool, New builds
 // typed tools with reflected JSON schemas, and Transport forwards the key to HTTP APIs.
 //
-// It imports interceptor, ledger, residual, langchaingo and invopop/jsonschema; nothing in
-// toolfence imports it.
+// It imports interceptor, ledger, residual, langchaingo, invopop/jsonschema (reflection) and
+// santhosh-tekuri/jsonschema (validation); nothing in toolfence imports it.
 //
 // # What the agent sees
 //
@@ -19,6 +19,8 @@
 //	payload mismatch    refused: … was already done with different arguments …; the first
 //	                    result stands: <first output>
 //	failed (no effect)  failed: <upstream> refused the request and did nothing …
+//	not sent            failed: <tool> did not send its request … retrying will not help
+//	                    (its HTTP request was built without the ctx the tool was given)
 //
 // <upstream> is "the upstream of <tool>" unless WithUpstreamName names it.
 //
@@ -37,5 +39,7 @@
 //
 // A guarded tool whose HTTP calls go through Transport is classified by what Transport saw
 // of its requests with side effects (GET, HEAD, OPTIONS and TRACE do not count); FromHTTP
-// does the same for code that calls interceptor.Interceptor.Do directly.
+// does the same for code that calls interceptor.Interceptor.Do directly. A tool must build its
+// requests from the ctx it was given: a request with side effects whose context carries no
+// dispatch is not sent (ErrNoDispatch), and the attempt is recorded failed, not unknown.
 package tools

@@ -303,7 +303,7 @@ func TestGuardClassifiesThroughTransport(t *testing.T) {
 	require.Equal(t, srv.URL+"/jobs/1", r.Handle)
 
 	mu.Lock()
-	require.Equal(t, []string{key + "/1", key + "/2"}, keys, "the key and each attempt's fencing token reach upstream")
+	require.Equal(t, []string{`"` + key + `"/1`, `"` + key + `"/2`}, keys, "the key and each attempt's fencing token reach upstream")
 	mu.Unlock()
 
 	// 503 after the tool returned no error: still unknown.
@@ -395,16 +395,22 @@ func ledgerGet(b *bundle, key string) ledger.GetParams {
 	return ledger.GetParams{Namespace: b.ic.Namespace(), Key: key}
 }
 
+// countingServer answers every request with status and counts the requests it received.
+func countingServer(t *testing.T, status int) (*httptest.Server, *atomic.Int32) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
 // A tool that claims "no effect" cannot override an ambiguous answer Transport observed: a
 // 503 to a POST may have had an effect, so the outcome is unknown and nothing re-runs.
 func TestGuardNoEffectClaimCannotOverrideObserved5xx(t *testing.T) {
 	t.Parallel()
-	var posts atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		posts.Add(1)
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}))
-	defer srv.Close()
+	srv, posts := countingServer(t, http.StatusServiceUnavailable)
 
 	b := setup(t)
 	g := Guard(tool("notify", func(ctx context.Context, in string) (string, error) {
@@ -421,4 +427,52 @@ func TestGuardNoEffectClaimCannotOverrideObserved5xx(t *testing.T) {
 		require.True(t, strings.HasPrefix(out, "blocked: a previous attempt may have reached the upstream of notify; outcome unknown"), out)
 	}
 	require.EqualValues(t, 1, posts.Load(), "the second call must not dispatch again")
+}
+
+// A request built without the tool's context never leaves the process: the attempt is
+// recorded failed (not dispatched), so the key is not locked as unknown, and the observation
+// says the tool, not the input, is at fault. A tool fixed to use its ctx then runs.
+func TestRequestWithoutToolContextIsNotDispatched(t *testing.T) {
+	t.Parallel()
+	srv, hits := countingServer(t, http.StatusCreated)
+	client := &http.Client{Transport: &Transport{}}
+	useCtx := atomic.Bool{}
+	send := tool("charge_invoice", func(ctx context.Context, input string) (string, error) {
+		reqCtx := context.Background() // the bug: not the ctx the tool was given
+		if useCtx.Load() {
+			reqCtx = ctx
+		}
+		req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, srv.URL, strings.NewReader(input))
+		if err != nil {
+			return "", err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		return "charged", nil
+	})
+	b := setup(t)
+	key := b.ic.Key("run-42", "charge_invoice", "INV-1")
+
+	out, err := Guard(send, b.ic, WithTarget("/invoice")).Call(b.ctx, `{"invoice":"INV-1"}`)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(out, "failed: charge_invoice did not send its request"), out)
+	require.Contains(t, out, "retrying will not help")
+	require.Contains(t, out, "build the request from the context the tool was given")
+	r, err := b.ic.Ledger().Get(b.ctx, ledgerGet(b, key))
+	require.NoError(t, err)
+	require.Equal(t, residual.Failed, r.State, "provably not sent: failed, not unknown")
+	require.Zero(t, hits.Load())
+
+	_, err = Guard(send, b.ic, WithTarget("/invoice"), WithErrors()).Call(b.ctx, `{"invoice":"INV-1"}`)
+	require.ErrorIs(t, err, interceptor.ErrCallFailed)
+	require.ErrorIs(t, err, ErrNoDispatch)
+
+	useCtx.Store(true)
+	out, err = Guard(send, b.ic, WithTarget("/invoice")).Call(b.ctx, `{"invoice":"INV-1"}`)
+	require.NoError(t, err)
+	require.Equal(t, "charged", out, "the key was not locked: the fixed tool runs")
+	require.EqualValues(t, 1, hits.Load())
 }

@@ -54,6 +54,9 @@ func (g *Guarded) observe(res *interceptor.Result, err error) string {
 		return g.observeViolation(v, up)
 	}
 	switch {
+	case errors.Is(err, interceptor.ErrCallFailed) && errors.Is(err, ErrNoDispatch):
+		return fmt.Sprintf("failed: %s did not send its request, so %s was not reached and nothing was done; "+
+			"this is a fault in the tool, not in your input, so retrying will not help (%v)", g.Name(), up, err)
 	case errors.Is(err, interceptor.ErrCallFailed):
 		detail := err.Error()
 		if res != nil && len(res.Output) > 0 {

@@ -31,6 +31,9 @@ type InputError struct {
 	Kind   error
 	Tool   string
 	Detail string
+	// Fields are the JSON pointers of the offending fields of a typed tool's input ("" is the
+	// whole input), in pointer order; nil for other errors.
+	Fields []string
 }
 
 // Error returns the kind, the tool and the detail.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/toolfence/toolfence/interceptor"
@@ -20,7 +21,9 @@ import (
 // Header names Transport sets on every guarded request.
 const (
 	// HeaderIdempotencyKey carries the toolfence key, so an upstream that deduplicates
-	// requests (and a probe looking the call up later) recognises the call.
+	// requests (and a probe looking the call up later) recognises the call. Transport sends
+	// it as an RFC 8941 structured-field string, `"tf1_…"`, as
+	// draft-ietf-httpapi-idempotency-key-header defines it (Transport.BareKey sends `tf1_…`).
 	HeaderIdempotencyKey = "Idempotency-Key"
 	// HeaderFencingToken carries the attempt's fencing token, so an upstream that stores it
 	// can refuse writes carrying an older token.
@@ -29,7 +32,10 @@ const (
 
 // ErrNoDispatch is wrapped by Transport's error for a request with a side effect (any method
 // but GET, HEAD, OPTIONS and TRACE) whose context carries no dispatch: it was made outside a
-// guarded call, so nothing was sent.
+// guarded call, or inside one but built from another context than the one the tool was given
+// (http.NewRequest, context.Background()). Nothing was sent, so the error also wraps
+// interceptor.ErrNoEffect: a guarded call that returns it is recorded as failed (not
+// dispatched), never as an unknown outcome that would lock the key.
 var ErrNoDispatch = errors.New("tools: no toolfence dispatch in the request context: the request was not sent")
 
 // Exchange is what Transport observed of one request made during a guarded call.
@@ -94,32 +100,31 @@ func (s *dispatchState) observed() (Exchange, bool) {
 	return pick, true
 }
 
-type dispatchKey struct{}
+type stateKey struct{}
 
-// WithDispatch returns a context carrying d, for Transport (and DispatchFrom) to read. Guarded
-// tools get it from Guard; code that calls interceptor.Interceptor.Do directly wraps the
-// context its ToolFunc receives.
+// WithDispatch returns a context carrying d (interceptor.WithDispatch) and a record of the
+// exchanges Transport makes under it, which Guard commits as the call's outcome. Guarded
+// tools get it from Guard. Inside any other guarded call (interceptor.Do, httpguard,
+// consumer) the context already carries the dispatch: Transport sends its key, and the
+// caller's own classification decides the outcome.
 func WithDispatch(ctx context.Context, d interceptor.Dispatch) context.Context {
-	return context.WithValue(ctx, dispatchKey{}, &dispatchState{d: d})
+	return context.WithValue(interceptor.WithDispatch(ctx, d), stateKey{}, &dispatchState{d: d})
 }
 
 // DispatchFrom returns the dispatch of the guarded call ctx belongs to (its key, fencing
-// token and attempt), and false outside a guarded call.
+// token and attempt), and false outside a guarded call. It is interceptor.DispatchFrom.
 func DispatchFrom(ctx context.Context) (interceptor.Dispatch, bool) {
-	if s := stateFrom(ctx); s != nil {
-		return s.d, true
-	}
-	return interceptor.Dispatch{}, false
+	return interceptor.DispatchFrom(ctx)
 }
 
 func stateFrom(ctx context.Context) *dispatchState {
-	s, _ := ctx.Value(dispatchKey{}).(*dispatchState)
+	s, _ := ctx.Value(stateKey{}).(*dispatchState)
 	return s
 }
 
 // Transport is an http.RoundTripper for tools that call HTTP APIs. On each request made in a
-// guarded call it sets Idempotency-Key to the call's key and Toolfence-Fencing-Token to its
-// token (replacing any values the request had), reads the answer whole, and records its
+// guarded call it sets Idempotency-Key to the call's key, quoted as the IETF draft asks
+// (`"tf1_…"`), and Toolfence-Fencing-Token to its token (replacing any values the request had), reads the answer whole, and records its
 // status, body digest, handle and classification (see the package doc) for the guarded call
 // to commit. Only requests with side effects count toward the call's outcome: GET, HEAD,
 // OPTIONS and TRACE carry the headers but a 404 on a lookup says nothing about the effect.
@@ -136,23 +141,32 @@ type Transport struct {
 	AllowUnguarded bool
 	// Observe, when set, is called with every exchange (for logs and audits).
 	Observe func(Exchange)
+	// BareKey sends the key without the structured-field quotes (Idempotency-Key: tf1_…),
+	// for an upstream that refuses a quoted key or keeps the quotes as part of the key when a
+	// probe looks it up. Defaults to false: the key is sent quoted, which httpguard and every
+	// server following the draft read as the bare key.
+	BareKey bool
 }
 
 // RoundTrip sends req with the key and token headers and records the exchange. It returns
 // the response with its body fully read and replaced by an in-memory copy, or the base
-// transport's error (recorded as an unknown outcome), or an error wrapping ErrNoDispatch.
+// transport's error (recorded as an unknown outcome), or, without sending anything, an error
+// wrapping both ErrNoDispatch and interceptor.ErrNoEffect.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st := stateFrom(req.Context())
-	if st == nil && !t.AllowUnguarded && !safeMethod(req.Method) {
+	d, guarded := interceptor.DispatchFrom(req.Context())
+	if !guarded && !t.AllowUnguarded && !safeMethod(req.Method) {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
-		return nil, fmt.Errorf("%w: %s %s", ErrNoDispatch, req.Method, req.URL.Redacted())
+		return nil, interceptor.NoEffect(fmt.Errorf("%w: %s %s: build the request from the context the tool was given "+
+			"(http.NewRequestWithContext(ctx, …) with the tool's ctx; Interceptor.Do gives every ToolFunc such a context)",
+			ErrNoDispatch, req.Method, req.URL.Redacted()))
 	}
-	if st != nil {
+	if guarded {
 		req = req.Clone(req.Context())
-		req.Header.Set(HeaderIdempotencyKey, st.d.Key)
-		req.Header.Set(HeaderFencingToken, strconv.FormatUint(st.d.Token, 10))
+		req.Header.Set(HeaderIdempotencyKey, t.keyValue(d.Key))
+		req.Header.Set(HeaderFencingToken, strconv.FormatUint(d.Token, 10))
 	}
 	base := t.Base
 	if base == nil {
@@ -195,6 +209,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// keyValue is the Idempotency-Key field value for key: an RFC 8941 sf-string (only '"' and
+// '\' are escaped; a toolfence key has neither), or the key as is with BareKey.
+func (t *Transport) keyValue(key string) string {
+	if t.BareKey {
+		return key
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+}
+
 func (t *Transport) classify(status int) residual.State {
 	out := ClassifyStatus(status)
 	if o, ok := t.Overrides[status]; ok {
@@ -221,20 +244,8 @@ func safeMethod(m string) bool {
 
 // ClassifyStatus is the classification table of the package doc: 2xx except 202 →
 // Succeeded; 202 → Accepted; 400, 401, 403, 404, 422 → Failed; every other status → Unknown.
-func ClassifyStatus(status int) residual.State {
-	switch {
-	case status == http.StatusAccepted:
-		return residual.Accepted
-	case status >= 200 && status < 300:
-		return residual.Succeeded
-	}
-	switch status {
-	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
-		http.StatusUnprocessableEntity:
-		return residual.Failed
-	}
-	return residual.Unknown
-}
+// It is interceptor.StatusOutcome.
+func ClassifyStatus(status int) residual.State { return interceptor.StatusOutcome(status) }
 
 // acceptedHandle returns where to poll an accepted call: the Location header (resolved
 // against the request URL), else the JSON body's status_url, job_id or id.

@@ -113,7 +113,7 @@ func TestTransportClassifiesAndForwardsKey(t *testing.T) {
 
 			seen := u.headersSeen()
 			require.Len(t, seen, 1)
-			require.Equal(t, d.Key, seen[0].Get(HeaderIdempotencyKey), "the key replaces the caller's header")
+			require.Equal(t, `"`+d.Key+`"`, seen[0].Get(HeaderIdempotencyKey), "the key, quoted, replaces the caller's header")
 			require.Equal(t, "7", seen[0].Get(HeaderFencingToken))
 
 			ex, ok := stateFrom(ctx).observed()
@@ -188,6 +188,7 @@ func TestTransportRefusesUnguardedSideEffects(t *testing.T) {
 	u := newUpstream(t, 200, "ok", nil)
 	_, err := post(t, t.Context(), &Transport{}, u.URL)
 	require.ErrorIs(t, err, ErrNoDispatch)
+	require.ErrorIs(t, err, interceptor.ErrNoEffect, "provably not sent")
 	require.Empty(t, u.headersSeen(), "nothing was sent")
 
 	// Reads pass, without a key.
@@ -211,7 +212,7 @@ func TestTransportSafeMethodsDoNotCount(t *testing.T) {
 	resp, err := (&http.Client{Transport: &Transport{}}).Do(req)
 	require.NoError(t, err)
 	_ = resp.Body.Close()
-	require.Equal(t, d.Key, u.headersSeen()[0].Get(HeaderIdempotencyKey))
+	require.Equal(t, `"`+d.Key+`"`, u.headersSeen()[0].Get(HeaderIdempotencyKey))
 	_, ok := stateFrom(ctx).observed()
 	require.False(t, ok, "a lookup's 404 is not the call's outcome")
 }
@@ -279,4 +280,19 @@ func TestFromHTTP(t *testing.T) {
 	_, err := FromHTTP(nil, errors.New("dial tcp: refused"))
 	require.ErrorContains(t, err, "refused")
 	require.Equal(t, residual.Unknown, interceptor.DefaultClassifier(interceptor.Response{}, err))
+}
+
+// The key is sent as the draft's structured-field string by default, bare with BareKey.
+func TestTransportKeyForm(t *testing.T) {
+	t.Parallel()
+	u := newUpstream(t, 201, "", nil)
+	ctx, d := dispatchCtx(t)
+	for _, tr := range []*Transport{{}, {BareKey: true}} {
+		resp, err := post(t, ctx, tr, u.URL)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+	}
+	seen := u.headersSeen()
+	require.Equal(t, `"`+d.Key+`"`, seen[0].Get(HeaderIdempotencyKey))
+	require.Equal(t, d.Key, seen[1].Get(HeaderIdempotencyKey))
 }

@@ -36,16 +36,19 @@ type Typed[In, Out any] struct {
 	description string
 	fn          func(ctx context.Context, in In) (Out, error)
 	schema      json.RawMessage
-	root        *node
-	pointers    []string
-	opts        []Option
+	validator   *inputSchema
+	// input is the one-line argument shape Description appends (see describeInput).
+	input    string
+	pointers []string
+	opts     []Option
 }
 
 // New returns a typed tool named name that runs fn. Its input schema is reflected from In
 // with invopop/jsonschema (field names and `jsonschema` tags as invopop reads them; unknown
-// fields are refused); inputs are validated against it, and decoded into In, before anything
-// is reserved. An Out of type string is the tool's output as is; any other Out is encoded as
-// JSON. It returns an error wrapping ErrInvalidTool when name is not 1-64 letters, digits,
+// fields are refused) and compiled once with santhosh-tekuri/jsonschema; inputs are validated
+// against the whole schema (types, required fields, enum, bounds, lengths, patterns and
+// formats such as email and date-time), and decoded into In, before anything is reserved. An
+// Out of type string is the tool's output as is; any other Out is encoded as JSON. It returns an error wrapping ErrInvalidTool when name is not 1-64 letters, digits,
 // '_' or '-', fn is nil, In is not a struct (or a pointer to one), In is recursive or holds
 // channels, functions or complex numbers, a `toolfence` tag has another value than
 // "target", or no target is declared (no tagged field, WithTarget or WithTargetFunc).
@@ -87,12 +90,13 @@ func New[In, Out any](name, description string, fn func(ctx context.Context, in 
 	if err != nil {
 		return nil, bad("input type %s: %v", t, err)
 	}
-	root, err := compileSchema(schema)
+	validator, err := compileSchema(schema)
 	if err != nil {
 		return nil, bad("input type %s: schema: %v", t, err)
 	}
 	return &Typed[In, Out]{
-		name: name, description: description, fn: fn, schema: schema, root: root,
+		name: name, description: description, fn: fn, schema: schema, validator: validator,
+		input:    describeInput(validator.doc),
 		pointers: pointers, opts: opts,
 	}, nil
 }
@@ -100,13 +104,23 @@ func New[In, Out any](name, description string, fn func(ctx context.Context, in 
 // Name returns the tool's name.
 func (t *Typed[In, Out]) Name() string { return t.name }
 
-// Description returns the tool's description.
-func (t *Typed[In, Out]) Description() string { return t.description }
+// Description returns the tool's description followed by the shape of its input, read from
+// the schema, on one line: `<description> Input: a JSON object {"cents" integer, required,
+// minimum 1, maximum 100000; …; no other fields}`. Agents that see only a tool's name and description (as
+// langchaingo's do) learn every field, its type, whether it is required and its constraints
+// from it. Definition carries the description alone, beside the schema itself.
+func (t *Typed[In, Out]) Description() string {
+	if t.description == "" {
+		return t.input
+	}
+	return strings.TrimRight(t.description, " \n") + " " + t.input
+}
 
 // Schema returns the JSON schema of the tool's input (a copy).
 func (t *Typed[In, Out]) Schema() json.RawMessage { return bytes.Clone(t.schema) }
 
-// Definition returns the function-calling definition of the tool: its name, description and
+// Definition returns the function-calling definition of the tool: its name, description (as
+// given to New, without the input shape Description adds: the schema is its parameters) and
 // input schema, for llms.WithTools.
 func (t *Typed[In, Out]) Definition() llms.Tool {
 	return llms.Tool{
@@ -132,8 +146,8 @@ func (t *Typed[In, Out]) Tool(ic *interceptor.Interceptor, opts ...Option) *Guar
 }
 
 // Check validates a JSON input against the tool's schema and decodes it into In. It returns
-// nil, or an error wrapping ErrInvalidInput that names the offending field by its JSON
-// pointer.
+// nil, or an *InputError wrapping ErrInvalidInput whose detail names each offending field by
+// its JSON pointer (its Fields list them).
 func (t *Typed[In, Out]) Check(input []byte) error {
 	_, err := t.decode(input)
 	return err
@@ -145,16 +159,22 @@ func (t *Typed[In, Out]) decode(input []byte) (In, error) {
 	if err != nil {
 		return in, inputErr(ErrInvalidInput, t.name, "the input must be a JSON object: %v", err)
 	}
-	if err := t.root.validate("", doc); err != nil {
-		var ie *InputError
-		if errors.As(err, &ie) {
-			ie.Tool = t.name
-		}
+	if err := t.validator.validate(t.name, doc); err != nil {
 		return in, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(input))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" && strings.HasPrefix(ute.Value, "number") {
+			// Valid for the schema, not for Go: 1.0 is an integer to JSON Schema but not to an
+			// int, and 1e40 overflows one. encoding/json names the field by its dotted path,
+			// without array indexes.
+			ptr := "/" + strings.ReplaceAll(escapeToken(ute.Field), ".", "/")
+			return in, &InputError{Kind: ErrInvalidInput, Tool: t.name, Fields: []string{ptr},
+				Detail: fmt.Sprintf("field %q cannot hold %s: it takes a whole number within the range of Go's %s, written without a fraction or exponent",
+					ptr, ute.Value, ute.Type)}
+		}
 		return in, inputErr(ErrInvalidInput, t.name, "%v", err)
 	}
 	return in, nil
@@ -164,7 +184,7 @@ func (t *Typed[In, Out]) decode(input []byte) (In, error) {
 type typedTool[In, Out any] struct{ t *Typed[In, Out] }
 
 func (tt *typedTool[In, Out]) Name() string        { return tt.t.name }
-func (tt *typedTool[In, Out]) Description() string { return tt.t.description }
+func (tt *typedTool[In, Out]) Description() string { return tt.t.Description() }
 
 func (tt *typedTool[In, Out]) Call(ctx context.Context, input string) (string, error) {
 	in, err := tt.t.decode([]byte(input))

@@ -79,7 +79,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return usagef("--lease and --max-args must be positive")
 	}
 	opts := mcpserver.Options{
-		HTTPStateless: f.stateless, DefaultLease: f.lease, MaxArgs: f.maxArgs, Version: buildVersion(),
+		HTTPStateless: f.stateless, Version: buildVersion(),
 		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if f.http != "" {
@@ -98,7 +98,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease})
+	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs})
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"
@@ -288,9 +289,14 @@ func (r *local) get(ctx context.Context, key string) (*residual.Residual, error)
 	return r.l.Get(ctx, ledger.GetParams{Namespace: r.ns, Key: key})
 }
 
+// resolve settles through the interceptor, so a --result is stored the way every result
+// is: redacted, then capped at the interceptor's result cap.
 func (r *local) resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
-	p.Namespace = r.ns
-	return r.l.Resolve(ctx, p)
+	ic, err := interceptor.New(r.l, interceptor.Config{Namespace: r.ns})
+	if err != nil {
+		return nil, err
+	}
+	return ic.Resolve(ctx, interceptor.ResolveParams{Key: p.Key, As: p.As, By: p.By, Note: p.Note, Evidence: p.Evidence, Result: p.Result})
 }
 
 func (r *local) where() string {

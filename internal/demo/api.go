@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/toolfence/toolfence/httpguard"
 )
 
 // Charge is one charge the fake payment API made.
@@ -114,7 +116,7 @@ func (a *PaymentAPI) Close() error {
 }
 
 func (a *PaymentAPI) charge(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get("Idempotency-Key")
+	key, keyErr := httpguard.RequestKey(r) // quoted as tools.Transport sends it, or bare
 	var in struct {
 		Invoice     string `json:"invoice"`
 		AmountCents int64  `json:"amount_cents"`
@@ -125,8 +127,8 @@ func (a *PaymentAPI) charge(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "reading body: " + err.Error()})
 		return
-	case key == "":
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the Idempotency-Key header is required"})
+	case keyErr != nil:
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": keyErr.Error()})
 		return
 	case json.Unmarshal(body, &in) != nil || in.Invoice == "" || in.AmountCents <= 0 || in.Currency == "":
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `want {"invoice","amount_cents" > 0,"currency"}`})

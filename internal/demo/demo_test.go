@@ -292,7 +292,7 @@ func TestGuardedChargeForwardsKeyAndTokenAndReplays(t *testing.T) {
 	require.JSONEq(t, `{"id":"ch_9","invoice":"INV-42","amount_cents":4200,"currency":"EUR","idempotency_key":"","status":"succeeded"}`, out)
 	require.Len(t, headers, 1)
 	key := ic.Key("t-1", Operation, Target)
-	require.Equal(t, key, headers[0].Get("Idempotency-Key"))
+	require.Equal(t, `"`+key+`"`, headers[0].Get("Idempotency-Key"), "sent as a structured-field string")
 	require.Equal(t, "1", headers[0].Get(tools.HeaderFencingToken))
 
 	again, err := charge.Call(ctx, ChargeArgs)

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -60,34 +61,43 @@ func (a *emailAPI) count() int {
 	return len(a.sent)
 }
 
-// sendEmail is an ordinary langchaingo tool, written without toolfence in mind except for
-// its HTTP client, whose transport forwards the key and classifies the answer.
-type sendEmail struct {
-	api    string
-	client *http.Client
+// Email is what the model sends. The recipient and the kind of email are the target: a
+// re-worded retry of the same email is the same call. The model learns these fields, their
+// types and constraints from the tool's description, which toolfence writes from the schema.
+type Email struct {
+	To      string `json:"to" toolfence:"target" jsonschema:"format=email"`
+	Kind    string `json:"kind" toolfence:"target" jsonschema:"enum=welcome,enum=invoice,enum=reminder"`
+	Subject string `json:"subject" jsonschema:"maxLength=200"`
+	Body    string `json:"body"`
 }
 
-func (s sendEmail) Name() string { return "send_email" }
-
-func (s sendEmail) Description() string {
-	return `Send an email. Input: {"to": address, "kind": "welcome"|"invoice"|..., "subject": text, "body": text}`
+// Sent is the email API's answer.
+type Sent struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
 }
 
-func (s sendEmail) Call(ctx context.Context, input string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.api+"/messages", strings.NewReader(input))
-	if err != nil {
-		return "", err
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode >= 300 {
-		return "", fmt.Errorf("email API answered %s: %s", resp.Status, raw)
-	}
-	return string(raw), nil
+// emailTool is the typed send_email tool against the email API at api; its client's
+// transport forwards the key and classifies the answer.
+func emailTool(api string, client *http.Client) (*tools.Typed[Email, Sent], error) {
+	return tools.New("send_email", "Send an email.", func(ctx context.Context, in Email) (Sent, error) {
+		body, _ := json.Marshal(in)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, api+"/messages", bytes.NewReader(body))
+		if err != nil {
+			return Sent{}, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return Sent{}, err
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode >= 300 {
+			return Sent{}, fmt.Errorf("email API answered %s: %s", resp.Status, raw)
+		}
+		var sent Sent
+		return sent, json.Unmarshal(raw, &sent)
+	}, tools.WithUpstreamName("the email API"))
 }
 
 func email(subject, body string) string {
@@ -121,10 +131,14 @@ func story() error {
 	if err != nil {
 		return err
 	}
-	// One line: the key is (task, send_email, recipient and kind), whatever the wording.
-	guarded := tools.Guard(sendEmail{api: srv.URL, client: &http.Client{Transport: &tools.Transport{}, Timeout: 30 * time.Second}},
-		ic, tools.WithTarget("/to", "/kind"), tools.WithUpstreamName("the email API"))
+	send, err := emailTool(srv.URL, &http.Client{Transport: &tools.Transport{}, Timeout: 30 * time.Second})
+	if err != nil {
+		return err
+	}
+	// The key is (task, send_email, recipient and kind), whatever the wording.
+	guarded := send.Tool(ic)
 	ctx := interceptor.WithTask(context.Background(), task)
+	fmt.Printf("the model sees the tool as %s: %s\n", guarded.Name(), guarded.Description())
 
 	fmt.Println("== run 1: the agent sends the welcome email")
 	model := &scripted.Model{Steps: []scripted.Step{

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/toolfence/toolfence/httpguard"
 )
 
 // Charge is what the payment API stores and returns, and what the charge tool returns.
@@ -66,7 +68,9 @@ func (a *paymentAPI) charge(w http.ResponseWriter, r *http.Request) {
 		AmountCents: in.AmountCents, Currency: in.Currency, Status: "succeeded",
 	}
 	a.charges = append(a.charges, c)
-	if key := r.Header.Get("Idempotency-Key"); key != "" {
+	// The key arrives as the draft's structured-field string ("tf1_…"); RequestKey reads it
+	// (and a bare key) as the key itself, the form the probe looks up.
+	if key, err := httpguard.RequestKey(r); err == nil {
 		a.byKey[key] = c
 	}
 	hold := a.hold

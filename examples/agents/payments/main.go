@@ -131,6 +131,7 @@ func story() error {
 	if err != nil {
 		return err
 	}
+	fmt.Printf("  the model sees the tool as %s: %s\n", charge.Name(), charge.Description())
 	model := &scripted.Model{Steps: []scripted.Step{
 		{Think: "The invoice still needs charging.", Tool: "charge_invoice", Args: args},
 		{Expect: "blocked: a previous attempt may have reached the payment API; outcome unknown; do not retry — reconcile with toolfence",

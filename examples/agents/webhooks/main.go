@@ -123,6 +123,7 @@ func story() error {
 		return err
 	}
 	agentTools := []lctools.Tool{fire.Tool(ic)}
+	fmt.Printf("the model sees the tool as %s: %s\n", fire.Name(), fire.Description())
 	ctx := interceptor.WithTask(context.Background(), task)
 
 	fmt.Println("== run 1: the webhook API queues the delivery (202)")

@@ -1,0 +1,64 @@
+package httpguard_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/httpguard"
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/tools"
+)
+
+// TestTransportInsideAGuardedHandlerSendsTheKey: the dispatch travels in the context, so a
+// tools.Transport used inside an httpguard handler sends the guarded request's key and
+// token to its own upstream (one helper for every surface, not one per package).
+func TestTransportInsideAGuardedHandlerSendsTheKey(t *testing.T) {
+	t.Parallel()
+	var gotKey, gotToken string
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotKey, gotToken = r.Header.Get(tools.HeaderIdempotencyKey), r.Header.Get(tools.HeaderFencingToken)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(upstream.Close)
+
+	l, err := badger.Open(t.TempDir(), badger.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	ic, err := interceptor.New(l, interceptor.Config{})
+	require.NoError(t, err)
+	g, err := httpguard.New(ic, httpguard.Options{Principal: func(*http.Request) (string, error) { return "tenant-1", nil }})
+	require.NoError(t, err)
+	client := &http.Client{Transport: &tools.Transport{}}
+	var want interceptor.Dispatch
+	h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want, _ = httpguard.DispatchFrom(r.Context())
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, upstream.URL, strings.NewReader(`{}`))
+		require.NoError(t, err)
+		resp, err := client.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		_ = resp.Body.Close()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"sku":"A"}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", keyA)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.NotEmpty(t, want.Key)
+	require.Contains(t, gotKey, want.Key, "the upstream got the guarded request's key")
+	require.Equal(t, "1", gotToken)
+}

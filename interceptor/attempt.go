@@ -1,0 +1,415 @@
+package interceptor
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// BeginOptions are the per-call settings of Begin. The zero value uses the interceptor's.
+type BeginOptions struct {
+	// Holder names the holder of the attempt in its lease and audit. Defaults to
+	// Config.Holder. Surfaces whose callers are other processes (MCP) name each caller.
+	Holder string
+	// LeaseTTL is the lease of this attempt. Defaults to the operation's LeaseTTL, then
+	// Config.LeaseTTL. It must be longer than the margin.
+	LeaseTTL time.Duration
+}
+
+// Attempt is one attempt that holds its lease: steps 1 and 2 of the barrier are done (a
+// pending residual is durable and the margin was left), so the caller may dispatch exactly
+// once, then settle the attempt with Commit (Go tools: the outcome is classified from what
+// the tool returned) or Report (surfaces where the caller dispatched and reports the
+// outcome, such as MCP). An attempt that is never settled blocks its key as unknown once
+// its lease expires; Abandon settles one that was not dispatched.
+//
+// An Attempt is safe for concurrent use; Renew may run while another goroutine dispatches.
+type Attempt struct {
+	ic  *Interceptor
+	op  Operation
+	ttl time.Duration
+
+	// Dispatch is what the tool receives: the key to send upstream as Idempotency-Key
+	// and the fencing token to fence its own writes with. Args is nil on a resumed
+	// attempt.
+	Dispatch Dispatch
+	// Holder is the attempt's holder in the ledger; every later step is fenced on it.
+	Holder string
+	// Since is when the attempt started (the ledger's record).
+	Since time.Time
+
+	mu sync.Mutex
+	// expires is the ledger's expiry of the lease; deadline the local one (never later).
+	expires, deadline time.Time
+	// last is the residual as the attempt last saw it.
+	last *residual.Residual
+}
+
+// Lease returns the attempt's lease as the ledger recorded it (Expires at the ledger's
+// clock) at the reservation or the last renewal.
+func (a *Attempt) Lease() lease.Lease {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.expires}
+}
+
+// Deadline returns when the attempt must have committed by this process's clock: the
+// lease's expiry measured from a reading taken before the reservation (or renewal) was
+// sent, so it is never later than the ledger's. Commits need more than the margin left.
+func (a *Attempt) Deadline() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.deadline
+}
+
+// TTL returns the lease length of the attempt.
+func (a *Attempt) TTL() time.Duration { return a.ttl }
+
+// Begin runs steps 1 and 2 of the ordering barrier for call, in the task carried by ctx:
+//
+//  1. reserve: one durable commit of a pending residual under a new lease and fencing
+//     token; if it cannot be written, nothing may be dispatched (error wrapping
+//     ErrNotDispatched);
+//  2. margin: the lease must have more than the margin left, or the attempt is recorded
+//     failed (not dispatched) and a MarginTooSmall violation is returned.
+//
+// Exactly one of its results is non-nil. An *Attempt means: dispatch once, then Commit or
+// Report. A *Result means the key already succeeded with these arguments: replay it,
+// dispatch nothing. An error means dispatch nothing: a *Violation (InProgress,
+// UnknownOutcome, AwaitingUpstream, PayloadMismatch, MarginTooSmall), or an error wrapping
+// ErrNoTask, ErrInvalidCall or ErrArgsTooLarge (nothing written) or ErrNotDispatched.
+//
+// Begin uses ctx for the reservation; a ctx that has ended by then gets ErrNotDispatched
+// and the attempt is recorded failed. Callers whose client may go away mid-request (MCP)
+// pass context.WithoutCancel.
+func (ic *Interceptor) Begin(ctx context.Context, call Call, opts BeginOptions) (*Attempt, *Result, error) {
+	task, ok := TaskFrom(ctx)
+	if !ok {
+		return nil, nil, ErrNoTask
+	}
+	digest, err := ic.checkCall(task, call)
+	if err != nil {
+		return nil, nil, err
+	}
+	op := ic.operation(call.Operation)
+	ttl := cmp.Or(opts.LeaseTTL, op.LeaseTTL, ic.cfg.LeaseTTL)
+	if ttl <= ic.cfg.Margin {
+		return nil, nil, fmt.Errorf("%w: %s: lease %v is not longer than the safety margin %v", ErrInvalidCall, call.Operation, ttl, ic.cfg.Margin)
+	}
+	holder := cmp.Or(opts.Holder, ic.cfg.Holder)
+	key := ic.Key(task, call.Operation, call.Target)
+
+	// 1. Reserve. The local deadline is measured from before the request was sent, so it is
+	// never later than the ledger's expiry, whatever the ledger's clock says.
+	started := ic.cfg.Clock.Now()
+	res, err := ic.ledger.Reserve(ctx, ledger.ReserveParams{
+		Namespace: ic.cfg.Namespace, Key: key, Task: task, Operation: call.Operation,
+		Target: call.Target, Holder: holder, RequestDigest: digest, TTL: ttl,
+		Redispatch: op.UpstreamIdempotent,
+	})
+	if err != nil {
+		if errors.Is(err, ledger.ErrInvalidParams) {
+			return nil, nil, fmt.Errorf("%w: %s: %w", ErrInvalidCall, call.Operation, err)
+		}
+		return nil, nil, fmt.Errorf("%w: %s %s: reserve failed: %w", ErrNotDispatched, call.Operation, key, err)
+	}
+	switch res.Decision {
+	case ledger.Acquired:
+	case ledger.Replay:
+		return nil, replayResult(res.Residual), nil
+	default:
+		return nil, nil, ic.blocked(res, digest, started)
+	}
+
+	cur := res.Residual.Current()
+	a := &Attempt{
+		ic: ic, op: op, ttl: ttl, Holder: holder, Since: cur.Started,
+		Dispatch: Dispatch{
+			Key: key, Token: res.Lease.Token, Attempt: cur.N, Task: task,
+			Operation: call.Operation, Target: call.Target, Args: call.Args,
+		},
+		expires: res.Lease.Expires, deadline: started.Add(ttl), last: res.Residual,
+	}
+
+	// 2. Pre-dispatch margin; a caller that gave up meanwhile gets nothing dispatched either.
+	// The not-dispatched record is written even when ctx has ended.
+	local := lease.Lease{Resource: key, Holder: holder, Token: a.Dispatch.Token, Expires: a.deadline}
+	if err := local.CheckMargin(ic.cfg.Clock.Now(), ic.cfg.Margin); err != nil {
+		v := ic.violation(MarginTooSmall, res.Residual, cur, errors.Join(err, a.Abandon(ctx, err)))
+		v.State = residual.Failed
+		return nil, nil, v
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %s %s: the caller's context ended before dispatch: %w", ErrNotDispatched,
+			call.Operation, key, errors.Join(context.Cause(ctx), a.Abandon(ctx, err)))
+	}
+	return a, nil, nil
+}
+
+// ResumeParams name an attempt begun earlier, possibly by another request or process, and
+// prove the caller is its holder: either Holder equals the recorded holder, or Authorize
+// (called with the recorded holder) returns nil.
+type ResumeParams struct {
+	Key       string
+	Token     uint64
+	Holder    string
+	Authorize func(recordedHolder string) error
+}
+
+// Resume returns the attempt of p.Key that holds p.Token, for a caller that proves to be its
+// holder, so a later request can Renew, Commit, Report or Abandon it. It checks the record
+// only: the ledger's fence still decides at each step whether the lease is live. It
+// returns an error wrapping residual.ErrNotFound for a missing key, ErrInvalidCall for a
+// malformed key, a zero token or no proof, a LeaseLost *Violation when no attempt of the
+// key has the token or the proof fails (its Cause says why), or the ledger's error.
+func (ic *Interceptor) Resume(ctx context.Context, p ResumeParams) (*Attempt, error) {
+	if err := residual.ValidKey(p.Key); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCall, err)
+	}
+	if p.Token == 0 || p.Holder == "" && p.Authorize == nil {
+		return nil, fmt.Errorf("%w: resume needs a token and a holder", ErrInvalidCall)
+	}
+	r, err := ic.ledger.Get(ctx, ledger.GetParams{Namespace: ic.cfg.Namespace, Key: p.Key})
+	if err != nil {
+		return nil, err
+	}
+	var at *residual.Attempt
+	for i := range r.Attempts {
+		if r.Attempts[i].Token == p.Token {
+			at = &r.Attempts[i]
+		}
+	}
+	if at == nil {
+		v := ic.violation(LeaseLost, r, nil, fmt.Errorf("token %d was never issued for key %s (its highest token is %d)", p.Token, r.Key, r.Token))
+		v.Token = p.Token
+		return nil, v
+	}
+	proof := p.Authorize
+	if proof == nil {
+		proof = func(h string) error {
+			if h != p.Holder {
+				return fmt.Errorf("token %d of key %s is held by %s, not %s", p.Token, r.Key, h, p.Holder)
+			}
+			return nil
+		}
+	}
+	if err := proof(at.Holder); err != nil {
+		return nil, ic.violation(LeaseLost, r, at, err)
+	}
+	op := ic.operation(r.Operation)
+	return &Attempt{
+		ic: ic, op: op, ttl: cmp.Or(op.LeaseTTL, ic.cfg.LeaseTTL), Holder: at.Holder, Since: at.Started,
+		Dispatch: Dispatch{Key: r.Key, Token: at.Token, Attempt: at.N, Task: r.Task, Operation: r.Operation, Target: r.Target},
+		expires:  at.LeaseExpires, deadline: at.LeaseExpires, last: r,
+	}, nil
+}
+
+// Renew extends the attempt's lease to ttl from now (the attempt's TTL when ttl is 0),
+// fenced on its holder and token. It returns the renewed lease, or a LeaseLost *Violation
+// when the ledger refuses (expired, preempted, stale token), or the ledger's error (the
+// lease may then run out; retry while it lasts).
+func (a *Attempt) Renew(ctx context.Context, ttl time.Duration) (lease.Lease, error) {
+	ttl = cmp.Or(ttl, a.ttl)
+	if ttl <= a.ic.cfg.Margin {
+		return lease.Lease{}, fmt.Errorf("%w: lease %v is not longer than the safety margin %v", ErrInvalidCall, ttl, a.ic.cfg.Margin)
+	}
+	before := a.ic.cfg.Clock.Now()
+	l, err := a.ic.ledger.Renew(ctx, ledger.RenewParams{
+		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, TTL: ttl,
+	})
+	if errors.Is(err, residual.ErrLeaseLost) {
+		v := a.ic.violation(LeaseLost, a.snapshot(), a.self(), err)
+		v.Recovery = recoveryRenewLost
+		return lease.Lease{}, v
+	}
+	if err != nil {
+		return lease.Lease{}, err
+	}
+	a.mu.Lock()
+	a.expires, a.deadline = l.Expires, before.Add(ttl)
+	a.mu.Unlock()
+	return l, nil
+}
+
+// Abandon records the attempt as failed and not dispatched, because of why, and releases
+// its lease: the key is free for a new attempt. Call it only when the call provably never
+// left the process. It returns the ledger's error, if any (the attempt then expires into
+// unknown). It writes even when ctx has ended.
+func (a *Attempt) Abandon(ctx context.Context, why error) error {
+	_, err := a.ic.ledger.Commit(context.WithoutCancel(ctx), ledger.CommitParams{
+		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token,
+		Outcome: residual.Failed, Error: "not dispatched: " + why.Error(),
+	})
+	return err
+}
+
+// Commit runs steps 4 and 5 for a call this process dispatched: it classifies what the
+// tool returned (the operation's classifier, else the interceptor's; a panicking
+// classifier yields unknown), stores the result (redacted, then capped) and writes the
+// outcome under the fence, releasing the lease, in one durable step. It writes even when
+// ctx has ended.
+//
+// It returns the Result for a success. For a call that ran and failed with no effect it
+// returns the Result (State Failed) with an error wrapping ErrCallFailed. Otherwise a
+// *Violation: AwaitingUpstream (202 / queued), UnknownOutcome (an ambiguous answer, or an
+// outcome the ledger could not record), or LeaseLost (the fence was lost: the outcome is
+// kept as evidence only). Violations after a dispatch carry what the tool returned.
+func (a *Attempt) Commit(ctx context.Context, resp Response, callErr error) (*Result, error) {
+	classifier := a.ic.cfg.Classifier
+	if a.op.Classify != nil {
+		classifier = a.op.Classify
+	}
+	outcome := classifyRan(classifier, resp, callErr)
+	errText := ""
+	if callErr != nil {
+		errText = callErr.Error()
+	}
+	result, stored, err := a.record(ctx, outcome, resp.Body, resp.Handle, errText)
+	if err != nil {
+		v := a.lost(stored, err, outcome, callErr)
+		v.Result, v.Handle = resp.Body, cmp.Or(v.Handle, resp.Handle)
+		return nil, v
+	}
+	switch outcome {
+	case residual.Succeeded:
+		return result, nil
+	case residual.Failed:
+		return result, fmt.Errorf("%w: %s on %q (attempt %d): %w", ErrCallFailed, a.Dispatch.Operation, a.Dispatch.Target,
+			a.Dispatch.Attempt, cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
+	case residual.Accepted:
+		v := a.ic.violation(AwaitingUpstream, stored, a.self(), callErr)
+		v.Result = resp.Body
+		return nil, v
+	default: // Unknown
+		v := a.ic.violation(UnknownOutcome, stored, a.self(), cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
+		v.Result = resp.Body
+		return nil, v
+	}
+}
+
+// Report is an outcome reported by a caller that dispatched the call itself.
+type Report struct {
+	// Outcome is the claimed outcome: Succeeded, Accepted, Failed or Unknown.
+	Outcome residual.State
+	// Status and Body are what upstream answered, if known; the claim is checked against
+	// them (see Report on Attempt).
+	Status int
+	Body   []byte
+	// Result is the result to cache and replay. Defaults to Body.
+	Result []byte
+	// Handle is the upstream handle of an accepted call.
+	Handle string
+	// Error is the call's error text, if any.
+	Error string
+}
+
+// Report records an outcome the caller reports (step 5 for surfaces where the caller
+// dispatched: MCP), after checking the claim with the operation's classifier: with an
+// upstream status the classifier judges status and body alone; without one the claim
+// stands unless the body reads as queued. A claim is accepted when it matches, or is more
+// cautious (unknown always; accepted for what reads as a success). The result is stored
+// redacted, then capped, and written under the fence in one durable step. It writes even
+// when ctx has ended.
+//
+// It returns the Result of the recorded outcome (State may be any of the four; nothing
+// maps to an error). Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
+// contradicted, nothing written; a LeaseLost *Violation when the fence was lost (the report
+// kept as evidence only); an error wrapping ErrInvalidCall for an outcome that is not one
+// of the four; otherwise the ledger's error (the outcome was not recorded: report again
+// while the lease lasts).
+func (a *Attempt) Report(ctx context.Context, rep Report) (*Result, error) {
+	switch rep.Outcome {
+	case residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown:
+	default:
+		return nil, fmt.Errorf("%w: outcome %q: want succeeded, accepted, failed or unknown", ErrInvalidCall, rep.Outcome)
+	}
+	if err := a.checkClaim(rep); err != nil {
+		return nil, err
+	}
+	result := rep.Result
+	if result == nil {
+		result = rep.Body
+	}
+	res, stored, err := a.record(ctx, rep.Outcome, result, rep.Handle, rep.Error)
+	if errors.Is(err, residual.ErrLeaseLost) {
+		return nil, a.lost(stored, err, rep.Outcome, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: the outcome was not recorded: %w", a.Dispatch.Operation, a.Dispatch.Key, err)
+	}
+	return res, nil
+}
+
+// record stores body as the attempt's result and commits outcome under the fence.
+func (a *Attempt) record(ctx context.Context, outcome residual.State, body []byte, handle, errText string) (*Result, *residual.Residual, error) {
+	s := a.ic.storable(a.Dispatch.Operation, body)
+	stored, err := a.ic.ledger.Commit(context.WithoutCancel(ctx), ledger.CommitParams{
+		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token,
+		Outcome: outcome, ResponseDigest: s.digest, Result: s.bytes, ResultDigest: s.digest,
+		ResultTruncated: s.truncated, Handle: handle, Error: errText, Margin: a.ic.cfg.Margin,
+	})
+	if err != nil {
+		return nil, stored, err
+	}
+	a.mu.Lock()
+	a.last = stored
+	a.mu.Unlock()
+	return &Result{
+		Key: a.Dispatch.Key, Output: body, State: stored.State, Attempt: a.Dispatch.Attempt, Token: a.Dispatch.Token,
+		StoredTruncated: s.truncated, ResultDigest: s.digest, Handle: stored.Handle, RecordedAt: stored.UpdatedAt,
+	}, stored, nil
+}
+
+// lost turns a failed commit into a violation: LeaseLost when the fence refused it,
+// UnknownOutcome when the outcome is known here but could not be made durable.
+func (a *Attempt) lost(stored *residual.Residual, err error, outcome residual.State, callErr error) *Violation {
+	if stored == nil {
+		stored = a.snapshot()
+	}
+	kind, cause := LeaseLost, err
+	if !errors.Is(err, residual.ErrLeaseLost) {
+		kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but its outcome could not be recorded: %w", outcome, err)
+	}
+	return a.ic.violation(kind, stored, a.self(), errors.Join(cause, callErr))
+}
+
+// snapshot is the residual as the attempt last saw it.
+func (a *Attempt) snapshot() *residual.Residual {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last
+}
+
+// self describes the attempt for violations about it.
+func (a *Attempt) self() *residual.Attempt {
+	return &residual.Attempt{N: a.Dispatch.Attempt, Holder: a.Holder, Token: a.Dispatch.Token, Started: a.Since}
+}
+
+// stored is a result in the form the ledger keeps.
+type stored struct {
+	bytes     []byte
+	truncated bool
+	// digest is the SHA-256 (hex) of the whole result, before redaction and cap.
+	digest string
+}
+
+// storable is the one path from a result to what the ledger stores: redacted (Config.Redact),
+// then cut at Config.MaxResult; the digest is of the whole result. Every surface that stores
+// a result (Commit, Report, Resolve, Reconcile's probes) goes through it.
+func (ic *Interceptor) storable(operation string, result []byte) stored {
+	sum := sha256.Sum256(result)
+	s := stored{bytes: ic.Redact(operation, result), digest: hex.EncodeToString(sum[:])}
+	if len(s.bytes) > ic.cfg.MaxResult {
+		s.bytes, s.truncated = s.bytes[:ic.cfg.MaxResult], true
+	}
+	return s
+}
