@@ -64,7 +64,16 @@ func (r result) String() string {
 // TOOLFENCE_STORE, TOOLFENCE_SERVER and TOOLFENCE_TOKEN.
 func tf(t *testing.T, env []string, args ...string) result {
 	t.Helper()
+	return runIn(t, "", "", env, args...)
+}
+
+// runIn runs the binary as tf does, in directory dir ("" for this one) with stdin as its
+// standard input.
+func runIn(t *testing.T, dir, stdin string, env []string, args ...string) result {
+	t.Helper()
 	cmd := exec.CommandContext(t.Context(), bin, args...)
+	cmd.Dir = dir
+	cmd.Stdin = strings.NewReader(stdin)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, storeEnv+"=") && !strings.HasPrefix(kv, serverEnv+"=") && !strings.HasPrefix(kv, tokenEnv+"=") {
 			cmd.Env = append(cmd.Env, kv)

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"debug/buildinfo"
 	"encoding/json"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
@@ -25,36 +23,10 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// tfIn runs the binary in directory dir (a clean environment, as tf).
+// tfIn runs the binary in directory dir with stdin as its standard input.
 func tfIn(t *testing.T, dir string, stdin string, args ...string) result {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), bin, args...)
-	cmd.Dir = dir
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, storeEnv+"=") && !strings.HasPrefix(kv, serverEnv+"=") && !strings.HasPrefix(kv, tokenEnv+"=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Stdin = strings.NewReader(stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-	case errorsAs(err, &ee):
-		res.code = ee.ExitCode()
-	default:
-		t.Fatalf("running toolfence %v: %v", args, err)
-	}
-	return res
-}
-
-func errorsAs(err error, ee **exec.ExitError) bool {
-	e, ok := err.(*exec.ExitError)
-	*ee = e
-	return ok
+	return runIn(t, dir, stdin, nil, args...)
 }
 
 // names lists the entries of dir.
