@@ -436,7 +436,8 @@ func TestServerFlag(t *testing.T) {
 	for _, key := range []string{unknown, settled} {
 		require.JSONEq(t, local[key], ok(t, srv("show", key, "--json")...).stdout, key)
 	}
-	r = ok(t, srv("show", unknown)...)
+	r = ok(t, srv("show", unknown[:12])...)
+	require.Contains(t, r.stdout, "key             "+unknown, "a key prefix works through the server (open residuals)")
 	require.Contains(t, r.stdout, "state           unknown")
 	require.Contains(t, r.stdout, "next: the last attempt may have reached upstream")
 	other := residual.Key("other", "run-9", "charge", "invoice:9")

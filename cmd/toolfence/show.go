@@ -9,7 +9,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -111,18 +110,17 @@ func findKey(ctx context.Context, l records, arg string) (string, error) {
 		return prefix, nil
 	}
 	var matches []string
-	p := ledger.ListParams{Limit: ledger.MaxListLimit}
-	for {
-		page, err := l.list(ctx, p)
+	for cursor := ""; ; {
+		keys, next, err := l.keys(ctx, cursor)
 		if err != nil {
 			return "", fmt.Errorf("looking up key prefix %s: %w", prefix, err)
 		}
-		for _, r := range page.Residuals {
-			if strings.HasPrefix(r.Key, prefix) {
-				matches = append(matches, r.Key)
+		for _, k := range keys {
+			if strings.HasPrefix(k, prefix) {
+				matches = append(matches, k)
 			}
 		}
-		if p.Cursor = page.NextCursor; p.Cursor == "" {
+		if cursor = next; cursor == "" {
 			break
 		}
 	}

@@ -156,6 +156,10 @@ type records interface {
 	// list returns one page. The namespace of p applies to a store only; a server lists
 	// the namespace of its token.
 	list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error)
+	// keys returns one page of keys, from cursor ("" for the first), and the cursor of the
+	// next page ("" after the last): every key of the namespace from a store, the keys of
+	// open residuals from a server.
+	keys(ctx context.Context, cursor string) (keys []string, next string, err error)
 	get(ctx context.Context, key string) (*residual.Residual, error)
 	resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error)
 	// where names the namespace and the store or server, for messages.
@@ -285,6 +289,18 @@ func (r *local) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, er
 	return r.l.List(ctx, p)
 }
 
+func (r *local) keys(ctx context.Context, cursor string) ([]string, string, error) {
+	page, err := r.list(ctx, ledger.ListParams{Limit: ledger.MaxListLimit, Cursor: cursor})
+	if err != nil {
+		return nil, "", err
+	}
+	keys := make([]string, 0, len(page.Residuals))
+	for _, res := range page.Residuals {
+		keys = append(keys, res.Key)
+	}
+	return keys, page.NextCursor, nil
+}
+
 func (r *local) get(ctx context.Context, key string) (*residual.Residual, error) {
 	return r.l.Get(ctx, ledger.GetParams{Namespace: r.ns, Key: key})
 }
@@ -342,6 +358,20 @@ func (r *remote) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 		out.Residuals = append(out.Residuals, fromView(v))
 	}
 	return out, nil
+}
+
+func (r *remote) keys(ctx context.Context, cursor string) ([]string, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
+	defer cancel()
+	page, err := r.c.List(ctx, mcpserver.ListPendingInput{Limit: ledger.MaxListLimit, Cursor: cursor})
+	if err != nil {
+		return nil, "", err
+	}
+	keys := make([]string, 0, len(page.Residuals))
+	for _, s := range page.Residuals {
+		keys = append(keys, s.Key)
+	}
+	return keys, page.NextCursor, nil
 }
 
 func (r *remote) get(ctx context.Context, key string) (*residual.Residual, error) {
