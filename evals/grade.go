@@ -24,6 +24,22 @@ const (
 	Blocked Outcome = "BLOCKED"
 )
 
+// outcomeDocs defines each outcome in one sentence, for readers of the report.
+var outcomeDocs = map[Outcome]string{
+	ExactlyOnce: "the effect happened once, and every agent that believes the task done names that effect.",
+	Blocked: "no agent believes the task done: the subject failed closed and waits for a probe or a person to " +
+		"reconcile, with at most one effect (correct, but a cost).",
+	Duplicated: "the same action (the same payload) was performed two or more times for one intended operation.",
+	Diverged:   "two different actions (different payloads, e.g. a re-worded email) were performed for one intended operation.",
+	Lost: "an agent believes the task done with an answer the upstream gave (a queued job's id), but no effect was " +
+		"ever performed for it (the job later failed).",
+	Fabricated: "an agent reports a success with a result the upstream never returned for this operation, or one " +
+		"that names no effect that happened.",
+}
+
+// Doc defines o in one sentence ("" for an unknown outcome).
+func (o Outcome) Doc() string { return outcomeDocs[o] }
+
 // Outcomes lists every outcome, best first.
 var Outcomes = []Outcome{ExactlyOnce, Blocked, Duplicated, Diverged, Lost, Fabricated}
 

@@ -135,7 +135,22 @@ func (r *Report) Table() string {
 	return b.String()
 }
 
-// Totals returns the outcome counts of one subject over every scenario.
+// TrialTotals returns the outcome counts of one subject's trials: every scenario but the
+// stress test, whose cells count messages.
+func (r *Report) TrialTotals(subject string) map[Outcome]int {
+	t := map[Outcome]int{}
+	for _, c := range r.Cells {
+		if c.Subject == subject && c.Scenario != StressScenario {
+			for o, n := range c.Counts {
+				t[o] += n
+			}
+		}
+	}
+	return t
+}
+
+// Totals returns the outcome counts of one subject over every scenario, the stress test's
+// messages included.
 func (r *Report) Totals(subject string) map[Outcome]int {
 	t := map[Outcome]int{}
 	for _, c := range r.Cells {
@@ -156,8 +171,11 @@ func (r *Report) Markdown() string {
 	if r.hasStress() {
 		b.WriteString("The " + StressScenario + " row counts messages, not trials.\n\n")
 	}
-	b.WriteString("Cells: EXACTLY_ONCE (ok), BLOCKED, DUPLICATED (DUP), DIVERGED (DIV), LOST, FABRICATED (FAB); " +
-		"`rec` counts residuals settled automatically by a probe.\n\n")
+	b.WriteString("Each trial runs one intended side effect (a charge) through a subject while the harness kills, " +
+		"stops or fails the agent at a chosen point, lets a successor retry, and grades the trial from the upstream's " +
+		"own log of the effects it performed. " +
+		"Cells: EXACTLY_ONCE (ok), BLOCKED, DUPLICATED (DUP), DIVERGED (DIV), LOST, FABRICATED (FAB); " +
+		"`rec` counts residuals settled automatically by a probe. Grades and subjects are defined below the tables.\n\n")
 	fmt.Fprintf(&b, "| scenario | %s |\n|---|%s\n", strings.Join(r.Subjects, " | "), strings.Repeat("---|", len(r.Subjects)))
 	for _, sc := range r.Scenarios {
 		row := []string{sc.Name}
@@ -166,18 +184,32 @@ func (r *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s |\n", strings.Join(row, " | "))
 	}
-	b.WriteString("\n## Totals per subject\n\n| subject |")
+	b.WriteString("\n## Totals per subject\n\n")
+	if r.hasStress() {
+		b.WriteString("Trials of every scenario but " + StressScenario + ", whose messages are counted in its row above only.\n\n")
+	}
+	b.WriteString("| subject |")
 	for _, o := range Outcomes {
 		fmt.Fprintf(&b, " %s |", o)
 	}
 	b.WriteString("\n|---|" + strings.Repeat("---|", len(Outcomes)) + "\n")
 	for _, sub := range r.Subjects {
-		t := r.Totals(sub)
+		t := r.TrialTotals(sub)
 		fmt.Fprintf(&b, "| %s |", sub)
 		for _, o := range Outcomes {
 			fmt.Fprintf(&b, " %d |", t[o])
 		}
 		b.WriteString("\n")
+	}
+	b.WriteString("\n## Grades\n\nWorst first, as the grader applies them; DUPLICATED, DIVERGED, LOST and FABRICATED break " +
+		"exactly-once, BLOCKED is safe but needs reconciling.\n\n")
+	for _, o := range []Outcome{Diverged, Duplicated, Fabricated, Lost, ExactlyOnce, Blocked} {
+		fmt.Fprintf(&b, "- **%s**: %s\n", o, o.Doc())
+	}
+	b.WriteString("\n## Subjects\n\nThe toolfence subjects and the baselines, guards built the way idempotency is often done, " +
+		"that toolfence is measured against.\n\n")
+	for _, sub := range r.Subjects {
+		fmt.Fprintf(&b, "- **%s**: %s\n", sub, SubjectDoc(sub))
 	}
 	b.WriteString("\n## Scenarios\n\n")
 	for _, sc := range r.Scenarios {
@@ -214,13 +246,17 @@ func (r *Report) SVG() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", width, height)
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">Outcomes per subject (%% of trials; %d per cell, seed %d)</text>`+"\n", left, r.Trials, r.Seed)
+	if r.hasStress() {
+		fmt.Fprintf(&b, `<text x="%d" y="34" font-size="10">Trials only: the messages of %s are counted in report.md, not in these bars.</text>`+"\n",
+			left, StressScenario)
+	}
 	for _, pct := range []int{0, 25, 50, 75, 100} {
 		y := top + chartH - pct*chartH/100
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ddd"/><text x="%d" y="%d" text-anchor="end">%d%%</text>`+"\n",
 			left, y, width-10, y, left-5, y+4, pct)
 	}
 	for gi, sub := range r.Subjects {
-		t := r.Totals(sub)
+		t := r.TrialTotals(sub)
 		total := 0
 		for _, n := range t {
 			total += n

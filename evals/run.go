@@ -44,7 +44,7 @@ type Config struct {
 	Batch int
 	// LeaseTTL is the toolfence lease and the baselines' pending TTL. Defaults to 500ms.
 	LeaseTTL time.Duration
-	// StressMessages is the message count of the stress-003 scenario. Defaults to 500.
+	// StressMessages is the message count of the stress-redelivery scenario. Defaults to 500.
 	StressMessages int
 	// WorkDir holds the stores and the sink log. Defaults to a new temporary directory,
 	// removed at the end.
@@ -75,7 +75,7 @@ func (r *runner) rngFor(scenario, subject string, index int) *rand.Rand {
 	return rand.New(rand.NewSource(h*1_000_003 + int64(index)))
 }
 
-// stress runs the seed-003 stress test against one subject in one worker process and
+// stress runs the redelivery stress test against one subject in one worker process and
 // stores one trial per message.
 func (r *runner) stress(subject string, st *store) {
 	t0 := time.Now()

@@ -33,11 +33,12 @@ var Scenarios = []Scenario{
 	{Name: "concurrent", Doc: "4 agents run the same task at once (badger: 4 goroutines in one process, the store is locked to one process; otherwise 4 processes).", run: concurrent},
 	{Name: "payload-drift", Doc: "SIGKILL at b1, then the successor re-words the arguments (same target, different text).", run: crashB1(true)},
 	{Name: "ledger-down", Doc: "The ledger / idempotency store is unreachable for the first worker; it comes back for the successor.", run: ledgerDown},
-	{Name: StressScenario, Doc: "Seed 003's stress test: N messages (default 500, full run 10,000), 30 % of them delivered twice, shuffled, consumed by 50 concurrent consumers (goroutines of one process per subject). Counted per message, not per trial."},
+	{Name: StressScenario, Doc: "At-least-once redelivery under load: N messages (default 500, full run 10,000), 30 % of them delivered twice, shuffled, consumed by 50 concurrent consumers (goroutines of one process per subject). Counted per message, not per trial."},
 }
 
-// StressScenario names the seed-003 stress test, whose cells count messages.
-const StressScenario = "stress-003"
+// StressScenario names the redelivery stress test (N messages, 30 % of them delivered
+// twice, consumed concurrently), whose cells count messages, not trials.
+const StressScenario = "stress-redelivery"
 
 // trial is one run of one scenario against one subject: the unit of grading. It has its
 // own task, intent, payload and agents; it shares its worker processes with the other

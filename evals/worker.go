@@ -70,7 +70,7 @@ type WorkerSpec struct {
 	TimeoutMS int `json:"timeout_ms"`
 	// BudgetMS is how long an agent keeps retrying before it gives up.
 	BudgetMS int `json:"budget_ms"`
-	// Stress, when set, replaces the single call by the seed-003 stress test.
+	// Stress, when set, replaces the single call by the redelivery stress test.
 	Stress *StressSpec `json:"stress,omitempty"`
 	// Batch, when set, replaces the single trial of Task, Intent, Text, Mode and Hold: the
 	// process runs every trial of the batch at once, each with its own task, intent, wording,
@@ -93,7 +93,7 @@ type TrialSpec struct {
 	Hold   bool   `json:"hold,omitempty"`
 }
 
-// StressSpec is seed 003's stress test: Messages messages, DupRate of them delivered
+// StressSpec is the redelivery stress test: Messages messages, DupRate of them delivered
 // twice, spread over Consumers concurrent consumers in this process; the deliveries are
 // shuffled with Seed. Every message is its own intent, StressIntent(Prefix, i).
 type StressSpec struct {
@@ -134,6 +134,28 @@ const (
 	SubjectExpiring         = "expiring-in-progress"
 	SubjectMarkBefore       = "mark-before"
 )
+
+// subjectDocs says in one sentence what each subject is, for readers of the report.
+var subjectDocs = map[string]string{
+	SubjectToolfenceBadger: "toolfence's interceptor on its embedded badger ledger, with a probe that asks the upstream " +
+		"whether a call with the same Idempotency-Key reached it.",
+	SubjectToolfencePostgres: "the same on the PostgreSQL ledger (run only when a PostgreSQL DSN is given and answers).",
+	SubjectToolfenceNoProbe: "toolfence on badger with no probe registered: every unknown outcome stays blocked for a " +
+		"person, which shows what BLOCKED costs.",
+	SubjectNone: "no guard at all: every retry calls the upstream again.",
+	SubjectRecordAfter: "a guard that writes its record only after the call returns and replays a completed record: " +
+		"a crash between the effect and the record leaves no trace, so the retry runs again.",
+	SubjectCheckThenInsert: "the common idempotency middleware: a key over the method, path and raw body, a read, then " +
+		"a pending insert with no unique constraint; errors reset the record and a pending record expires after " +
+		"the lease and runs again.",
+	SubjectExpiring: "a key from the intent and an in-progress record that expires after the lease and runs the call " +
+		"again; errors delete the record; no fencing tokens.",
+	SubjectMarkBefore: "a deduplicator that marks the key done before it runs the call: a retry after a crash or an " +
+		"error is dropped as already processed and reported as a success with no result.",
+}
+
+// SubjectDoc says in one sentence what subject is ("" for an unknown subject).
+func SubjectDoc(subject string) string { return subjectDocs[subject] }
 
 // IsToolfence reports whether subject is a toolfence subject (whose failures fail the eval).
 func IsToolfence(subject string) bool {

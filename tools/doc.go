@@ -11,7 +11,7 @@
 // returns a Go error only with WithErrors:
 //
 //	executed            the tool's own output, unchanged
-//	replayed            [replayed] already done on <RFC3339 time>: <cached output>
+//	replayed            [replayed] already done, outcome recorded at <RFC3339 time>: <cached output>
 //	in progress         blocked: another attempt … is still running …; do not retry now …
 //	unknown outcome     blocked: a previous attempt may have reached <upstream>; outcome unknown;
 //	                    do not retry — reconcile with toolfence (key tf1_…)

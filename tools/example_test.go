@@ -45,7 +45,7 @@ func ExampleGuard() {
 
 	out, _ := guarded.Call(ctx, `{"invoice":"INV-42","cents":12500}`)
 	again, _ := guarded.Call(ctx, `{"invoice":"INV-42","cents":12500}`) // a retry: replayed, not charged
-	fmt.Println(out, strings.HasPrefix(again, "[replayed] already done on"), charge.charges)
+	fmt.Println(out, strings.HasPrefix(again, "[replayed] already done"), charge.charges)
 	// Output: {"charge":"ch_1"} true 1
 }
 

@@ -157,7 +157,7 @@ func (g *Guarded) operation() string {
 }
 
 // Call runs the wrapped tool through the interceptor. It returns the tool's output when the
-// call executed and succeeded, and "[replayed] already done on <time>: <cached output>" when
+// call executed and succeeded, and "[replayed] already done, outcome recorded at <time>: <cached output>" when
 // the call had already succeeded (nothing is dispatched). Every refusal or ambiguity is an
 // observation in plain language with a nil error, or with WithErrors the Go error (see the
 // package doc). A configuration error (see Err) is always returned as an error.

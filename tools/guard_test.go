@@ -83,7 +83,7 @@ func TestGuardReplayReturnsCachedOutputByteForByte(t *testing.T) {
 	second, err := g.Call(b.ctx, `{"amount":125.0, "invoice":"INV-42"}`)
 	require.NoError(t, err)
 	require.Equal(t, int32(1), inner.calls.Load(), "a replay dispatches nothing")
-	prefix := "[replayed] already done on " + epoch.Format(time.RFC3339) + ": "
+	prefix := "[replayed] already done, outcome recorded at " + epoch.Format(time.RFC3339) + ": "
 	require.True(t, strings.HasPrefix(second, prefix), second)
 	require.Equal(t, []byte(output), []byte(strings.TrimPrefix(second, prefix)), "the cached output, byte for byte")
 

@@ -14,12 +14,14 @@ import (
 // ReplayPrefix starts the observation of a replayed call.
 const ReplayPrefix = "[replayed] "
 
-// replayObservation is "[replayed] already done on <RFC3339>: <cached output>"; the cached
-// output follows byte for byte.
+// replayObservation is "[replayed] already done, outcome recorded at <RFC3339>: <cached
+// output>"; the time is when the outcome was recorded (the commit, or a reconciler's or
+// person's resolution), which can be later than the effect upstream; the cached output
+// follows byte for byte.
 func replayObservation(res *interceptor.Result) string {
 	var b strings.Builder
 	b.WriteString(ReplayPrefix)
-	b.WriteString("already done on ")
+	b.WriteString("already done, outcome recorded at ")
 	b.WriteString(res.RecordedAt.UTC().Format(time.RFC3339))
 	if res.Truncated {
 		b.WriteString(" (result truncated)")

@@ -12,14 +12,19 @@ import (
 )
 
 // TestReadmeProgram builds and runs the whole program of the top-level README's langchaingo
-// section, as a new user who copies it would, and checks what it prints: one charge, then a
-// replay.
+// section (the Go program that calls tools.Guard), as a new user who copies it would, and
+// checks what it prints: one charge, then a replay.
 func TestReadmeProgram(t *testing.T) {
 	t.Parallel()
 	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
 	require.NoError(t, err)
-	blocks := regexp.MustCompile("(?s)```go\n(package main\n.*?)```").FindSubmatch(readme)
-	require.NotNil(t, blocks, "README.md has no Go program (a block starting with package main)")
+	var blocks [][]byte
+	for _, b := range regexp.MustCompile("(?s)```go\n(package main\n.*?)```").FindAllSubmatch(readme, -1) {
+		if strings.Contains(string(b[1]), "tools.Guard(") {
+			blocks = b
+		}
+	}
+	require.NotNil(t, blocks, "README.md has no Go program (a block starting with package main) that calls tools.Guard")
 
 	// The program must live inside the module to import it; a dot-directory is ignored by ./...
 	dir, err := os.MkdirTemp("..", ".readme-program-")
@@ -39,7 +44,7 @@ func TestReadmeProgram(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	require.Len(t, lines, 3, "%s", out)
 	require.Equal(t, `{"charge":"ch_1"}`, lines[0])
-	require.True(t, strings.HasPrefix(lines[1], "[replayed] already done on "), lines[1])
+	require.True(t, strings.HasPrefix(lines[1], "[replayed] already done, outcome recorded at "), lines[1])
 	require.True(t, strings.HasSuffix(lines[1], `{"charge":"ch_1"}`), lines[1])
 	require.Equal(t, "charges: 1", lines[2])
 }

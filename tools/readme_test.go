@@ -15,7 +15,7 @@ func TestReadmeSnippet(t *testing.T) {
 	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
-	block := regexp.MustCompile("(?s)```go\n(.*?)```").FindSubmatch(readme)
+	block := regexp.MustCompile("(?s)```go\n// fragment[^\n]*\n(.*?)```").FindSubmatch(readme)
 	require.NotNil(t, block, "README.md has no Go block")
 
 	src, err := os.ReadFile("example_test.go")

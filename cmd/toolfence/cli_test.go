@@ -58,7 +58,9 @@ func requireStory(t *testing.T, r result) {
 	require.Len(t, lines, len(steps)+1, "one line per step, then the count: %s", r)
 }
 
-func TestDemoOnATempStoreLeavesNothingBehind(t *testing.T) {
+// TestDemoKeepsItsStoreAndSaysHowToLookAtIt runs the demo as a newcomer does, then the ls
+// command it prints: the charge is there. --rm leaves nothing behind.
+func TestDemoKeepsItsStoreAndSaysHowToLookAtIt(t *testing.T) {
 	t.Parallel()
 	tmp := t.TempDir()
 	r := tf(t, []string{"TMPDIR=" + tmp}, "demo")
@@ -66,15 +68,27 @@ func TestDemoOnATempStoreLeavesNothingBehind(t *testing.T) {
 	requireStory(t, r)
 	entries, err := os.ReadDir(tmp)
 	require.NoError(t, err)
-	require.Empty(t, entries, "the temporary store is removed")
+	require.Len(t, entries, 1, "the demo keeps its store")
+	store := filepath.Join(tmp, entries[0].Name())
+	require.Contains(t, r.stderr, "store kept at "+store+"; look at it with:\n  toolfence ls --store "+store+"\n  toolfence show tf1_")
+	ls := regexp.MustCompile(`(?m)^  toolfence (ls --store \S+)$`).FindStringSubmatch(r.stderr)
+	require.NotNil(t, ls, "%s", r)
+	listed := ok(t, strings.Fields(ls[1])...)
+	require.Len(t, tableRows(listed.stdout), 1, "%s", listed)
+	require.Contains(t, listed.stdout, "charge")
+	show := regexp.MustCompile(`(?m)^  toolfence (show tf1_[0-9a-f]{64} --store \S+)$`).FindStringSubmatch(r.stderr)
+	require.NotNil(t, show, "%s", r)
+	require.Contains(t, ok(t, strings.Fields(show[1])...).stdout, "state           succeeded")
 
-	r = tf(t, []string{"TMPDIR=" + tmp}, "demo", "--keep")
+	tmp = t.TempDir()
+	r = tf(t, []string{"TMPDIR=" + tmp}, "demo", "--rm")
 	require.Equal(t, 0, r.code, "%s", r)
 	requireStory(t, r)
 	entries, err = os.ReadDir(tmp)
 	require.NoError(t, err)
-	require.Len(t, entries, 1, "--keep keeps the store")
-	require.Contains(t, r.stderr, "store kept at "+filepath.Join(tmp, entries[0].Name()))
+	require.Empty(t, entries, "--rm removes the store")
+	require.Contains(t, r.stderr, "removed (--rm)")
+	fails(t, 2, []string{"--rm removes only a store the demo creates"}, "demo", "--rm", "--store", filepath.Join(tmp, "mine"))
 }
 
 // TestDemoStoreThroughTheCommands runs the demo on a store it keeps and inspects it with
@@ -86,7 +100,7 @@ func TestDemoStoreThroughTheCommands(t *testing.T) {
 	requireStory(t, r)
 
 	// ls: one succeeded charge, as a table and as JSON lines.
-	r = ok(t, "ls", "--store", store)
+	r = ok(t, "ls", "--store", store, "--wide")
 	rows := tableRows(r.stdout)
 	require.Len(t, rows, 1, "%s", r)
 	require.Regexp(t, `^KEY\s+STATE\s+TASK\s+OPERATION\s+TARGET\s+ATTEMPT\s+HOLDER\s+UPDATED$`, strings.Split(r.stdout, "\n")[0])
@@ -114,7 +128,7 @@ func TestDemoStoreThroughTheCommands(t *testing.T) {
 	} {
 		require.Contains(t, r.stdout, want, "%s", r)
 	}
-	var shown residual.Residual
+	var shown record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", key, "--store", store, "--json").stdout), &shown))
 	require.Equal(t, key, shown.Key)
 	require.Equal(t, residual.Succeeded, shown.State)
@@ -167,7 +181,7 @@ func TestResolve(t *testing.T) {
 	fails(t, 2, []string{`--as "pending": want succeeded or failed`}, "resolve", unknown1, "--as", "pending", "--note", "x", "--store", store)
 	fails(t, 2, []string{"--as is required"}, "resolve", unknown1, "--note", "x", "--store", store)
 	fails(t, 2, []string{"--result only goes with --as succeeded"}, "resolve", unknown1, "--as", "failed", "--note", "x", "--result", "{}", "--store", store)
-	fails(t, 2, []string{"--result is not valid JSON"}, "resolve", unknown1, "--as", "succeeded", "--note", "x", "--result", "{", "--store", store)
+	fails(t, 2, []string{`--result "{" is not JSON`}, "resolve", unknown1, "--as", "succeeded", "--note", "x", "--result", "{", "--store", store)
 	fails(t, 2, []string{`invalid key "tf1_nope"`, "64 lowercase hex digits"}, "resolve", "tf1_nope", "--as", "failed", "--note", "x", "--store", store)
 	fails(t, 2, []string{"takes 1 argument(s) [KEY], got 0", "Run 'toolfence resolve --help' for usage."}, "resolve", "--as", "failed", "--note", "x", "--store", store)
 	missing := residual.Key("default", "no", "such", "call")
@@ -183,7 +197,7 @@ func TestResolve(t *testing.T) {
 	r = ok(t, "resolve", unknown1, "--as", "succeeded", "--note", "found it in the provider's log", "--by", "alice",
 		"--result", `{"message_id":"m-1"}`, "--store", store)
 	require.Equal(t, "resolved "+unknown1+": unknown → succeeded by alice (fencing token 2)\n", r.stdout)
-	var got residual.Residual
+	var got record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", unknown1, "--store", store, "--json").stdout), &got))
 	require.Equal(t, residual.Succeeded, got.State)
 	require.JSONEq(t, `{"message_id":"m-1"}`, string(got.Result))
@@ -397,7 +411,7 @@ func TestServerFlag(t *testing.T) {
 	fails(t, 1, []string{"is in use by another process (is `toolfence serve` running? use --server URL)"}, "ls", "--store", store)
 
 	// ls: the open residuals of the token's namespace, as a table and as JSON lines.
-	r := ok(t, srv("ls")...)
+	r := ok(t, srv("ls", "--wide")...)
 	rows := tableRows(r.stdout)
 	require.Len(t, rows, 2, "%s", r)
 	require.Regexp(t, `^KEY\s+STATE\s+TASK\s+OPERATION\s+TARGET\s+ATTEMPT\s+HOLDER\s+UPDATED$`, strings.Split(r.stdout, "\n")[0])
@@ -422,7 +436,8 @@ func TestServerFlag(t *testing.T) {
 	for _, key := range []string{unknown, settled} {
 		require.JSONEq(t, local[key], ok(t, srv("show", key, "--json")...).stdout, key)
 	}
-	r = ok(t, srv("show", unknown)...)
+	r = ok(t, srv("show", unknown[:12])...)
+	require.Contains(t, r.stdout, "key             "+unknown, "a key prefix works through the server (open residuals)")
 	require.Contains(t, r.stdout, "state           unknown")
 	require.Contains(t, r.stdout, "next: the last attempt may have reached upstream")
 	other := residual.Key("other", "run-9", "charge", "invoice:9")
@@ -435,7 +450,7 @@ func TestServerFlag(t *testing.T) {
 	fails(t, 1, []string{"no residual " + other}, srv("resolve", other, "--as", "failed", "--note", "x")...)
 	r = ok(t, srv("resolve", unknown, "--as", "succeeded", "--note", "found in the bank's log", "--by", "alice", "--result", `{"id":"ch_7"}`)...)
 	require.Equal(t, "resolved "+unknown+": unknown → succeeded by alice (fencing token 2)\n", r.stdout)
-	var got residual.Residual
+	var got record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, srv("show", unknown, "--json")...).stdout), &got))
 	require.Equal(t, residual.Succeeded, got.State)
 	require.JSONEq(t, `{"id":"ch_7"}`, string(got.Result))

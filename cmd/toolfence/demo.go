@@ -5,16 +5,18 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/demo"
 )
 
 func newDemoCmd(a *app) *cobra.Command {
-	var keep bool
+	var rm, keep bool
 	cmd := &cobra.Command{
-		Use:   "demo [--store DIR|postgres://…] [--keep]",
+		Use:   "demo [--store DIR|postgres://…] [--rm]",
 		Short: "Run the crash-and-hand-over story: one charge, however the agent dies",
 		Long: `Run a self-contained story with two langchaingo agents and print its timeline:
 
@@ -33,31 +35,41 @@ func newDemoCmd(a *app) *cobra.Command {
 
 It ends with "charges at the API: 1" and exits with status 1 if the count is anything else.
 
-The store is a fresh temporary directory, removed afterwards, unless --keep keeps it or
---store names a directory to use (and keep). With --store postgres://… the story runs on
-PostgreSQL, in a fresh schema of that database that is dropped afterwards unless --keep
-keeps it. $TOOLFENCE_STORE does not apply here.
+The store is a fresh temporary directory (not ./.toolfence, where ls looks by default): the
+demo keeps it and prints where it is and the exact ls and show commands that look at it.
+--rm removes it afterwards instead. --store DIR runs the story in that directory (a new or
+empty one, or a toolfence store) and keeps it. With --store postgres://… the story runs in
+a fresh schema of that database, kept (with the commands to look at it) unless --rm drops
+it. $TOOLFENCE_STORE does not apply here.
 
 Example:
   toolfence demo
   toolfence demo --store ./demo-store && toolfence ls --store ./demo-store
-  toolfence demo --store postgres://toolfence@localhost:5432/toolfence --keep`,
+  toolfence demo --rm
+  toolfence demo --store postgres://toolfence@localhost:5432/toolfence`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.demo(cmd.Context(), cmd.Flags().Changed("store"), keep)
+			storeSet := cmd.Flags().Changed("store")
+			if rm && storeSet && !isDSN(a.store) {
+				return usagef("--rm removes only a store the demo creates (a temporary directory or a PostgreSQL schema); it never deletes your --store directory")
+			}
+			return a.demo(cmd.Context(), storeSet, rm)
 		},
 	}
-	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary store (or the PostgreSQL schema) and print where it is")
+	cmd.Flags().BoolVar(&rm, "rm", false, "remove the demo's temporary store (or drop its PostgreSQL schema) afterwards")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the store (the default now; kept so older scripts work)")
+	_ = cmd.Flags().MarkHidden("keep")
 	return cmd
 }
 
-func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
+func (a *app) demo(ctx context.Context, storeSet, rm bool) error {
 	store := a.store
 	switch {
 	case storeSet && isDSN(store):
 		// demo.Run creates a schema of its own in the database.
 	case storeSet:
-		// Fail early, with the usual message, when another process holds the store.
+		// Fail early, with the usual message, when another process holds the store or the
+		// directory is not one.
 		l, err := openStore(ctx, store, false)
 		if err != nil {
 			return err
@@ -71,7 +83,7 @@ func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
 			return fmt.Errorf("creating a temporary store: %w", err)
 		}
 		store = tmp
-		if !keep {
+		if rm {
 			defer os.RemoveAll(tmp)
 		}
 	}
@@ -82,7 +94,7 @@ func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
 
 	rep, err := demo.Run(ctx, demo.Config{
 		Store:     store,
-		Keep:      keep,
+		Keep:      !rm,
 		Namespace: a.namespace,
 		Out:       a.stdout,
 		StartWorker: func(ctx context.Context, w demo.WorkerArgs) *exec.Cmd {
@@ -94,14 +106,43 @@ func (a *app) demo(ctx context.Context, storeSet, keep bool) error {
 	})
 	if rep != nil {
 		fmt.Fprintf(a.stdout, "charges at the API: %d\n", rep.Charges)
-		switch {
-		case rep.Schema != "" && keep:
-			fmt.Fprintf(a.stderr, "schema %s kept; look at it with: toolfence show %s --store '%s'\n", rep.Schema, rep.Key, displayStore(rep.Store))
-		case rep.Schema == "" && (storeSet || keep):
-			fmt.Fprintf(a.stderr, "store kept at %s; look at it with: toolfence show %s --store %s\n", rep.Store, rep.Key, rep.Store)
-		}
+		a.demoKept(rep, rm)
 	}
 	return err
+}
+
+// demoKept tells on stderr where the demo's store is and how to look at it, or that it was
+// removed.
+func (a *app) demoKept(rep *demo.Report, rm bool) {
+	ns := ""
+	if a.namespace != interceptor.DefaultNamespace {
+		ns = " --namespace " + shellQuote(a.namespace)
+	}
+	switch {
+	case rm && rep.Schema != "":
+		fmt.Fprintf(a.stderr, "schema %s dropped (--rm)\n", rep.Schema)
+		return
+	case rm:
+		fmt.Fprintf(a.stderr, "store %s removed (--rm)\n", rep.Store)
+		return
+	case rep.Schema != "":
+		store := shellQuote(displayStore(rep.Store))
+		fmt.Fprintf(a.stderr, "schema %s kept; look at it with:\n  toolfence ls --store %s%s\n  toolfence show %s --store %s%s\n"+
+			"(drop it with DROP SCHEMA %s CASCADE, or run the demo with --rm)\n", rep.Schema, store, ns, rep.Key, store, ns, rep.Schema)
+	default:
+		store := shellQuote(rep.Store)
+		fmt.Fprintf(a.stderr, "store kept at %s; look at it with:\n  toolfence ls --store %s%s\n  toolfence show %s --store %s%s\n",
+			rep.Store, store, ns, rep.Key, store, ns)
+	}
+}
+
+// shellQuote returns s as one word for a POSIX shell: as is when it holds only characters
+// no shell treats specially, else in single quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:@%+=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func newDemoWorkerCmd(a *app) *cobra.Command {

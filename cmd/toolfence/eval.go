@@ -32,10 +32,14 @@ func newEvalCmd(a *app) *cobra.Command {
 		Long: `eval runs the crash-simulation suite: worker processes run a guarded tool call against an
 effect sink (a separate process that logs every effect it performs) and are SIGKILLed or
 SIGSTOPped at named barriers; successors retry the task. Every trial is graded from the sink's
-log: EXACTLY_ONCE, DUPLICATED, DIVERGED, LOST, FABRICATED or BLOCKED.
+log: EXACTLY_ONCE, DUPLICATED, DIVERGED, LOST, FABRICATED or BLOCKED (report.md defines
+each in a sentence).
 
-Subjects: toolfence on badger, toolfence on PostgreSQL (when --pg or $` + pgEnv + ` answers),
-and the baselines none, record-after, check-then-insert and expiring-in-progress.
+Subjects: toolfence on badger (with and without a probe), toolfence on PostgreSQL (when
+--pg or $` + pgEnv + ` answers), and the baselines none, record-after, check-then-insert,
+expiring-in-progress and mark-before. Every subject works in stores the eval creates and
+removes itself, so --store and --namespace do not apply. docs/evals.md describes the
+scenarios, subjects and grades and the latest full run.
 
 Trials run in batches: a worker process carries --batch trials of one cell at once (each
 with its own intent, task and agents, graded on its own) and is killed at the barrier once
@@ -46,6 +50,11 @@ It prints the scenario × subject table, writes report.json, report.md and repor
 FABRICATED.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, name := range []string{"store", "namespace"} {
+				if cmd.Flags().Changed(name) {
+					return usagef("--%s does not apply to eval: it creates and removes stores of its own (--pg names the PostgreSQL database)", name)
+				}
+			}
 			if cfg.Trials <= 0 {
 				return usagef("--trials must be positive")
 			}
@@ -98,8 +107,9 @@ FABRICATED.`,
 	fl.BoolVar(&noPG, "no-pg", false, "skip toolfence-postgres even when a DSN is set")
 	fl.IntVar(&cfg.Parallel, "parallel", 2, "batches run at once")
 	fl.IntVar(&cfg.Batch, "batch", 0, "trials of one cell per worker process, run at once in it and killed together (default min(trials, 500))")
-	fl.IntVar(&cfg.StressMessages, "stress-messages", 500, "messages of the stress-003 scenario (seed 003 asks for 10000)")
+	fl.IntVar(&cfg.StressMessages, "stress-messages", 500, "messages of the stress-redelivery scenario (the full run uses 10000)")
 	fl.DurationVar(&cfg.LeaseTTL, "lease", 500*time.Millisecond, "toolfence lease and baseline pending TTL (real time)")
+	hideGlobalFlags(cmd)
 	return cmd
 }
 
@@ -131,4 +141,17 @@ func newEvalSinkCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// hideGlobalFlags leaves the root's --store and --namespace out of cmd's help, for a command
+// they do not apply to.
+func hideGlobalFlags(cmd *cobra.Command) {
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		for _, name := range []string{"store", "namespace"} {
+			if f := c.InheritedFlags().Lookup(name); f != nil {
+				f.Hidden = true
+			}
+		}
+		c.Root().HelpFunc()(c, args)
+	})
 }

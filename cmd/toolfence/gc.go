@@ -36,7 +36,10 @@ key and its last token, which no read shows).
 After gc, a call with a deleted key runs again instead of replaying, so keep residuals at
 least as long as agents may retry a task. --dry-run counts without deleting.
 
---older-than takes a Go duration (90m, 36h) or a number of days (30d).
+--older-than takes a number of days (30d) or a Go duration in hours, minutes or seconds
+(36h, 90m, 45s; they combine: 1h30m). m is minutes: 1m is one minute, not a month. There
+is no unit for months, weeks or years; write them in days (30d, 7d, 365d). Units other
+than d, h, m, s, ms, us and ns are refused.
 
 Example:
   toolfence gc                          # settled residuals older than 30 days
@@ -45,7 +48,7 @@ Example:
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.gc(cmd.Context(), f) },
 	}
 	fl := cmd.Flags()
-	fl.Var(&f.olderThan, "older-than", "delete settled residuals last updated longer ago than this (e.g. 720h, 30d)")
+	fl.Var(&f.olderThan, "older-than", "delete settled residuals last updated longer ago than this: days (30d) or a Go duration (36h, 90m; m is minutes)")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	fl.BoolVar(&f.json, "json", false, `print {"namespace","before","dry_run","count"} as JSON`)
 	return cmd
@@ -115,13 +118,14 @@ func (d *age) Set(s string) error {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseUint(days, 10, 32)
 		if err != nil {
-			return fmt.Errorf("%q: want a duration like 720h or a number of days like 30d", s)
+			return fmt.Errorf("%q: want a number of days like 30d, or a duration like 720h", s)
 		}
 		v = time.Duration(n) * 24 * time.Hour
 	} else {
 		var err error
 		if v, err = time.ParseDuration(s); err != nil {
-			return fmt.Errorf("%q: want a duration like 720h or a number of days like 30d", s)
+			return fmt.Errorf("%q: want a number of days like 30d, or a duration in h, m (minutes) or s like 720h; "+
+				"months, weeks and years have no unit: write them in days (30d, 7d, 365d)", s)
 		}
 	}
 	if v < 0 {

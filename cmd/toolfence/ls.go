@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +22,7 @@ type lsFlags struct {
 	cursor    string
 	all       bool
 	json      bool
+	wide      bool
 }
 
 func newLsCmd(a *app) *cobra.Command {
@@ -29,10 +32,16 @@ func newLsCmd(a *app) *cobra.Command {
 		Short: "List residuals, filtered by state, task, operation or target",
 		Long: `List the residuals of a namespace, ordered by key, one page at a time.
 
-The table shows the full key (pass it to show or resolve), the effective state (a pending
-residual whose lease has expired reads as unknown), the task, operation and target of the
-call, and the current attempt with its holder. --json prints one residual per line instead,
-with every field (the same record as show --json).
+The table fits 100 columns: the key abbreviated to a unique prefix (show and resolve take
+it as it is), the effective state (a pending residual whose lease has expired reads as
+unknown), the task, operation and target of the call (cut with … when long), the current
+attempt and when the residual last changed (UTC). --wide prints every column whole: the full
+key, the holder of the current attempt and the time to the second. --json prints one
+residual per line instead, with every field (the same record as show --json; results are
+JSON values, or JSON strings when they are not JSON).
+
+Text that agents supplied is printed with control characters escaped (\x1b, \n), so it
+cannot forge lines or drive the terminal; --json prints it exactly.
 
 Without --all one page of at most --limit residuals is printed; when there are more, a hint
 on stderr gives the cursor of the next page. --all pages through everything.
@@ -60,6 +69,7 @@ Example:
 	fl.StringVar(&f.cursor, "cursor", "", "start at this cursor (printed when a page is not the last)")
 	fl.BoolVar(&f.all, "all", false, "page through every matching residual")
 	fl.BoolVar(&f.json, "json", false, "print one JSON residual per line")
+	fl.BoolVar(&f.wide, "wide", false, "print the table with every column whole: full keys, holders, times to the second")
 	return cmd
 }
 
@@ -99,23 +109,16 @@ func (a *app) ls(cmd *cobra.Command, f lsFlags) error {
 		if err != nil {
 			return fmt.Errorf("listing residuals: %w", err)
 		}
+		short := shortKeys(page.Residuals)
 		for _, r := range page.Residuals {
 			n++
 			if f.json {
-				if err := writeJSONLine(a.stdout, r); err != nil {
+				if err := writeJSONLine(a.stdout, toJSON(r)); err != nil {
 					return err
 				}
 				continue
 			}
-			if n == 1 {
-				fmt.Fprintln(tw, "KEY\tSTATE\tTASK\tOPERATION\tTARGET\tATTEMPT\tHOLDER\tUPDATED")
-			}
-			attempt, holder := "-", "-"
-			if cur := r.Current(); cur != nil {
-				attempt, holder = fmt.Sprint(cur.N), cur.Holder
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, r.State, cell(r.Task), cell(r.Operation),
-				cell(r.Target), attempt, cell(holder), r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"))
+			writeRow(tw, r, n == 1, f.wide, short)
 		}
 		if page.NextCursor == "" {
 			break
@@ -142,10 +145,67 @@ func (a *app) ls(cmd *cobra.Command, f lsFlags) error {
 	return nil
 }
 
-// cell keeps table columns aligned when a value is empty or holds tabs or newlines.
-func cell(s string) string {
+// Column widths of the narrow ls table: with two spaces between columns it fits 100
+// columns (12+9+14+12+18+7+16 + 6×2).
+const (
+	shortKeyHex  = 8 // hex digits of an abbreviated key, more when a page needs them
+	taskWidth    = 14
+	opWidth      = 12
+	targetWidth  = 18
+	narrowLayout = "2006-01-02 15:04"
+	wideLayout   = "2006-01-02T15:04:05Z"
+)
+
+// writeRow writes r as a row of the ls table, after the header when header is set. short
+// maps keys to their abbreviations (unused when wide).
+func writeRow(tw io.Writer, r *residual.Residual, header, wide bool, short map[string]string) {
+	attempt, holder := "-", "-"
+	if cur := r.Current(); cur != nil {
+		attempt, holder = fmt.Sprint(cur.N), cur.Holder
+	}
+	if wide {
+		if header {
+			fmt.Fprintln(tw, "KEY\tSTATE\tTASK\tOPERATION\tTARGET\tATTEMPT\tHOLDER\tUPDATED")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, r.State, cell(r.Task, 0), cell(r.Operation, 0),
+			cell(r.Target, 0), attempt, cell(holder, 0), r.UpdatedAt.UTC().Format(wideLayout))
+		return
+	}
+	if header {
+		fmt.Fprintln(tw, "KEY\tSTATE\tTASK\tOPERATION\tTARGET\tATTEMPT\tUPDATED UTC")
+	}
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short[r.Key], r.State, cell(r.Task, taskWidth), cell(r.Operation, opWidth),
+		cell(r.Target, targetWidth), attempt, r.UpdatedAt.UTC().Format(narrowLayout))
+}
+
+// shortKeys abbreviates the keys of rs to "tf1_" and shortKeyHex hex digits, or as many more
+// as it takes for no two of them to share an abbreviation.
+func shortKeys(rs []*residual.Residual) map[string]string {
+	for n := len(residual.KeyPrefix) + shortKeyHex; ; n++ {
+		out := make(map[string]string, len(rs))
+		seen := make(map[string]bool, len(rs))
+		unique := true
+		for _, r := range rs {
+			s := r.Key[:min(n, len(r.Key))]
+			unique = unique && !seen[s]
+			seen[s] = true
+			out[r.Key] = s
+		}
+		if unique {
+			return out
+		}
+	}
+}
+
+// cell returns s for a table cell: "-" when empty, control characters (tabs and newlines
+// among them) escaped by safe, and cut to width runes with a trailing … when width > 0.
+func cell(s string, width int) string {
 	if s == "" {
 		return "-"
 	}
-	return strings.NewReplacer("\t", " ", "\n", " ").Replace(s)
+	s = safe(s)
+	if width > 0 && utf8.RuneCountInString(s) > width {
+		s = string([]rune(s)[:width-1]) + "…"
+	}
+	return s
 }

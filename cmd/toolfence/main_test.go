@@ -64,7 +64,16 @@ func (r result) String() string {
 // TOOLFENCE_STORE, TOOLFENCE_SERVER and TOOLFENCE_TOKEN.
 func tf(t *testing.T, env []string, args ...string) result {
 	t.Helper()
+	return runIn(t, "", "", env, args...)
+}
+
+// runIn runs the binary as tf does, in directory dir ("" for this one) with stdin as its
+// standard input.
+func runIn(t *testing.T, dir, stdin string, env []string, args ...string) result {
+	t.Helper()
 	cmd := exec.CommandContext(t.Context(), bin, args...)
+	cmd.Dir = dir
+	cmd.Stdin = strings.NewReader(stdin)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, storeEnv+"=") && !strings.HasPrefix(kv, serverEnv+"=") && !strings.HasPrefix(kv, tokenEnv+"=") {
 			cmd.Env = append(cmd.Env, kv)
@@ -104,14 +113,24 @@ func fails(t *testing.T, code int, want []string, args ...string) result {
 	return r
 }
 
+// record is a residual as ls, show and resolve print it with --json: results are JSON values.
+type record struct {
+	residual.Residual
+	Result   json.RawMessage `json:"result,omitempty"`
+	Evidence []struct {
+		residual.Evidence
+		Result json.RawMessage `json:"result,omitempty"`
+	} `json:"evidence,omitempty"`
+}
+
 // jsonLines parses ls --json output.
-func jsonLines(t *testing.T, out string) []residual.Residual {
+func jsonLines(t *testing.T, out string) []record {
 	t.Helper()
-	var rs []residual.Residual
+	var rs []record
 	sc := bufio.NewScanner(strings.NewReader(out))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var r residual.Residual
+		var r record
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), "line %q", sc.Text())
 		rs = append(rs, r)
 	}

@@ -18,12 +18,13 @@ func init() { register(newMigrateCmd) }
 type migrateFlags struct {
 	down   int
 	status bool
+	yes    bool
 }
 
 func newMigrateCmd(a *app) *cobra.Command {
 	f := migrateFlags{down: -1}
 	cmd := &cobra.Command{
-		Use:   "migrate --store postgres://… [--down N | --status]",
+		Use:   "migrate --store postgres://… [--down N --yes | --status]",
 		Short: "Apply (or revert) the PostgreSQL schema migrations of a store",
 		Long: `Bring the schema of a PostgreSQL store to the version this binary knows, and print the
 version before and after. Migrations run in one transaction under an advisory lock, so
@@ -34,7 +35,8 @@ The schema is the DSN's search_path (created when missing), else the server's de
 
 --status prints the current version and the applied migrations, and changes nothing.
 --down N reverts every migration newer than N; --down 0 removes toolfence's tables and
-every residual in them, so successors lose what was in flight: use it to uninstall.
+every residual in them, so successors lose what was in flight: use it to uninstall. A
+revert can delete data, so --down needs --yes to run.
 
 A store migrated by a newer toolfence than this one is refused (nothing is written):
 upgrade the binary. Processes check the version when they open the store, so stop every
@@ -45,7 +47,7 @@ Badger directory stores have no migrations.
 Example:
   toolfence migrate --store postgres://toolfence@db:5432/toolfence
   toolfence migrate --status --store 'postgres://toolfence@db/toolfence?search_path=agents'
-  toolfence migrate --down 0 --store postgres://toolfence@db/toolfence`,
+  toolfence migrate --down 0 --yes --store postgres://toolfence@db/toolfence`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.migrate(cmd.Context(), f, cmd.Flags().Changed("down"))
@@ -54,6 +56,7 @@ Example:
 	fl := cmd.Flags()
 	fl.IntVar(&f.down, "down", -1, "revert the migrations newer than version N (0 removes every toolfence table)")
 	fl.BoolVar(&f.status, "status", false, "print the schema version and the applied migrations; change nothing")
+	fl.BoolVar(&f.yes, "yes", false, "confirm --down: revert migrations even though that can delete residuals")
 	return cmd
 }
 
@@ -68,6 +71,13 @@ func (a *app) migrate(ctx context.Context, f migrateFlags, down bool) error {
 		return usagef("give --down N or --status, not both")
 	case down && (f.down < 0 || f.down > latest):
 		return usagef("--down %d: want a version from 0 to %d (the newest this binary knows)", f.down, latest)
+	case down && !f.yes && f.down == 0:
+		return usagef("--down 0 removes toolfence's tables and every residual in them (successors lose what was in flight); " +
+			"nothing was changed: add --yes to do it")
+	case down && !f.yes:
+		return usagef("--down %d reverts the migrations newer than %d, which can delete data; nothing was changed: add --yes to do it", f.down, f.down)
+	case f.yes && !down:
+		return usagef("--yes confirms --down N; without --down it has nothing to confirm")
 	}
 	where := displayStore(store)
 	if f.status {

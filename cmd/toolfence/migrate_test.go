@@ -69,7 +69,7 @@ func TestMigrate(t *testing.T) {
 	}
 	require.Zero(t, tables(), "ls and gc create nothing")
 	// --down never migrates up.
-	r = ok(t, "migrate", "--down", fmt.Sprint(latest), "--store", store)
+	r = ok(t, "migrate", "--down", fmt.Sprint(latest), "--yes", "--store", store)
 	require.Equal(t, fmt.Sprintf("%s: schema version 0, already at or below %d (nothing to do)\n", where, latest), r.stdout)
 	require.Zero(t, tables(), "--down on an empty schema creates nothing")
 
@@ -86,11 +86,14 @@ func TestMigrate(t *testing.T) {
 	// The commands use the migrated store.
 	require.Contains(t, ok(t, "ls", "--store", store).stderr, "no residuals in namespace default of store "+where)
 
-	// Down to 0 removes every table; again is a no-op.
-	r = ok(t, "migrate", "--down", "0", "--store", store)
+	// Down to 0 without --yes changes nothing; with it, it removes every table; again is a no-op.
+	before := tables()
+	fails(t, 2, []string{"nothing was changed: add --yes to do it"}, "migrate", "--down", "0", "--store", store)
+	require.Equal(t, before, tables(), "--down without --yes drops nothing")
+	r = ok(t, "migrate", "--down", "0", "--yes", "--store", store)
 	require.Equal(t, fmt.Sprintf("%s: schema version %d → 0\n", where, latest), r.stdout)
 	require.Zero(t, tables())
-	r = ok(t, "migrate", "--down", "0", "--store", store)
+	r = ok(t, "migrate", "--down", "0", "--yes", "--store", store)
 	require.Equal(t, fmt.Sprintf("%s: schema version 0, already at or below 0 (nothing to do)\n", where), r.stdout)
 
 	// A schema migrated by a newer toolfence: refused with both versions, nothing written.
@@ -98,11 +101,11 @@ func TestMigrate(t *testing.T) {
 	newer := latest + 5
 	_, err = conn.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{schema, "toolfence_schema_migrations"}.Sanitize()+` (version, name) VALUES ($1, 'from_the_future')`, newer)
 	require.NoError(t, err)
-	before := tables()
+	before = tables()
 	want := fmt.Sprintf("the schema of %s is at version %d, newer than this binary knows (up to %d): it was migrated by a newer toolfence; upgrade toolfence (nothing was changed)",
 		where, newer, latest)
 	fails(t, 1, []string{want}, "migrate", "--store", store)
-	fails(t, 1, []string{want}, "migrate", "--down", "0", "--store", store)
+	fails(t, 1, []string{want}, "migrate", "--down", "0", "--yes", "--store", store)
 	require.Equal(t, before, tables(), "nothing was changed")
 	r = ok(t, "migrate", "--status", "--store", store)
 	require.Contains(t, r.stdout, fmt.Sprintf("schema version %d, this binary knows up to %d: newer than this binary: upgrade toolfence\n", newer, latest))
@@ -121,7 +124,11 @@ func TestMigrateUsage(t *testing.T) {
 	fails(t, 2, []string{fmt.Sprintf("--down -1: want a version from 0 to %d", latest)}, "migrate", "--down", "-1", "--store", dsn)
 	fails(t, 2, []string{fmt.Sprintf("--down %d: want a version from 0 to %d", latest+1, latest)}, "migrate", "--down", fmt.Sprint(latest+1), "--store", dsn)
 	fails(t, 2, []string{"give --down N or --status, not both"}, "migrate", "--down", "0", "--status", "--store", dsn)
-	for _, args := range [][]string{{"migrate"}, {"migrate", "--status"}, {"migrate", "--down", "0"}} {
+	fails(t, 2, []string{"--down 0 removes toolfence's tables and every residual in them", "nothing was changed: add --yes to do it"},
+		"migrate", "--down", "0", "--store", dsn)
+	fails(t, 2, []string{"--down 1 reverts the migrations newer than 1, which can delete data", "add --yes"}, "migrate", "--down", "1", "--store", dsn)
+	fails(t, 2, []string{"--yes confirms --down N"}, "migrate", "--yes", "--store", dsn)
+	for _, args := range [][]string{{"migrate"}, {"migrate", "--status"}, {"migrate", "--down", "0", "--yes"}} {
 		r := fails(t, 1, []string{"127.0.0.1:1"}, append(args, "--store", dsn)...)
 		require.NotContains(t, r.stderr, "secret", "a DSN's password never shows")
 	}

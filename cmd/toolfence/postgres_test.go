@@ -68,7 +68,7 @@ func TestPostgresStore(t *testing.T) {
 
 	r := ok(t, "resolve", unknown, "--as", "failed", "--note", "not in the ledger of the bank", "--by", "bob", "--store", store)
 	require.Contains(t, r.stdout, "resolved "+unknown+": unknown → failed by bob")
-	var got residual.Residual
+	var got record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", unknown, "--store", store, "--json").stdout), &got))
 	require.Equal(t, residual.Failed, got.State)
 
@@ -77,8 +77,8 @@ func TestPostgresStore(t *testing.T) {
 	require.Empty(t, jsonLines(t, ok(t, "ls", "--store", store, "--json").stdout))
 }
 
-// TestDemoOnPostgres tells the story on PostgreSQL: in a fresh schema per run, dropped
-// afterwards unless --keep keeps it.
+// TestDemoOnPostgres tells the story on PostgreSQL: in a fresh schema per run, kept (with
+// the commands to look at it) unless --rm drops it.
 func TestDemoOnPostgres(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -96,12 +96,12 @@ func TestDemoOnPostgres(t *testing.T) {
 		return n == 1
 	}
 
-	r := ok(t, "demo", "--store", pgDSN())
+	r := ok(t, "demo", "--store", pgDSN(), "--rm")
 	requireStory(t, r)
 	first := schemaOf(r)
-	require.False(t, exists(first), "the run's schema is dropped")
+	require.False(t, exists(first), "with --rm the run's schema is dropped")
 
-	r = ok(t, "demo", "--store", pgDSN(), "--keep")
+	r = ok(t, "demo", "--store", pgDSN())
 	requireStory(t, r)
 	kept := schemaOf(r)
 	require.NotEqual(t, first, kept, "a fresh schema per run")
@@ -109,10 +109,10 @@ func TestDemoOnPostgres(t *testing.T) {
 		_, err := conn.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+pgx.Identifier{kept}.Sanitize()+` CASCADE`)
 		require.NoError(t, err)
 	})
-	require.True(t, exists(kept), "--keep keeps the schema")
-	m := regexp.MustCompile(`schema \S+ kept; look at it with: toolfence show (tf1_[0-9a-f]{64}) --store '(\S+)'`).FindStringSubmatch(r.stderr)
+	require.True(t, exists(kept), "the demo keeps its schema")
+	m := regexp.MustCompile(`schema \S+ kept; look at it with:\n  toolfence ls --store '\S+'\n  toolfence show (tf1_[0-9a-f]{64}) --store '(\S+)'`).FindStringSubmatch(r.stderr)
 	require.NotNil(t, m, "%s", r)
-	var shown residual.Residual
+	var shown record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", m[1], "--store", m[2], "--json").stdout), &shown))
 	require.Equal(t, residual.Succeeded, shown.State)
 	require.Equal(t, "invoice:INV-42", shown.Target)

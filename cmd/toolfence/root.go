@@ -74,13 +74,15 @@ The store is a badger directory (the embedded default) or a PostgreSQL DSN
 (postgres://…). It defaults to ./.toolfence, or to $TOOLFENCE_STORE when set.
 
 Example:
-  toolfence demo                      # the crash-and-hand-over story, on a fresh temp store
+  toolfence demo                      # the crash-and-hand-over story; prints where its store is
   toolfence ls --state unknown        # residuals that need reconciling
-  toolfence show tf1_…                # one residual, with attempts, evidence and resolutions
-  toolfence resolve tf1_… --as succeeded --note "charge ch_1 found in the dashboard"`,
+  toolfence show tf1_3f1c09e2         # one residual (a unique key prefix is enough)
+  toolfence resolve tf1_3f1c09e2 --as succeeded --note "charge ch_1 found in the dashboard"`,
+		Version:       buildVersion(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
+	root.SetVersionTemplate("toolfence {{.Version}}\n")
 	root.PersistentFlags().StringVar(&a.store, "store", cmp.Or(os.Getenv(storeEnv), defaultStore),
 		"ledger store: a badger directory or a postgres:// DSN; $"+storeEnv+" overrides the default")
 	root.PersistentFlags().StringVar(&a.namespace, "namespace", interceptor.DefaultNamespace,
@@ -173,14 +175,9 @@ func args(names ...string) cobra.PositionalArgs {
 	}
 }
 
-// open opens the store named by --store. With mustExist, a badger directory that does not
-// exist, or a PostgreSQL schema without toolfence tables, is an error instead of being
-// created.
+// open opens the store named by --store (see openStore). With mustExist, a badger
+// directory that is not a store yet, or a PostgreSQL schema without toolfence tables, is an
+// error instead of being created.
 func (a *app) open(ctx context.Context, mustExist bool) (ledger.Ledger, error) {
-	if mustExist && !isDSN(a.store) {
-		if _, err := os.Stat(a.store); errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("no store at %s: nothing has been recorded there (set --store or $%s)", a.store, storeEnv)
-		}
-	}
 	return openStore(ctx, a.store, mustExist)
 }

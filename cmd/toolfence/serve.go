@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,8 +45,9 @@ toolfence://residuals/{key}, with change notifications. Prompt: reconcile_task.
 Over HTTP every request needs "Authorization: Bearer TOKEN". Tokens come from --token-file
 (lines "TOKEN NAMESPACE", or just "TOKEN" for --namespace; or JSON {"TOKEN": "NAMESPACE"};
 the file must not be readable by other users) or from $` + tokenEnv + ` (one token, for
---namespace). Each token sees only its namespace. Without any token the server refuses to
-listen on anything but a loopback address.
+--namespace). A token is at least ` + strconv.Itoa(mcpserver.MinTokenLen) + ` bytes long and holds no whitespace
+(make one with: openssl rand -hex 32). Each token sees only its namespace. Without any
+token the server refuses to listen on anything but a loopback address.
 
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
@@ -59,7 +61,7 @@ Example:
 	fl := cmd.Flags()
 	fl.BoolVar(&f.stdio, "stdio", false, "serve one MCP client on stdin/stdout")
 	fl.StringVar(&f.http, "http", "", "serve streamable HTTP at ADDR (host:port), endpoint /mcp")
-	fl.StringVar(&f.tokenFile, "token-file", "", "bearer tokens for --http (\"TOKEN [NAMESPACE]\" lines or JSON)")
+	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
@@ -77,8 +79,8 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return usagef("--lease and --max-args must be positive")
 	}
 	opts := mcpserver.Options{
-		HTTPStateless: f.stateless,
-		Logger:        slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		HTTPStateless: f.stateless, Version: buildVersion(),
+		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)

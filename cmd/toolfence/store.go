@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -29,17 +31,31 @@ func isDSN(store string) bool {
 	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
 }
 
+// urlLike matches a value that starts like a URL (a scheme of two or more characters and a
+// colon: "postgres:/…", "http://…"), which a badger directory path rarely does.
+var urlLike = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]+:`)
+
+// badgerMarker is a file every badger directory store holds (badger's manifest); a
+// directory without it is not a store.
+const badgerMarker = "MANIFEST"
+
 // openStore opens the ledger named by store: PostgreSQL for a postgres:// or postgresql://
 // DSN (migrated, or with mustExist refused when its schema has no toolfence tables),
-// otherwise the badger directory store (created when missing; app.open checks mustExist for
-// it). It is the one place the binary opens ledgers. A badger directory held by another process gives an error that says
-// so (and wraps badger.ErrLocked).
+// otherwise the badger directory store. It is the one place the binary opens ledgers, and
+// it creates nothing it should not: a value that looks like a URL but is not a postgres://
+// DSN is a usage error (a mistyped DSN never becomes a local directory); an existing
+// directory that is neither empty nor a store is refused; with mustExist a directory that
+// is not a store yet is refused instead of being created. A badger directory held by
+// another process gives an error that says so (and wraps badger.ErrLocked).
 func openStore(ctx context.Context, store string, mustExist bool) (ledger.Ledger, error) {
 	if store == "" {
 		return nil, usagef("--store is empty: name a badger directory or a postgres:// DSN")
 	}
 	if isDSN(store) {
 		return openPostgres(ctx, store, mustExist)
+	}
+	if err := checkStoreDir(store, mustExist); err != nil {
+		return nil, err
 	}
 	l, err := badger.Open(store, badger.Options{})
 	if errors.Is(err, badger.ErrLocked) {
@@ -49,6 +65,54 @@ func openStore(ctx context.Context, store string, mustExist bool) (ledger.Ledger
 		return nil, fmt.Errorf("opening store %s: %w", store, err)
 	}
 	return l, nil
+}
+
+// maskUserinfo returns s with whatever stands between its scheme and its last '@' (where a
+// user and password would be) replaced by "…", for messages about a value that is not a
+// well-formed URL.
+func maskUserinfo(s string) string {
+	i, j := strings.Index(s, ":"), strings.LastIndex(s, "@")
+	if i < 0 || j < i {
+		return s
+	}
+	return s[:i+1] + "…" + s[j:]
+}
+
+// checkStoreDir returns nil when dir may be opened as a badger store: it is a store already
+// (it holds badger's manifest), or, unless mustExist, it is missing or an empty directory
+// (badger creates the store there). Anything else is an error that says what dir is and
+// writes nothing.
+func checkStoreDir(dir string, mustExist bool) error {
+	if urlLike.MatchString(dir) {
+		return usagef("--store %q looks like a URL but is not a PostgreSQL DSN: write postgres://USER@HOST/DB "+
+			"(two slashes), or start a directory's path with ./ when its name has a colon", maskUserinfo(dir))
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist) && mustExist:
+		return fmt.Errorf("no store at %s: nothing has been recorded there (set --store or $%s)", dir, storeEnv)
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("opening store %s: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("--store %s is a file, not a store: name a directory (a badger store) or a postgres:// DSN", dir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, badgerMarker)); err == nil {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("opening store %s: %w", dir, err)
+	}
+	if len(entries) > 0 {
+		return fmt.Errorf("%s is a directory with other files in it, not a toolfence store (it holds no badger %s); "+
+			"name a new or empty directory, or the store itself", dir, badgerMarker)
+	}
+	if mustExist {
+		return fmt.Errorf("no store at %s: the directory is empty, nothing has been recorded there (set --store or $%s)", dir, storeEnv)
+	}
+	return nil
 }
 
 // openPostgres opens the PostgreSQL ledger at dsn, applying pending migrations; with
@@ -79,7 +143,7 @@ func (e *lockedError) Unwrap() error { return e.err }
 func (a *app) serverFlags(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&a.server, "server", os.Getenv(serverEnv),
-		"act through a running `toolfence serve --http` at this URL (http://HOST:PORT) instead of opening --store; $"+serverEnv+" sets the default")
+		"act through a running toolfence serve --http at this URL (http://HOST:PORT) instead of opening --store; $"+serverEnv+" sets the default")
 	fl.StringVar(&a.token, "token", "", "bearer token for --server (default $"+tokenEnv+")")
 	fl.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token for --server (one token, mode 600)")
 }
@@ -92,6 +156,10 @@ type records interface {
 	// list returns one page. The namespace of p applies to a store only; a server lists
 	// the namespace of its token.
 	list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error)
+	// keys returns one page of keys, from cursor ("" for the first), and the cursor of the
+	// next page ("" after the last): every key of the namespace from a store, the keys of
+	// open residuals from a server.
+	keys(ctx context.Context, cursor string) (keys []string, next string, err error)
 	get(ctx context.Context, key string) (*residual.Residual, error)
 	resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error)
 	// where names the namespace and the store or server, for messages.
@@ -221,6 +289,18 @@ func (r *local) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, er
 	return r.l.List(ctx, p)
 }
 
+func (r *local) keys(ctx context.Context, cursor string) ([]string, string, error) {
+	page, err := r.list(ctx, ledger.ListParams{Limit: ledger.MaxListLimit, Cursor: cursor})
+	if err != nil {
+		return nil, "", err
+	}
+	keys := make([]string, 0, len(page.Residuals))
+	for _, res := range page.Residuals {
+		keys = append(keys, res.Key)
+	}
+	return keys, page.NextCursor, nil
+}
+
 func (r *local) get(ctx context.Context, key string) (*residual.Residual, error) {
 	return r.l.Get(ctx, ledger.GetParams{Namespace: r.ns, Key: key})
 }
@@ -278,6 +358,20 @@ func (r *remote) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 		out.Residuals = append(out.Residuals, fromView(v))
 	}
 	return out, nil
+}
+
+func (r *remote) keys(ctx context.Context, cursor string) ([]string, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
+	defer cancel()
+	page, err := r.c.List(ctx, mcpserver.ListPendingInput{Limit: ledger.MaxListLimit, Cursor: cursor})
+	if err != nil {
+		return nil, "", err
+	}
+	keys := make([]string, 0, len(page.Residuals))
+	for _, s := range page.Residuals {
+		keys = append(keys, s.Key)
+	}
+	return keys, page.NextCursor, nil
 }
 
 func (r *remote) get(ctx context.Context, key string) (*residual.Residual, error) {

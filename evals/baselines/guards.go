@@ -66,7 +66,8 @@ func intentKey(req Request) string {
 	return "k_" + hex.EncodeToString(sum[:16])
 }
 
-// RecordAfter writes the record only after the call returns (seed 004's IdempotencyGuard):
+// RecordAfter writes the record only after the call returns (the common guard that records
+// a completed call's result):
 // a completed record is replayed; anything else runs the call. A crash between the effect
 // and the record leaves no trace, so the retry runs the call again. Store errors on the
 // check are ignored (fail open), as guards that treat the store as an optimisation do.
@@ -89,7 +90,7 @@ func (g RecordAfter) Do(ctx context.Context, req Request, call Call) ([]byte, er
 	return res, nil
 }
 
-// CheckThenInsert is seed 003's IdempotencyMiddleware: the key hashes method, path and
+// CheckThenInsert is the usual idempotency middleware pattern: the key hashes method, path and
 // str(body) (so re-worded args make a new key), it checks the store, writes a pending
 // record without any unique constraint (last writer wins), runs the call, and marks the
 // record failed on an error (the next call resets it and runs again) or completed. A

@@ -32,7 +32,7 @@ var ErrStoreUnavailable = errors.New("baselines: store unavailable")
 
 // FileStore is the store the baselines share across processes: one JSON file per key in a
 // directory, written with write-to-temp-then-rename. It has no locking and no unique
-// constraint, like the key-value stores the seed-003 patterns run on: Get then Put is a
+// constraint, like the key-value stores such middleware usually runs on: Get then Put is a
 // check-then-write race, on purpose.
 type FileStore struct {
 	Dir string

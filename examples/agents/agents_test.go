@@ -76,7 +76,7 @@ func TestPaymentsExample(t *testing.T) {
 	require.Contains(t, out, "run 1 ended: signal: killed")
 	require.Contains(t, out, "tool answered: blocked: a previous attempt may have reached the payment API; outcome unknown; do not retry — reconcile with toolfence (key tf1_")
 	require.Regexp(t, `tool answered: settled: tf1_[0-9a-f]{64} was unknown and is now succeeded`, out)
-	require.Regexp(t, `tool answered: \[replayed\] already done on \S+: \{"id":"ch_1","invoice_id":"INV-42"`, out)
+	require.Regexp(t, `tool answered: \[replayed\] already done, outcome recorded at \S+: \{"id":"ch_1","invoice_id":"INV-42"`, out)
 	require.Contains(t, out, `the model sees the tool as charge_invoice: Charge an invoice through the payment API, once. Input: a JSON object {"amount_cents" integer, required, minimum 1 (Amount in cents);`)
 }
 
@@ -87,7 +87,7 @@ func TestWebhooksExample(t *testing.T) {
 	require.Regexp(t, `still accepted: probe says accepted: job_1 is queued`, out)
 	require.Regexp(t, `accepted → succeeded \(job_1 delivered\)`, out)
 	require.Contains(t, out, `the model sees the tool as fire_webhook: Deliver an event to the shop's webhook endpoint. Input: a JSON object {"event_id" string, required; "order_id" string, required; "type" string, required, one of "order.shipped", "order.cancelled"; no other fields}`)
-	require.Regexp(t, `tool answered: \[replayed\] already done on \S+: \{"job_id":"job_1","event_id":"evt_7731_shipped","status":"delivered"\}`, out)
+	require.Regexp(t, `tool answered: \[replayed\] already done, outcome recorded at \S+: \{"job_id":"job_1","event_id":"evt_7731_shipped","status":"delivered"\}`, out)
 }
 
 func TestEmailExample(t *testing.T) {

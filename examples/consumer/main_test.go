@@ -33,9 +33,11 @@ func natsURL() string {
 }
 
 // testConfig returns a config on a stream and subject unique to this test run; the stream
-// is deleted at cleanup.
+// is deleted at cleanup. It fails the test loudly when JetStream does not answer (see
+// requireNATS).
 func testConfig(t *testing.T) config {
 	t.Helper()
+	requireNATS(t)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	id := hex.EncodeToString(b[:])

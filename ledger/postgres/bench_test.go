@@ -75,13 +75,13 @@ func BenchmarkPostgresGuardedCall(b *testing.B) {
 	}
 }
 
-// BenchmarkNaiveBaseline is the pattern of seed 003's idempotency middleware, the baseline
+// BenchmarkNaiveBaseline is the pattern of the common idempotency middleware, the baseline
 // toolfence must not be slower than: SELECT the key's record; INSERT a pending row; (run the
-// tool); UPDATE it to completed. Three autocommit statements on seed 003's own table (its
-// idempotency_store, with the CHECK on status and the created_at default) and its statements
-// (its insert with a client-computed expires_at, its mark_completed with `AND status =
-// 'pending'`); no lease, no fencing, and the check-then-insert race intact. Keys are
-// toolfence's (longer than the seed's), so both sides compare the same keys.
+// tool); UPDATE it to completed. Three autocommit statements on the table such middleware
+// usually creates (idempotency_store, with a CHECK on status and a created_at default) and
+// its usual statements (an insert with a client-computed expires_at, a mark_completed with
+// `AND status = 'pending'`); no lease, no fencing, and the check-then-insert race intact.
+// Keys are toolfence's (longer than the middleware's), so both sides compare the same keys.
 func BenchmarkNaiveBaseline(b *testing.B) {
 	benchNaive(b, `CREATE TABLE idempotency_store (
 		idempotency_key TEXT PRIMARY KEY,
