@@ -260,13 +260,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, ctx.Err()
 	}
 
-	// Let queued jobs finish, then stop the sink and grade from its log file.
-	time.Sleep(300 * time.Millisecond)
-	_ = sinkProc.stdin.Close()
-	select {
-	case <-sinkProc.done:
-	case <-time.After(5 * time.Second):
-		sinkProc.kill()
+	// Every worker has exited. Closing its stdin stops the sink, which drains before it
+	// exits (queued jobs record their outcome): once it has exited, its log is complete.
+	if err := stopSink(sinkProc, time.Minute); err != nil {
+		return nil, err
 	}
 	if err := ScanLogFile(logPath, func(rec Record) error { st.addRecord(rec); return nil }); err != nil {
 		return nil, err
@@ -278,6 +275,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// stopSink closes the sink's stdin and waits for it to drain and exit. It returns an error,
+// after killing the sink, when it has not exited within timeout, and when it exited with
+// a failure: grading from an incomplete log would count effects as missing.
+func stopSink(p *proc, timeout time.Duration) error {
+	_ = p.stdin.Close()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.kill()
+		return fmt.Errorf("evals: the sink did not drain within %v: %s", timeout, p.stderrTail())
+	}
+	if p.waitErr != nil {
+		return fmt.Errorf("evals: the sink failed: %v: %s", p.waitErr, p.stderrTail())
+	}
+	return nil
 }
 
 func boolInt(b bool) int {

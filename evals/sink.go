@@ -68,6 +68,11 @@ type Sink struct {
 	held    map[string]*heldResponse // by intent
 	changed chan struct{}            // closed and replaced whenever held changes
 	honor   bool
+	// draining is set by Drain: effect requests are refused from then on.
+	draining bool
+	// work counts effect requests in flight and queued jobs not yet recorded; Add happens
+	// under mu while draining is false, or from work already counted, so never after Wait.
+	work sync.WaitGroup
 }
 
 // lookupRec is what the sink keeps in memory of a record, for /lookup.
@@ -122,8 +127,31 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 	return s, nil
 }
 
-// Close closes the log.
+// Close closes the log. Call Drain first unless the sink is being abandoned: a queued
+// job that completes after Close cannot record its effect.
 func (s *Sink) Close() error { return s.f.Close() }
+
+// Drain refuses new effect requests (503) and returns once every effect request in flight
+// has answered and every queued job has written and synced its final record: after Drain
+// the log holds everything the sink will ever do. Stop the HTTP server (so held and
+// hanging requests end) before calling it. It may be called more than once.
+func (s *Sink) Drain() {
+	s.mu.Lock()
+	s.draining = true
+	s.mu.Unlock()
+	s.work.Wait()
+}
+
+// enter counts an effect request as in flight; false when the sink is draining.
+func (s *Sink) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.work.Add(1)
+	return true
+}
 
 // writeLocked numbers rec and writes it to the log, without syncing; s.mu must be held (so
 // records reach the file in Seq order). Call syncTo(rec.Seq) before acting on it.
@@ -210,6 +238,11 @@ type effectBody struct {
 }
 
 func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
+	if !s.enter() {
+		http.Error(w, "sink is draining", http.StatusServiceUnavailable)
+		return
+	}
+	defer s.work.Done()
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -282,6 +315,7 @@ func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
 	if rec.Kind == KindAccepted {
 		j := &job{intent: eb.Intent, key: key, digest: digest, id: rec.Job, status: "queued"}
 		s.jobs[j.id] = j
+		s.work.Add(1) // this request is counted: the counter is not zero
 		go s.complete(j, mode == ModeQueuedFail)
 	}
 	var h *heldResponse
@@ -336,7 +370,10 @@ func dropConn(w http.ResponseWriter) {
 	panic(http.ErrAbortHandler)
 }
 
+// complete finishes a queued job after CompleteAfter (the upstream's own processing time)
+// and records its outcome.
 func (s *Sink) complete(j *job, fail bool) {
+	defer s.work.Done()
 	time.Sleep(s.cfg.CompleteAfter)
 	s.mu.Lock()
 	rec := &Record{Intent: j.intent, Key: j.key, Digest: j.digest, Job: j.id}
@@ -540,8 +577,9 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 
 // SinkMain runs a sink process: it listens on --addr, prints its base URL on stdout and
 // serves until SIGTERM/SIGINT, or until stdin closes with --exit-on-stdin-eof (so a sink
-// never outlives the parent that started it).
-// It returns the process exit code.
+// never outlives the parent that started it). Then it stops the server and drains (see
+// Sink.Drain) before it exits: once the process has exited, its log is complete, which is
+// what Run waits for before grading. It returns the process exit code.
 func SinkMain(args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("eval-sink", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
@@ -573,16 +611,21 @@ func SinkMain(args []string, stdout io.Writer) int {
 			stop()
 		}()
 	}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		_ = srv.Close()
-	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-served:
 		fmt.Fprintln(os.Stderr, "evals: sink:", err)
-		return 1
+		code = 1
 	}
-	return 0
+	// Held and hanging answers end when Close drops their connections; the grace period
+	// lets finished answers reach their clients first.
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = srv.Shutdown(sctx)
+	cancel()
+	_ = srv.Close()
+	s.Drain()
+	return code
 }

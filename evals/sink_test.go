@@ -250,3 +250,55 @@ func TestWorkerPostNeverResendsOnItsOwn(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, recs, 2, "the warm-up and the dropped request, each once")
 }
+
+// Drain returns only once a queued job has recorded its outcome, and refuses new effects.
+func TestSinkDrainWaitsForQueuedJobs(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "sink.log")
+	s, err := NewSink(SinkConfig{LogPath: path, CompleteAfter: 300 * time.Millisecond})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); _ = s.Close() })
+	status, body, err := postEffect(t, srv.URL, "mode=queued", "a", "k")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status)
+
+	s.Drain()
+	recs, err := ReadLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2, "the queued job's effect is in the log once Drain returns")
+	require.Equal(t, KindAccepted, recs[0].Kind)
+	require.Equal(t, KindEffect, recs[1].Kind)
+	require.Equal(t, body["job"], recs[1].Job)
+
+	status, _, err = postEffect(t, srv.URL, "", "b", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, status, "a draining sink performs no new effect")
+	recs, err = ReadLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2)
+}
+
+// The sink process drains before it exits, so Run can grade as soon as it has exited (no
+// sleep): a job still queued when the parent closes the sink's stdin is in the log.
+func TestSinkProcessDrainsBeforeExit(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "sink.log")
+	p, err := startProc(testCommand("sink", "--addr", "127.0.0.1:0", "--log", path, "--complete-after", "500ms", "--exit-on-stdin-eof"))
+	require.NoError(t, err)
+	defer p.kill()
+	<-p.gotLine
+	p.mu.Lock()
+	base := p.first
+	p.mu.Unlock()
+	require.True(t, strings.HasPrefix(base, "http://"), base)
+	status, _, err := postEffect(t, base, "mode=queued", "a", "k")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status)
+
+	require.NoError(t, stopSink(p, time.Minute))
+	recs, err := ReadLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2, "the job queued at shutdown recorded its effect before the sink exited")
+	require.Equal(t, KindEffect, recs[1].Kind)
+}
