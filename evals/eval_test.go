@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -42,10 +43,13 @@ func TestEvalShort(t *testing.T) {
 
 // TestEvalBatchedCrashB1 runs 8 trials of crash-b1 in one worker process per subject: one
 // SIGKILL kills all of them after the sink performed every effect, and each trial is still
-// graded on its own.
+// graded on its own. The lease is 2 s rather than the default 500 ms: a reserve slower
+// than lease minus margin (a loaded machine's fsync) fails closed as margin_too_small,
+// which is correct but not what this test is about; a longer lease widens every such
+// margin (the client timeout, lease/2, and the agents' budget, 8 leases) fourfold.
 func TestEvalBatchedCrashB1(t *testing.T) {
 	rep, err := Run(t.Context(), Config{
-		Trials: 8, Batch: 8, Seed: 3, Command: testCommand, WorkDir: t.TempDir(),
+		Trials: 8, Batch: 8, Seed: 3, Command: testCommand, WorkDir: t.TempDir(), LeaseTTL: 2 * time.Second,
 		Scenarios: []string{"crash-b1"}, Subjects: []string{SubjectToolfenceBadger, SubjectNone},
 	})
 	require.NoError(t, err)
@@ -59,12 +63,15 @@ func TestEvalBatchedCrashB1(t *testing.T) {
 	for _, r := range rep.Results {
 		require.Empty(t, r.Notes, "every trial reached b1 before the kill: %s", r.Intent)
 		require.Empty(t, r.Error)
-		want := 1 // toolfence: w1's effect, settled by w2's probe
-		if r.Subject == SubjectNone {
-			want = 2 // w1's and w2's
-		}
-		require.Equal(t, want, r.Grade.Effects, r.Intent)
 		intents[r.Intent] = true
+		if r.Subject == SubjectNone {
+			// w1's and w2's; more when the sink answered one of w2's requests after the
+			// worker's client timeout (lease/2): the effect happened, the agent retried.
+			// A loaded machine does that, so the count is a floor, not a fixed number.
+			require.GreaterOrEqual(t, r.Grade.Effects, 2, r.Intent)
+			continue
+		}
+		require.Equal(t, 1, r.Grade.Effects, "toolfence: w1's effect, settled by w2's probe: %s", r.Intent)
 	}
 	require.Len(t, intents, 16, "each trial has its own intent")
 }
