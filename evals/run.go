@@ -282,12 +282,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // a failure: grading from an incomplete log would count effects as missing.
 func stopSink(p *proc, timeout time.Duration) error {
 	_ = p.stdin.Close()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-p.done:
-	case <-t.C:
-		p.kill()
+	if !p.exitWithin(timeout) {
 		return fmt.Errorf("evals: the sink did not drain within %v: %s", timeout, p.stderrTail())
 	}
 	if p.waitErr != nil {

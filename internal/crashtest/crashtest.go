@@ -237,23 +237,24 @@ func (c *Child) Kill() []string {
 // child exited instead.
 func (c *Child) Stop() {
 	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		c.t.Fatalf("crashtest: SIGSTOP child %s: %v; output:\n%s", c.role, err, c.Output())
-	}
-	if err := waitState(c.Pid(), true); err != nil {
-		c.t.Fatalf("crashtest: child %s did not stop: %v; output:\n%s", c.role, err, c.Output())
-	}
+	c.signalAndWait(syscall.SIGSTOP, true)
 }
 
 // Continue SIGCONTs a stopped child and, on Linux, returns once the kernel reports it
 // running again. It fails the test if the child exited instead.
 func (c *Child) Continue() {
 	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		c.t.Fatalf("crashtest: SIGCONT child %s: %v; output:\n%s", c.role, err, c.Output())
+	c.signalAndWait(syscall.SIGCONT, false)
+}
+
+// signalAndWait sends sig and waits for the child to be stopped (stopped) or continued.
+func (c *Child) signalAndWait(sig syscall.Signal, stopped bool) {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(sig); err != nil {
+		c.t.Fatalf("crashtest: %v to child %s: %v; output:\n%s", sig, c.role, err, c.Output())
 	}
-	if err := waitState(c.Pid(), false); err != nil {
-		c.t.Fatalf("crashtest: child %s did not continue: %v; output:\n%s", c.role, err, c.Output())
+	if err := waitState(c.Pid(), stopped); err != nil {
+		c.t.Fatalf("crashtest: child %s did not take %v: %v; output:\n%s", c.role, sig, err, c.Output())
 	}
 }
 
