@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -363,4 +364,50 @@ func spanError(ctx context.Context, err error) {
 	et := errorType(err)
 	span.SetAttributes(AttrErrorType.String(et))
 	span.SetStatus(codes.Error, et)
+}
+
+// ObserveLedger registers observable gauges over l with mp (nil: the global provider):
+// toolfence.residuals.open{state} (pending, unknown, accepted, by effective state),
+// toolfence.residuals.oldest.age{state} in seconds, and toolfence.ledger.up (1 when the
+// last count succeeded, 0 when the ledger could not be read). Each collection makes one
+// OpenResiduals call, which backends answer from an index, never a scan of every residual.
+// It returns the registration to unregister with, or an error when l does not implement
+// ledger.OpenCounter or an instrument cannot be made.
+func ObserveLedger(mp metric.MeterProvider, l ledger.Ledger) (metric.Registration, error) {
+	oc, ok := l.(ledger.OpenCounter)
+	if !ok {
+		return nil, fmt.Errorf("%w: the ledger %T cannot count open residuals", ErrInvalidConfig, l)
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName)
+	open, err1 := m.Int64ObservableGauge("toolfence.residuals.open", metric.WithUnit("{residual}"),
+		metric.WithDescription("Open residuals by effective state (pending, unknown, accepted)."))
+	age, err2 := m.Float64ObservableGauge("toolfence.residuals.oldest.age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest open residual's current attempt, by effective state (0 when there is none)."))
+	up, err3 := m.Int64ObservableGauge("toolfence.ledger.up",
+		metric.WithDescription("1 when the ledger answered the last count of open residuals, 0 when it could not be read."))
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		counts, err := oc.OpenResiduals(ctx)
+		if err != nil {
+			o.ObserveInt64(up, 0)
+			return nil
+		}
+		o.ObserveInt64(up, 1)
+		now := time.Now()
+		for _, c := range counts {
+			set := metric.WithAttributes(attribute.String("state", c.State.String()))
+			o.ObserveInt64(open, c.Count, set)
+			a := 0.0
+			if !c.Oldest.IsZero() {
+				a = max(now.Sub(c.Oldest).Seconds(), 0)
+			}
+			o.ObserveFloat64(age, a, set)
+		}
+		return nil
+	}, open, age, up)
 }

@@ -1,9 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -28,6 +28,7 @@ type serveFlags struct {
 	stateless bool
 	lease     time.Duration
 	maxArgs   int
+	metrics   string
 }
 
 func newServeCmd(a *app) *cobra.Command {
@@ -65,6 +66,7 @@ Example:
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
+	fl.StringVar(&f.metrics, "metrics", "", metricsFlagHelp)
 	return cmd
 }
 
@@ -78,10 +80,11 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.lease <= 0 || f.maxArgs <= 0 {
 		return usagef("--lease and --max-args must be positive")
 	}
-	opts := mcpserver.Options{
-		HTTPStateless: f.stateless, Version: buildVersion(),
-		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	log, err := a.log.logger(a.stderr)
+	if err != nil {
+		return usagef("%v", err)
 	}
+	opts := mcpserver.Options{HTTPStateless: f.stateless, Version: buildVersion(), Logger: log}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)
 		if err != nil {
@@ -98,7 +101,13 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs})
+	tel, err := startTelemetry(ctx, f.metrics, l, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
+	metricsServing(a.stderr, tel)
+	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs, Logger: log})
 	if err != nil {
 		return usagef("%v", err)
 	}
