@@ -43,7 +43,7 @@ type app struct {
 	tokenFile string
 	stdout    io.Writer
 	stderr    io.Writer
-	// log is --log-format and --log-level.
+	// log is --log-format and --log-level of the commands that log (serve).
 	log logFlags
 }
 
@@ -89,7 +89,6 @@ Example:
 		"ledger store: a badger directory or a postgres:// DSN; $"+storeEnv+" overrides the default")
 	root.PersistentFlags().StringVar(&a.namespace, "namespace", interceptor.DefaultNamespace,
 		"namespace of the residuals (a tenant or environment)")
-	addLogFlags(root.PersistentFlags(), &a.log)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)

@@ -67,6 +67,7 @@ Example:
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	fl.StringVar(&f.metrics, "metrics", "", metricsFlagHelp)
+	addLogFlags(fl, &a.log)
 	return cmd
 }
 

@@ -28,7 +28,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 )
 
-// logFlags are --log-format and --log-level, shared by every command.
+// logFlags are --log-format and --log-level of the long-running commands (serve).
 type logFlags struct {
 	format string
 	level  string
