@@ -53,9 +53,15 @@ token the server refuses to listen on anything but a loopback address.
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
 
+Telemetry (nothing is exported by default): --metrics 127.0.0.1:9464 serves Prometheus
+metrics at http://127.0.0.1:9464/metrics, without authentication (keep it on loopback or a
+private network); with OTEL_EXPORTER_OTLP_ENDPOINT set, traces and metrics are exported over
+OTLP/HTTP. An MCP request's span joins the agent's trace when the request carries W3C
+traceparent/tracestate in params._meta. Reference: docs/observability.md.
+
 Example:
   toolfence serve --stdio --store ./.toolfence
-  toolfence serve --http 127.0.0.1:7777 --token-file ./tokens`,
+  toolfence serve --http 127.0.0.1:7777 --token-file ./tokens --metrics 127.0.0.1:9464`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd, f) },
 	}
