@@ -56,7 +56,7 @@ func (f logFlags) logger(w io.Writer) (*slog.Logger, error) {
 }
 
 // metricsFlagHelp is the help of --metrics on long-running commands.
-const metricsFlagHelp = "serve Prometheus metrics, unauthenticated, at http://`ADDR`/metrics (e.g. 127.0.0.1:9464)"
+const metricsFlagHelp = "serve Prometheus metrics, unauthenticated, at http://ADDR/metrics (ADDR is host:port, e.g. 127.0.0.1:9464)"
 
 // telemetry is what startTelemetry installed; Shutdown flushes and stops it.
 type telemetry struct {
