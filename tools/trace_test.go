@@ -22,6 +22,22 @@ import (
 	"github.com/toolfence/toolfence/ledger/badger"
 )
 
+// tracedInterceptor is an interceptor over a badger ledger whose spans go to the returned
+// in-memory exporter.
+func tracedInterceptor(t *testing.T) (*interceptor.Interceptor, *sdktrace.TracerProvider, *tracetest.InMemoryExporter) {
+	t.Helper()
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+	clock := lease.NewFake(epoch)
+	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = led.Close() })
+	ic, err := interceptor.New(led, interceptor.Config{Clock: clock, LeaseTTL: testTTL, Holder: "api", TracerProvider: tp})
+	require.NoError(t, err)
+	return ic, tp, spans
+}
+
 // One trace crosses the guard: a client sends traceparent to an endpoint behind httpguard,
 // the guarded call's execute_tool span is a child of the client's span, and the handler's
 // request upstream through Transport carries a traceparent of the same trace whose parent is
@@ -41,15 +57,7 @@ func TestTraceCrossesHTTPGuardAndTransport(t *testing.T) {
 	}))
 	t.Cleanup(upstream.Close)
 
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	clock := lease.NewFake(epoch)
-	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = led.Close() })
-	ic, err := interceptor.New(led, interceptor.Config{Clock: clock, LeaseTTL: testTTL, Holder: "api", TracerProvider: tp})
-	require.NoError(t, err)
+	ic, _, spans := tracedInterceptor(t)
 
 	client := &http.Client{Transport: &Transport{Propagator: w3c}}
 	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -165,15 +173,7 @@ func mustRequest(t *testing.T, ctx context.Context, url string) *http.Request {
 // parent: httpguard does not extract the headers a second time.
 func TestHTTPGuardKeepsTheContextsSpan(t *testing.T) {
 	t.Parallel()
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	clock := lease.NewFake(epoch)
-	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = led.Close() })
-	ic, err := interceptor.New(led, interceptor.Config{Clock: clock, LeaseTTL: testTTL, Holder: "api", TracerProvider: tp})
-	require.NoError(t, err)
+	ic, tp, spans := tracedInterceptor(t)
 	guard, err := httpguard.New(ic, httpguard.Options{
 		Operation: "charge", Propagator: propagation.TraceContext{},
 		Principal: func(*http.Request) (string, error) { return "agent", nil },
