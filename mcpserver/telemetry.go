@@ -124,7 +124,8 @@ func (t *mcpTracing) ExtractMeta(ctx context.Context, meta *mcp.Meta) context.Co
 	return context.WithValue(out, parentsKey{}, ps)
 }
 
-// InjectMeta writes the trace context of ctx into meta (requests the server sends).
+// InjectMeta writes the trace context of ctx into meta. It completes mcp-go's MetaPropagator;
+// mcp-go's server does not call it today.
 func (t *mcpTracing) InjectMeta(ctx context.Context, meta *mcp.Meta) *mcp.Meta {
 	carrier := propagation.MapCarrier{}
 	propagator().Inject(ctx, carrier)
@@ -164,7 +165,8 @@ func (t *mcpTracing) Extract(ctx context.Context, headers http.Header) context.C
 	return p.Extract(ctx, propagation.HeaderCarrier(headers))
 }
 
-// Inject writes the trace context of ctx into HTTP headers.
+// Inject writes the trace context of ctx into HTTP headers. It completes mcp-go's
+// Propagator; mcp-go's server does not call it today.
 func (t *mcpTracing) Inject(ctx context.Context, headers http.Header) {
 	propagator().Inject(ctx, propagation.HeaderCarrier(headers))
 }
