@@ -86,7 +86,9 @@ func (a *Attempt) TTL() time.Duration { return a.ttl }
 // Report. A *Result means the key already succeeded with these arguments: replay it,
 // dispatch nothing. An error means dispatch nothing: a *Violation (InProgress,
 // UnknownOutcome, AwaitingUpstream, PayloadMismatch, MarginTooSmall), or an error wrapping
-// ErrNoTask, ErrInvalidCall or ErrArgsTooLarge (nothing written) or ErrNotDispatched.
+// ErrNoTask, ErrInvalidCall or ErrArgsTooLarge (nothing written) or ErrNotDispatched. An
+// ErrNotDispatched that also wraps ledger.ErrOutcomeUnknown means the reservation may have
+// landed: nothing was dispatched, but the key then reads unknown once its lease expires.
 //
 // Begin uses ctx for the reservation; a ctx that has ended by then gets ErrNotDispatched
 // and the attempt is recorded failed. Callers whose client may go away mid-request (MCP)
@@ -324,8 +326,10 @@ type Report struct {
 // maps to an error). Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
 // contradicted, nothing written; a LeaseLost *Violation when the fence was lost (the report
 // kept as evidence only); an error wrapping ErrInvalidCall for an outcome that is not one
-// of the four; otherwise the ledger's error (the outcome was not recorded: report again
-// while the lease lasts).
+// of the four; otherwise the ledger's error: one wrapping ledger.ErrOutcomeUnknown when the
+// outcome may or may not have been recorded, any other when it was not. Either way report
+// the same outcome again while the lease lasts: an identical report of an outcome that
+// landed is answered with what was recorded.
 func (a *Attempt) Report(ctx context.Context, rep Report) (*Result, error) {
 	switch rep.Outcome {
 	case residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown:
@@ -342,6 +346,9 @@ func (a *Attempt) Report(ctx context.Context, rep Report) (*Result, error) {
 	res, stored, err := a.record(ctx, rep.Outcome, result, rep.Handle, rep.Error)
 	if errors.Is(err, residual.ErrLeaseLost) {
 		return nil, a.lost(stored, err, rep.Outcome, nil)
+	}
+	if errors.Is(err, ledger.ErrOutcomeUnknown) {
+		return nil, fmt.Errorf("%s %s: the outcome may or may not have been recorded: %w", a.Dispatch.Operation, a.Dispatch.Key, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: the outcome was not recorded: %w", a.Dispatch.Operation, a.Dispatch.Key, err)
@@ -376,7 +383,10 @@ func (a *Attempt) lost(stored *residual.Residual, err error, outcome residual.St
 		stored = a.snapshot()
 	}
 	kind, cause := LeaseLost, err
-	if !errors.Is(err, residual.ErrLeaseLost) {
+	switch {
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but whether its outcome was recorded is unknown: %w", outcome, err)
+	case !errors.Is(err, residual.ErrLeaseLost):
 		kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but its outcome could not be recorded: %w", outcome, err)
 	}
 	return a.ic.violation(kind, stored, a.self(), errors.Join(cause, callErr))

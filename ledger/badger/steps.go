@@ -24,9 +24,6 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if err := validNamespace("reserve", p.Namespace); err != nil {
-		return nil, err
-	}
 	res, err := l.reserveRead(ctx, p)
 	if err != nil || res != nil {
 		return res, err
@@ -128,9 +125,6 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if err := validNamespace("commit", p.Namespace); err != nil {
-		return nil, err
-	}
 	var out *residual.Residual
 	var fenceErr error
 	err := l.update(ctx, "commit", func(t *tx, now time.Time) (bool, error) {
@@ -161,9 +155,6 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 	if err := p.Validate(); err != nil {
 		return lease.Lease{}, err
 	}
-	if err := validNamespace("renew", p.Namespace); err != nil {
-		return lease.Lease{}, err
-	}
 	var out lease.Lease
 	err := l.update(ctx, "renew", func(t *tx, now time.Time) (bool, error) {
 		r, err := getResidual(t, p.Namespace, p.Key)
@@ -188,9 +179,6 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 // it is higher than any token issued before, collected or not.
 func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
 	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	if err := validNamespace("resolve", p.Namespace); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -222,10 +210,7 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 // AppendEvidence implements ledger.Ledger. An evidence without a time is stamped with the
 // ledger's clock.
 func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
-	if err := residual.ValidKey(p.Key); err != nil {
-		return nil, err
-	}
-	if err := validNamespace("append evidence", p.Namespace); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -251,10 +236,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 
 // Get implements ledger.Ledger.
 func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residual, error) {
-	if err := residual.ValidKey(p.Key); err != nil {
-		return nil, err
-	}
-	if err := validNamespace("get", p.Namespace); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -277,7 +259,7 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 // filtering on the effective state, and reads one match past the page to tell whether a
 // next page exists. The cursor is the last key of the page; a page never repeats it.
 func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
-	if err := validNamespace("list", p.Namespace); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	limit := ledger.PageLimit(p.Limit)
@@ -325,10 +307,8 @@ const gcBatch = 256
 // them in batches of read-write transactions that re-read and re-check each candidate, so
 // a residual reserved again meanwhile is kept (or the batch conflicts and is retried).
 func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
-	if p.Namespace != "" {
-		if err := validNamespace("gc", p.Namespace); err != nil {
-			return ledger.GCResult{}, err
-		}
+	if err := p.Validate(); err != nil {
+		return ledger.GCResult{}, err
 	}
 	collectable := func(r *residual.Residual) bool {
 		return r.State.Terminal() && r.UpdatedAt.Before(p.Before)

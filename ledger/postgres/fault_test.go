@@ -204,7 +204,7 @@ func TestFaultCommitOutcomeUnknownLanded(t *testing.T) {
 	proxy.setRefuse(true)
 	proxy.loseReplyTo("att_released = true")
 	_, err := f.l.Commit(context.Background(), commitOf(p, res, residual.Succeeded))
-	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	require.NotErrorIs(t, err, residual.ErrLeaseLost)
 	t.Log(err)
 
@@ -235,7 +235,7 @@ func TestFaultCommitOutcomeUnknownNotLanded(t *testing.T) {
 	terminate(t, f.admin, pid)
 	require.NoError(t, tx.Rollback(ctx))
 	err := <-done
-	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	t.Log(err)
 
 	proxy.setRefuse(false)
@@ -338,7 +338,7 @@ func TestWriteTimeoutEndsABlockedCommit(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a commit blocked on a lock outlived its write timeout")
 	}
-	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	require.Contains(t, err.Error(), "could not be re-read")
 
 	// The server was asked to cancel the blocked statement: nobody of ours waits on the lock.

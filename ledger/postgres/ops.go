@@ -530,7 +530,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 	if err := l.check(); err != nil {
 		return nil, err
 	}
-	if err := validKey("append evidence", p.Namespace, p.Key); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -570,14 +570,4 @@ func sameEvidence(stored, want residual.Evidence) bool {
 	return stored.Holder == want.Holder && stored.Token == want.Token && stored.Outcome == want.Outcome &&
 		stored.ResponseDigest == want.ResponseDigest && string(stored.Result) == string(want.Result) &&
 		stored.Handle == want.Handle && stored.Note == want.Note
-}
-
-func validKey(op, namespace, key string) error {
-	if err := residual.ValidKey(key); err != nil {
-		return fmt.Errorf("%w: %s: %w", ledger.ErrInvalidParams, op, err)
-	}
-	if namespace == "" {
-		return fmt.Errorf("%w: %s: namespace is empty", ledger.ErrInvalidParams, op)
-	}
-	return nil
 }

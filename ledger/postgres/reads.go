@@ -19,7 +19,7 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 	if err := l.check(); err != nil {
 		return nil, err
 	}
-	if err := validKey("get", p.Namespace, p.Key); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -63,14 +63,11 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	if err := l.check(); err != nil {
 		return nil, err
 	}
-	if p.Namespace == "" {
-		return nil, fmt.Errorf("%w: list: namespace is empty", ledger.ErrInvalidParams)
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
 	states := make([]string, 0, len(p.States))
 	for _, s := range p.States {
-		if !s.Valid() {
-			return nil, fmt.Errorf("%w: list: %w: %q", ledger.ErrInvalidParams, residual.ErrInvalidState, s)
-		}
 		states = append(states, string(s))
 	}
 	limit := ledger.PageLimit(p.Limit)
@@ -120,6 +117,9 @@ WHERE ($1 = '' OR namespace = $1) AND state IN ('succeeded', 'failed') AND updat
 // never touched. Deleted counts the residuals collected.
 func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
 	if err := l.check(); err != nil {
+		return ledger.GCResult{}, err
+	}
+	if err := p.Validate(); err != nil {
 		return ledger.GCResult{}, err
 	}
 	var deleted int64
