@@ -126,32 +126,6 @@ func (d Decision) Err() error {
 	return nil
 }
 
-// Decide is the reservation rule every backend applies to an existing residual (r may be
-// nil when none exists), so backends agree on it exactly. now is the ledger's clock.
-func Decide(r *residual.Residual, requestDigest string, redispatch bool, now time.Time) Decision {
-	if r == nil {
-		return Acquired
-	}
-	switch r.EffectiveState(now) {
-	case residual.Pending:
-		return InProgress
-	case residual.Unknown:
-		if redispatch && r.RequestDigest == requestDigest {
-			return Acquired
-		}
-		return UnknownOutcome
-	case residual.Accepted:
-		return AwaitingUpstream
-	case residual.Succeeded:
-		if r.RequestDigest == requestDigest {
-			return Replay
-		}
-		return PayloadMismatch
-	default: // Failed
-		return Acquired
-	}
-}
-
 // ReserveParams are the inputs of Reserve.
 type ReserveParams struct {
 	Namespace     string
@@ -380,14 +354,6 @@ const (
 	MaxListLimit     = 1000
 )
 
-// PageLimit returns the effective page size for a requested limit.
-func PageLimit(n int) int {
-	if n <= 0 {
-		return DefaultListLimit
-	}
-	return min(n, MaxListLimit)
-}
-
 // validTarget checks the namespace and key every keyed step names.
 func validTarget(op, namespace, key string) error {
 	if err := residual.ValidKey(key); err != nil {
@@ -418,23 +384,4 @@ func firstMissing(op string, fields map[string]string, ttl time.Duration) error 
 		return fmt.Errorf("%w: %s: lease ttl %v is not positive", ErrInvalidParams, op, ttl)
 	}
 	return nil
-}
-
-// Matches reports whether r passes the filters of p (namespace excluded), using r's
-// effective State. Backends that filter in memory use it.
-func (p ListParams) Matches(r *residual.Residual) bool {
-	if p.Task != "" && r.Task != p.Task ||
-		p.Operation != "" && r.Operation != p.Operation ||
-		p.Target != "" && r.Target != p.Target {
-		return false
-	}
-	if len(p.States) == 0 {
-		return true
-	}
-	for _, s := range p.States {
-		if r.State == s {
-			return true
-		}
-	}
-	return false
 }

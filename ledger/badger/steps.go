@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -33,7 +34,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 		if err != nil {
 			return false, err
 		}
-		if d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now); d != ledger.Acquired {
+		if d := rules.Decide(r, p.RequestDigest, p.Redispatch, now); d != ledger.Acquired {
 			// Someone else's write landed since the read-only try. Write nothing; update
 			// answers once what was read is durable.
 			r.State = r.EffectiveState(now)
@@ -44,7 +45,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 		if err != nil {
 			return false, err
 		}
-		d, r, ls := ledger.ApplyReserve(r, p, token, now)
+		d, r, ls := rules.ApplyReserve(r, p, token, now)
 		res = &ledger.ReserveResult{Decision: d, Residual: r, Lease: ls}
 		if d != ledger.Acquired {
 			return false, nil // unreachable (same rule, same inputs); write nothing
@@ -81,7 +82,7 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 	release()
 	if cached != nil {
 		r := cached.Clone()
-		d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now) // Replay or PayloadMismatch
+		d := rules.Decide(r, p.RequestDigest, p.Redispatch, now) // Replay or PayloadMismatch
 		r.State = r.EffectiveState(now)
 		return &ledger.ReserveResult{Decision: d, Residual: r}, nil
 	}
@@ -98,7 +99,7 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 		if err != nil {
 			return err
 		}
-		d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now)
+		d := rules.Decide(r, p.RequestDigest, p.Redispatch, now)
 		if d == ledger.Acquired {
 			t.read = 0 // no answer given from this read: the write path covers it
 			return nil
@@ -134,7 +135,7 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 			return false, err
 		}
 		// ApplyCommit either settles r or appends evidence; both are written.
-		fenceErr = ledger.ApplyCommit(r, p, now)
+		fenceErr = rules.ApplyCommit(r, p, now)
 		if err := putResidual(t, r); err != nil {
 			return false, err
 		}
@@ -161,7 +162,7 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 		if err != nil {
 			return false, err
 		}
-		if out, err = ledger.ApplyRenew(r, p, now); err != nil {
+		if out, err = rules.ApplyRenew(r, p, now); err != nil {
 			return false, err
 		}
 		if err := putResidual(t, r); err != nil {
@@ -191,7 +192,7 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 		if err != nil {
 			return false, err
 		}
-		if err := ledger.ApplyResolve(r, p, token, now); err != nil {
+		if err := rules.ApplyResolve(r, p, token, now); err != nil {
 			return false, err
 		}
 		out = r
@@ -219,7 +220,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 		if err != nil {
 			return false, err
 		}
-		ledger.ApplyEvidence(r, p.Evidence, now)
+		rules.ApplyEvidence(r, p.Evidence, now)
 		if err := putResidual(t, r); err != nil {
 			return false, err
 		}
@@ -262,7 +263,7 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	limit := ledger.PageLimit(p.Limit)
+	limit := rules.PageLimit(p.Limit)
 	page := &ledger.Page{Residuals: []*residual.Residual{}}
 	err := l.view(ctx, func(t *tx, now time.Time) error {
 		prefix := nsPrefix(p.Namespace)
@@ -283,7 +284,7 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 				return err
 			}
 			r.State = r.EffectiveState(now)
-			if !p.Matches(&r) {
+			if !rules.Matches(p, &r) {
 				continue
 			}
 			if len(page.Residuals) == limit {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -225,7 +226,7 @@ func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.Rese
 			return own, nil
 		}
 		if !rw.collected() {
-			d, cur, _ := ledger.ApplyReserve(res, p, 0, clock.UTC())
+			d, cur, _ := rules.ApplyReserve(res, p, 0, clock.UTC())
 			if d != ledger.Acquired {
 				return &ledger.ReserveResult{Decision: d, Residual: cur}, nil
 			}
@@ -286,7 +287,7 @@ func (l *Ledger) reserveLocked(ctx context.Context, c *pgxpool.Conn, p ledger.Re
 		if rw.collected() {
 			r = nil
 		}
-		d, cur, ls := ledger.ApplyReserve(r, p, next, now)
+		d, cur, ls := rules.ApplyReserve(r, p, next, now)
 		out = &ledger.ReserveResult{Decision: d, Residual: cur, Lease: ls}
 		if d != ledger.Acquired {
 			return nil, nil
@@ -354,7 +355,7 @@ func (l *Ledger) write(ctx context.Context, tx pgx.Tx, ch *change) (bool, error)
 }
 
 // Commit implements ledger.Ledger in one statement when the fence holds. When it does not,
-// a short transaction applies ledger.ApplyCommit to the locked row, which appends the
+// a short transaction applies rules.ApplyCommit to the locked row, which appends the
 // caller's observation as evidence and returns its error wrapping residual.ErrLeaseLost.
 //
 // If the connection breaks after the commit was sent, Commit reconnects and re-reads the
@@ -399,7 +400,7 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 				r.State = r.EffectiveState(now)
 				return nil, nil
 			}
-			fenceErr = ledger.ApplyCommit(r, p, now)
+			fenceErr = rules.ApplyCommit(r, p, now)
 			r.State = r.EffectiveState(now)
 			return &change{r: r}, nil
 		})
@@ -431,7 +432,7 @@ func nilIfEmpty(b []byte) []byte {
 }
 
 // Renew implements ledger.Ledger in one conditional statement. When the condition fails it
-// re-reads the residual and returns ledger.ApplyRenew's error, wrapping
+// re-reads the residual and returns rules.ApplyRenew's error, wrapping
 // residual.ErrLeaseLost (and residual.ErrNotFound for a missing residual).
 func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, error) {
 	if err := l.check(); err != nil {
@@ -463,7 +464,7 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 			if err != nil {
 				return err
 			}
-			if _, err := ledger.ApplyRenew(r, p, clock.UTC()); err != nil {
+			if _, err := rules.ApplyRenew(r, p, clock.UTC()); err != nil {
 				fenceErr = err
 				return nil
 			}
@@ -479,7 +480,7 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 }
 
 // Resolve implements ledger.Ledger: a short transaction locks the residual, applies
-// ledger.ApplyResolve with the next fencing token and writes it.
+// rules.ApplyResolve with the next fencing token and writes it.
 func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -495,7 +496,7 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 				out, ruleErr = r, nil
 				return nil, nil
 			}
-			if ruleErr = ledger.ApplyResolve(r, p, r.Token+1, now); ruleErr != nil {
+			if ruleErr = rules.ApplyResolve(r, p, r.Token+1, now); ruleErr != nil {
 				out = nil
 				return nil, nil
 			}
@@ -543,7 +544,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 				r.State = r.EffectiveState(now)
 				return nil, nil
 			}
-			ledger.ApplyEvidence(r, p.Evidence, now)
+			rules.ApplyEvidence(r, p.Evidence, now)
 			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -70,7 +71,7 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	for _, s := range p.States {
 		states = append(states, string(s))
 	}
-	limit := ledger.PageLimit(p.Limit)
+	limit := rules.PageLimit(p.Limit)
 	var page *ledger.Page
 	_, err := l.retry(ctx, false, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
 		rows, err := c.Query(ctx, listSQL, p.Namespace, p.Cursor, p.Task, p.Operation, p.Target, states, limit+1, l.offset.Load())

@@ -1,4 +1,4 @@
-package ledger
+package rules
 
 import (
 	"crypto/sha256"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -17,11 +18,11 @@ import (
 // clock; token is the next fencing token for the key (one more than the highest issued).
 
 // ApplyReserve applies Reserve to r (nil when no residual exists). When the decision is
-// Acquired it returns the new or updated residual (r itself is modified when non-nil) and
+// ledger.Acquired it returns the new or updated residual (r itself is modified when non-nil) and
 // the new lease; otherwise it returns r unchanged with its effective state.
-func ApplyReserve(r *residual.Residual, p ReserveParams, token uint64, now time.Time) (Decision, *residual.Residual, lease.Lease) {
+func ApplyReserve(r *residual.Residual, p ledger.ReserveParams, token uint64, now time.Time) (ledger.Decision, *residual.Residual, lease.Lease) {
 	d := Decide(r, p.RequestDigest, p.Redispatch, now)
-	if d != Acquired {
+	if d != ledger.Acquired {
 		r.State = r.EffectiveState(now)
 		return d, r, lease.Lease{}
 	}
@@ -44,7 +45,7 @@ func ApplyReserve(r *residual.Residual, p ReserveParams, token uint64, now time.
 		N: len(r.Attempts) + 1, Holder: p.Holder, Token: token, LeaseExpires: l.Expires,
 		Started: now, RequestDigest: p.RequestDigest,
 	})
-	return Acquired, r, l
+	return ledger.Acquired, r, l
 }
 
 // fenceErr checks that the current attempt of r is pending under holder and token with more
@@ -69,7 +70,7 @@ func fenceErr(r *residual.Residual, holder string, token uint64, margin time.Dur
 // ApplyCommit applies Commit to r. Under a valid fence it writes the terminal outcome and
 // releases the lease and returns nil. Otherwise it appends the caller's observation as
 // evidence (leaving the state alone) and returns an error wrapping residual.ErrLeaseLost.
-func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
+func ApplyCommit(r *residual.Residual, p ledger.CommitParams, now time.Time) error {
 	if err := fenceErr(r, p.Holder, p.Token, p.Margin, now); err != nil {
 		appendEvidence(r, residual.Evidence{
 			At: now, Holder: p.Holder, Token: p.Token, Outcome: p.Outcome,
@@ -128,7 +129,7 @@ func ApplyEvidence(r *residual.Residual, e residual.Evidence, now time.Time) {
 
 // ApplyRenew applies Renew to r: it extends the live lease of the attempt holding p.Token to
 // now+p.TTL, or returns an error wrapping residual.ErrLeaseLost.
-func ApplyRenew(r *residual.Residual, p RenewParams, now time.Time) (lease.Lease, error) {
+func ApplyRenew(r *residual.Residual, p ledger.RenewParams, now time.Time) (lease.Lease, error) {
 	if err := fenceErr(r, p.Holder, p.Token, 0, now); err != nil {
 		return lease.Lease{}, err
 	}
@@ -139,7 +140,7 @@ func ApplyRenew(r *residual.Residual, p RenewParams, now time.Time) (lease.Lease
 }
 
 // ApplyResolve applies Resolve to r with the new fencing token.
-func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.Time) error {
+func ApplyResolve(r *residual.Residual, p ledger.ResolveParams, token uint64, now time.Time) error {
 	from := r.EffectiveState(now)
 	switch from {
 	case residual.Pending:
@@ -179,4 +180,58 @@ func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.
 		r.Result, r.ResultDigest, r.ResultTruncated = nil, "", false
 	}
 	return nil
+}
+
+// Decide is the reservation rule every backend applies to an existing residual (r may be
+// nil when none exists), so backends agree on it exactly. now is the ledger's clock.
+func Decide(r *residual.Residual, requestDigest string, redispatch bool, now time.Time) ledger.Decision {
+	if r == nil {
+		return ledger.Acquired
+	}
+	switch r.EffectiveState(now) {
+	case residual.Pending:
+		return ledger.InProgress
+	case residual.Unknown:
+		if redispatch && r.RequestDigest == requestDigest {
+			return ledger.Acquired
+		}
+		return ledger.UnknownOutcome
+	case residual.Accepted:
+		return ledger.AwaitingUpstream
+	case residual.Succeeded:
+		if r.RequestDigest == requestDigest {
+			return ledger.Replay
+		}
+		return ledger.PayloadMismatch
+	default: // Failed
+		return ledger.Acquired
+	}
+}
+
+// PageLimit returns the effective page size of ledger.ListParams.Limit n: the default for
+// n <= 0, at most ledger.MaxListLimit.
+func PageLimit(n int) int {
+	if n <= 0 {
+		return ledger.DefaultListLimit
+	}
+	return min(n, ledger.MaxListLimit)
+}
+
+// Matches reports whether r passes the filters of p (namespace excluded), using r's
+// effective State. Backends that filter in memory use it.
+func Matches(p ledger.ListParams, r *residual.Residual) bool {
+	if p.Task != "" && r.Task != p.Task ||
+		p.Operation != "" && r.Operation != p.Operation ||
+		p.Target != "" && r.Target != p.Target {
+		return false
+	}
+	if len(p.States) == 0 {
+		return true
+	}
+	for _, s := range p.States {
+		if r.State == s {
+			return true
+		}
+	}
+	return false
 }
