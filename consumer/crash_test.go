@@ -32,7 +32,7 @@ func TestCrashHelper(t *testing.T) {
 	}
 	store, err := badger.Open(dir, badger.Options{})
 	require.NoError(t, err)
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-worker", LeaseTTL: 2 * time.Second})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "doomed-worker", LeaseTTL: 2 * time.Second})
 	require.NoError(t, err)
 	g, err := consumer.Guard(ic, func(ctx context.Context, m consumer.Message) error {
 		fmt.Println("in-handler", m.ID)

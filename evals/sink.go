@@ -34,8 +34,8 @@ const (
 	ModeDrop       = "drop"        // effect, then the connection is closed without an answer
 )
 
-// SinkConfig configures a Sink.
-type SinkConfig struct {
+// SinkOptions configure a Sink.
+type SinkOptions struct {
 	// LogPath is the append-only log file. Required.
 	LogPath string
 	// HonorIdempotency makes the sink answer a repeated Idempotency-Key with the stored
@@ -50,7 +50,7 @@ type SinkConfig struct {
 // a request is answered only after an fsync that started after its record was written.
 // It is safe for concurrent use.
 type Sink struct {
-	cfg SinkConfig
+	cfg SinkOptions
 	f   *os.File
 
 	// written is the Seq of the last record written to the file (not necessarily synced).
@@ -102,7 +102,7 @@ type heldResponse struct {
 
 // NewSink opens (creating or appending to) the log and returns a Sink. It returns an error
 // when the log cannot be opened.
-func NewSink(cfg SinkConfig) (*Sink, error) {
+func NewSink(cfg SinkOptions) (*Sink, error) {
 	if cfg.LogPath == "" {
 		return nil, errors.New("evals: sink: log path is required")
 	}
@@ -552,7 +552,7 @@ func SinkMain(args []string, stdout io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	s, err := NewSink(SinkConfig{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
+	s, err := NewSink(SinkOptions{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

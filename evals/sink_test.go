@@ -18,7 +18,7 @@ import (
 func newTestSink(t *testing.T, honor bool) (*Sink, *httptest.Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sink.log")
-	s, err := NewSink(SinkConfig{LogPath: path, HonorIdempotency: honor, CompleteAfter: 20 * time.Millisecond})
+	s, err := NewSink(SinkOptions{LogPath: path, HonorIdempotency: honor, CompleteAfter: 20 * time.Millisecond})
 	require.NoError(t, err)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(func() { srv.Close(); _ = s.Close() })

@@ -18,10 +18,10 @@ import (
 // BeginOptions are the per-call settings of Begin. The zero value uses the interceptor's.
 type BeginOptions struct {
 	// Holder names the holder of the attempt in its lease and audit. Defaults to
-	// Config.Holder. Surfaces whose callers are other processes (MCP) name each caller.
+	// Options.Holder. Surfaces whose callers are other processes (MCP) name each caller.
 	Holder string
 	// LeaseTTL is the lease of this attempt. Defaults to the operation's LeaseTTL, then
-	// Config.LeaseTTL. It must be longer than the margin.
+	// Options.LeaseTTL. It must be longer than the margin.
 	LeaseTTL time.Duration
 }
 
@@ -412,8 +412,8 @@ type stored struct {
 	digest string
 }
 
-// storable is the one path from a result to what the ledger stores: redacted (Config.Redact),
-// then cut at Config.MaxResult; the digest is of the whole result. Every surface that stores
+// storable is the one path from a result to what the ledger stores: redacted (Options.Redact),
+// then cut at Options.MaxResult; the digest is of the whole result. Every surface that stores
 // a result (Commit, Report, Resolve, Reconcile's probes) goes through it.
 func (ic *Interceptor) storable(operation string, result []byte) stored {
 	sum := sha256.Sum256(result)

@@ -183,7 +183,7 @@ func TestRegisteredPolicyAppliesEverywhere(t *testing.T) {
 	require.NoError(t, other.Register("email.send", interceptor.Operation{LeaseTTL: time.Minute}))
 	require.Equal(t, time.Minute, f.ic.Operation("email.send").LeaseTTL)
 	_, err = f.ic.ForNamespace("")
-	require.ErrorIs(t, err, interceptor.ErrInvalidConfig)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 }
 
 // TestInvalidUTF8KeyFieldsAreRefused: different invalid byte strings must not collapse onto
@@ -209,7 +209,7 @@ func TestInvalidUTF8KeyFieldsAreRefused(t *testing.T) {
 }
 
 // redactCap is a config with a redactor that masks card numbers and a small result cap.
-func redactCap(cfg *interceptor.Config) {
+func redactCap(cfg *interceptor.Options) {
 	cfg.MaxResult = 24
 	cfg.Redact = func(_ string, b []byte) []byte { return bytes.ReplaceAll(b, []byte("4242"), []byte("****")) }
 }
@@ -261,7 +261,7 @@ func TestOnePathToStoreAResult(t *testing.T) {
 	})
 	t.Run("Reconcile", func(t *testing.T) {
 		t.Parallel()
-		f := setup(t, withConfig(redactCap), withConfig(func(cfg *interceptor.Config) {
+		f := setup(t, withConfig(redactCap), withConfig(func(cfg *interceptor.Options) {
 			cfg.Operations = map[string]interceptor.Operation{"payments.charge": {
 				Probe: func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
 					return interceptor.ProbeResult{Outcome: residual.Succeeded, Result: []byte(secretResult), Evidence: "found"}, nil

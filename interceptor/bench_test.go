@@ -35,7 +35,7 @@ func benchStore(b *testing.B, mode badger.SyncMode) (*badger.Ledger, string) {
 func benchInterceptor(b *testing.B, mode badger.SyncMode) *interceptor.Interceptor {
 	b.Helper()
 	l, _ := benchStore(b, mode)
-	ic, err := interceptor.New(l, interceptor.Config{Holder: "bench"})
+	ic, err := interceptor.New(l, interceptor.Options{Holder: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -48,11 +48,11 @@ type fixture struct {
 type option func(*setupOpts)
 
 type setupOpts struct {
-	cfg  interceptor.Config
+	cfg  interceptor.Options
 	wrap func(ledger.Ledger) ledger.Ledger
 }
 
-func withConfig(f func(*interceptor.Config)) option {
+func withConfig(f func(*interceptor.Options)) option {
 	return func(o *setupOpts) { f(&o.cfg) }
 }
 
@@ -64,7 +64,7 @@ func setup(t *testing.T, opts ...option) *fixture {
 	t.Helper()
 	clock := lease.NewFake(epoch)
 	store := openBadger(t, clock)
-	o := setupOpts{cfg: interceptor.Config{
+	o := setupOpts{cfg: interceptor.Options{
 		Holder: holderA, LeaseTTL: testTTL, Margin: testMargin, Clock: clock,
 	}}
 	for _, opt := range opts {
@@ -92,9 +92,9 @@ func openBadger(t testing.TB, clock lease.Clock) ledger.Ledger {
 }
 
 // successor returns a second interceptor on the same store, as another agent (holder B).
-func (f *fixture) successor(mod ...func(*interceptor.Config)) *interceptor.Interceptor {
+func (f *fixture) successor(mod ...func(*interceptor.Options)) *interceptor.Interceptor {
 	f.t.Helper()
-	cfg := interceptor.Config{Holder: holderB, LeaseTTL: testTTL, Margin: testMargin, Clock: f.clock}
+	cfg := interceptor.Options{Holder: holderB, LeaseTTL: testTTL, Margin: testMargin, Clock: f.clock}
 	for _, m := range mod {
 		m(&cfg)
 	}
