@@ -265,6 +265,9 @@ func (a *Attempt) Abandon(ctx context.Context, why error) error {
 // *Violation: AwaitingUpstream (202 / queued), UnknownOutcome (an ambiguous answer, or an
 // outcome the ledger could not record), or LeaseLost (the fence was lost: the outcome is
 // kept as evidence only). Violations after a dispatch carry what the tool returned.
+//
+// Commit may be called again with the same response after an error that left the outcome
+// unknown: a commit that had landed is then answered as recorded, writing nothing.
 func (a *Attempt) Commit(ctx context.Context, resp Response, callErr error) (*Result, error) {
 	classifier := a.ic.cfg.Classifier
 	if a.op.Classify != nil {
@@ -323,7 +326,8 @@ type Report struct {
 // when ctx has ended.
 //
 // It returns the Result of the recorded outcome (State may be any of the four; nothing
-// maps to an error). Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
+// maps to an error). An identical report of an outcome already recorded for this attempt
+// (a retry whose answer was lost) returns that Result and writes nothing. Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
 // contradicted, nothing written; a LeaseLost *Violation when the fence was lost (the report
 // kept as evidence only); an error wrapping ErrInvalidCall for an outcome that is not one
 // of the four; otherwise the ledger's error: one wrapping ledger.ErrOutcomeUnknown when the

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -236,6 +237,9 @@ type flakyLedger struct {
 	reserveErr error
 	commitErr  error
 	renewErr   error
+	// commitLost: the next commit lands in the real ledger but its answer is lost (the
+	// caller gets an error wrapping ledger.ErrOutcomeUnknown).
+	commitLost atomic.Bool
 	// afterReserve runs after a successful real Reserve.
 	afterReserve func()
 	renews       atomic.Int32
@@ -255,6 +259,10 @@ func (l *flakyLedger) Reserve(ctx context.Context, p ledger.ReserveParams) (*led
 func (l *flakyLedger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if l.commitErr != nil {
 		return nil, l.commitErr
+	}
+	if l.commitLost.Swap(false) {
+		_, err := l.Ledger.Commit(ctx, p)
+		return nil, errors.Join(fmt.Errorf("%w: the answer was lost", ledger.ErrOutcomeUnknown), err)
 	}
 	return l.Ledger.Commit(ctx, p)
 }

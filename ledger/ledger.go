@@ -43,6 +43,11 @@ type Ledger interface {
 	// clock. Otherwise it appends what the caller observed as evidence and returns an
 	// error wrapping residual.ErrLeaseLost (and the stored residual); it releases nothing.
 	// Outcome may be Succeeded, Accepted, Failed or Unknown.
+	//
+	// A commit identical to one that already landed (same key, holder, token, outcome,
+	// response and result digests, handle: a retry whose first answer was lost) writes
+	// nothing and returns the stored residual with a nil error. A different commit under
+	// that token is refused as above.
 	Commit(ctx context.Context, p CommitParams) (*residual.Residual, error)
 
 	// Renew extends the lease of the attempt holding p.Token to now+p.TTL if it is still

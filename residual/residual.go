@@ -67,6 +67,9 @@ type Evidence struct {
 	Result         []byte    `json:"result,omitempty"`
 	Handle         string    `json:"handle,omitempty"`
 	Note           string    `json:"note,omitempty"`
+	// WriteID identifies the ledger call that stored the entry (set by ledgers that retry
+	// writes, so a retry recognises its own entry); empty otherwise. Callers leave it empty.
+	WriteID string `json:"write_id,omitempty"`
 }
 
 // Resolution records who settled an open residual, how and why.
@@ -78,6 +81,8 @@ type Resolution struct {
 	To       State     `json:"to"`
 	Note     string    `json:"note,omitempty"`
 	Evidence string    `json:"evidence,omitempty"`
+	// WriteID identifies the ledger call that stored the resolution (see Evidence.WriteID).
+	WriteID string `json:"write_id,omitempty"`
 }
 
 // Current returns the latest attempt, or nil when there is none.

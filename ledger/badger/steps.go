@@ -121,33 +121,43 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 }
 
 // Commit implements ledger.Ledger. A refused commit still writes its evidence, durably,
-// and returns the stored residual with an error wrapping residual.ErrLeaseLost.
+// and returns the stored residual with an error wrapping residual.ErrLeaseLost. An
+// identical retry of a commit that landed (rules.Recorded) writes nothing and returns the
+// stored residual.
 func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
 	var fenceErr error
+	var wrote bool
 	err := l.update(ctx, "commit", func(t *tx, now time.Time) (bool, error) {
 		out, fenceErr = nil, nil
 		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
-		// ApplyCommit either settles r or appends evidence; both are written.
-		fenceErr = rules.ApplyCommit(r, p, now)
-		if err := putResidual(t, r); err != nil {
-			return false, err
+		// ApplyCommit settles r or appends evidence, both written, or finds p already
+		// recorded: then nothing is written and update answers once what was read is durable.
+		write, ferr := rules.ApplyCommit(r, p, now)
+		fenceErr = ferr
+		if write {
+			if err := putResidual(t, r); err != nil {
+				return false, err
+			}
 		}
 		out = r
 		out.State = r.EffectiveState(now)
-		return true, fenceErr
+		wrote = write
+		return write, fenceErr
 	})
-	// Only a durable write returns the residual: err is then nil or the fence's own error.
+	// Only a durable answer returns the residual: err is then nil or the fence's own error.
 	if out == nil || err != fenceErr {
 		return nil, err
 	}
-	l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	if wrote {
+		l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	}
 	return out, err
 }
 

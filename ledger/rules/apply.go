@@ -67,11 +67,17 @@ func fenceErr(r *residual.Residual, holder string, token uint64, margin time.Dur
 	return nil
 }
 
-// ApplyCommit applies Commit to r. Under a valid fence it writes the terminal outcome and
-// releases the lease and returns nil. Otherwise it appends the caller's observation as
-// evidence (leaving the state alone) and returns an error wrapping residual.ErrLeaseLost.
-func ApplyCommit(r *residual.Residual, p ledger.CommitParams, now time.Time) error {
+// ApplyCommit applies Commit to r and reports whether r changed (the backend must write it).
+// Under a valid fence it writes the terminal outcome and releases the lease: true, nil. An
+// identical retry of a commit that already landed (see Recorded) changes nothing and is
+// answered as done: false, nil. Otherwise it appends the caller's observation as evidence
+// (leaving the state alone) and returns true and an error wrapping residual.ErrLeaseLost.
+func ApplyCommit(r *residual.Residual, p ledger.CommitParams, now time.Time) (bool, error) {
 	if err := fenceErr(r, p.Holder, p.Token, p.Margin, now); err != nil {
+		if Recorded(r, p) {
+			r.State = r.EffectiveState(now)
+			return false, nil
+		}
 		appendEvidence(r, residual.Evidence{
 			At: now, Holder: p.Holder, Token: p.Token, Outcome: p.Outcome,
 			ResponseDigest: p.ResponseDigest, Result: p.Result, Handle: p.Handle,
@@ -79,7 +85,7 @@ func ApplyCommit(r *residual.Residual, p ledger.CommitParams, now time.Time) err
 		})
 		r.State = r.EffectiveState(now)
 		r.UpdatedAt = now
-		return err
+		return true, err
 	}
 	cur := r.Current()
 	cur.Outcome, cur.Ended, cur.Released = p.Outcome, now, true
@@ -93,7 +99,41 @@ func ApplyCommit(r *residual.Residual, p ledger.CommitParams, now time.Time) err
 		r.Handle = p.Handle
 		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, p.ResultDigest, p.ResultTruncated
 	}
-	return nil
+	return true, nil
+}
+
+// Recorded reports whether p repeats a commit that already landed: the attempt that holds
+// p.Token was settled by its own commit (not by a resolution or a takeover) from p.Holder
+// with p's outcome and response digest, and, while the residual still stands as that
+// commit left it, with p's result digest and handle. Such a retry (its first answer was
+// lost) is answered with the recorded residual; a commit that differs in any of these is
+// refused as a lost lease.
+func Recorded(r *residual.Residual, p ledger.CommitParams) bool {
+	for i := len(r.Attempts) - 1; i >= 0; i-- {
+		a := &r.Attempts[i]
+		if a.Token != p.Token {
+			continue
+		}
+		if a.Holder != p.Holder || !a.Released || a.Outcome != p.Outcome || a.ResponseDigest != p.ResponseDigest {
+			return false
+		}
+		for _, res := range r.Resolutions {
+			if a.Outcome == residual.Unknown && res.At.Equal(a.Ended) {
+				return false // a resolution released the attempt; its holder never committed
+			}
+		}
+		if i == len(r.Attempts)-1 && r.State == p.Outcome && storesResult(p.Outcome) &&
+			(r.ResultDigest != p.ResultDigest || r.Handle != p.Handle) {
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+// storesResult reports whether a commit of outcome stores the caller's result and handle.
+func storesResult(outcome residual.State) bool {
+	return outcome == residual.Succeeded || outcome == residual.Accepted
 }
 
 // Evidence bounds: refused commits cannot grow a residual without limit. The first

@@ -23,7 +23,7 @@ func TestEvidenceIsBounded(t *testing.T) {
 	}, 1, now)
 	big := bytes.Repeat([]byte("x"), rules.MaxEvidenceResult+1)
 	for i := range rules.MaxEvidence + 10 {
-		err := rules.ApplyCommit(r, ledger.CommitParams{
+		_, err := rules.ApplyCommit(r, ledger.CommitParams{
 			Namespace: "ns", Key: key, Holder: "zombie", Token: 7, Outcome: residual.Succeeded,
 			Result: big, ResponseDigest: "digest",
 		}, now.Add(time.Duration(i)*time.Millisecond))
