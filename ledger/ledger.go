@@ -34,7 +34,9 @@ type Ledger interface {
 	// token, writes a lease and a pending residual with a new attempt, and returns
 	// Decision Acquired with the lease. Otherwise it writes nothing and returns the
 	// existing residual with the Decision that applies (Replay, InProgress,
-	// UnknownOutcome, AwaitingUpstream, PayloadMismatch).
+	// UnknownOutcome, AwaitingUpstream, PayloadMismatch). The residual keeps its first
+	// attempt and a bounded number of the latest ones (ledger/rules.KeepAttempts);
+	// Residual.AttemptCount counts every attempt ever made.
 	Reserve(ctx context.Context, p ReserveParams) (*ReserveResult, error)
 
 	// Commit writes the terminal outcome of the attempt holding p.Token and releases its

@@ -16,8 +16,13 @@ type Residual struct {
 	State State `json:"state"`
 	// RequestDigest is the canonical digest of the arguments of the latest attempt.
 	RequestDigest string `json:"request_digest"`
-	// Attempts in order; the last one is the current one.
+	// Attempts in order; the last one is the current one. Ledgers keep the first attempt
+	// and the latest ones (a bounded number) and drop those in between, so a key that keeps
+	// failing cannot grow its record without limit; AttemptCount counts them all.
 	Attempts []Attempt `json:"attempts"`
+	// AttemptCount is how many attempts were ever made at the key: the N of the current
+	// attempt. It can exceed len(Attempts).
+	AttemptCount int `json:"attempt_count"`
 	// Result is the cached result of the succeeded attempt (possibly redacted or truncated).
 	Result []byte `json:"result,omitempty"`
 	// ResultDigest is the SHA-256 of the full result as upstream returned it, before

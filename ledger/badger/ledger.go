@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -383,6 +384,7 @@ func decodeItem(t *tx, item *dbadger.Item, name string, r *residual.Residual) er
 	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, r) }); err != nil {
 		return fmt.Errorf("ledger/badger: decode residual %s: %w", name, err)
 	}
+	r.AttemptCount = rules.AttemptCount(r) // records written before the count was stored
 	t.noteRead(item.Version())
 	return nil
 }

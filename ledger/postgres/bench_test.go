@@ -213,3 +213,35 @@ func BenchmarkPostgresGuardedCallWatched(b *testing.B) {
 		})
 	}
 }
+
+// failedCycle is one begin → failed commit cycle on p's key (issue 14 item 5).
+func failedCycle(b *testing.B, l ledger.Ledger, p ledger.ReserveParams) {
+	ctx := context.Background()
+	res, err := l.Reserve(ctx, p)
+	if err != nil || res.Decision != ledger.Acquired {
+		b.Fatalf("reserve: %v %v", res, err)
+	}
+	if _, err := l.Commit(ctx, ledger.CommitParams{
+		Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
+		Outcome: residual.Failed, Error: "upstream said no", Margin: 50 * time.Millisecond,
+	}); err != nil {
+		b.Fatalf("commit: %v", err)
+	}
+}
+
+// BenchmarkPostgresCycle600 times the 600th begin → failed commit cycle on one key (599
+// cycles before it are untimed): what a key that keeps failing costs once attempts pile up.
+func BenchmarkPostgresCycle600(b *testing.B) {
+	l := open(b, newSchema(b), postgres.Options{MaxConns: 1})
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		i++
+		p := params(fmt.Sprint("cycle-", i), "bench-agent")
+		for range 599 {
+			failedCycle(b, l, p)
+		}
+		b.StartTimer()
+		failedCycle(b, l, p)
+	}
+}

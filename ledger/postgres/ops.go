@@ -246,7 +246,7 @@ func inserted(p ledger.ReserveParams, now time.Time) *residual.Residual {
 	now = now.UTC()
 	return &residual.Residual{
 		Key: p.Key, Namespace: p.Namespace, Task: p.Task, Operation: p.Operation, Target: p.Target,
-		State: residual.Pending, RequestDigest: p.RequestDigest, Token: 1,
+		State: residual.Pending, RequestDigest: p.RequestDigest, Token: 1, AttemptCount: 1,
 		Attempts: []residual.Attempt{{
 			N: 1, Holder: p.Holder, Token: 1, Started: now, RequestDigest: p.RequestDigest,
 			LeaseExpires: now.Add(time.Duration(p.TTL.Microseconds()) * time.Microsecond),

@@ -41,11 +41,41 @@ func ApplyReserve(r *residual.Residual, p ledger.ReserveParams, token uint64, no
 	r.RequestDigest = p.RequestDigest
 	r.Token = token
 	r.UpdatedAt = now
-	r.Attempts = append(r.Attempts, residual.Attempt{
-		N: len(r.Attempts) + 1, Holder: p.Holder, Token: token, LeaseExpires: l.Expires,
+	n := AttemptCount(r) + 1
+	r.Attempts = TrimAttempts(append(r.Attempts, residual.Attempt{
+		N: n, Holder: p.Holder, Token: token, LeaseExpires: l.Expires,
 		Started: now, RequestDigest: p.RequestDigest,
-	})
+	}))
+	r.AttemptCount = n
 	return ledger.Acquired, r, l
+}
+
+// KeepAttempts is how many of the latest attempts a residual keeps besides the first one.
+const KeepAttempts = 16
+
+// TrimAttempts keeps the first attempt and the latest KeepAttempts of as (in order) and
+// drops those in between: the first says how the key began, the latest what is happening
+// now. It returns as itself when nothing is dropped.
+func TrimAttempts(as []residual.Attempt) []residual.Attempt {
+	if len(as) <= 1+KeepAttempts {
+		return as
+	}
+	out := make([]residual.Attempt, 0, 1+KeepAttempts)
+	out = append(out, as[0])
+	return append(out, as[len(as)-KeepAttempts:]...)
+}
+
+// AttemptCount returns how many attempts were ever made at r's key: r.AttemptCount, or
+// for a record written before it was counted, the N of the current attempt.
+func AttemptCount(r *residual.Residual) int {
+	if r == nil {
+		return 0
+	}
+	n := r.AttemptCount
+	if cur := r.Current(); cur != nil {
+		n = max(n, cur.N)
+	}
+	return n
 }
 
 // fenceErr checks that the current attempt of r is pending under holder and token with more
