@@ -75,7 +75,9 @@ func loopbackConn(r *http.Request) bool {
 	return err == nil && ap.Addr().IsLoopback()
 }
 
-// ListenAndServe serves Handler at Path on addr until ctx ends, then shuts down (closing
+// ListenAndServe serves Handler at Path on addr until ctx ends, holding at most
+// Options.MaxConns connections and closing idle and slow ones (Options.IdleTimeout,
+// ReadHeaderTimeout, ReadTimeout), then shuts down (closing
 // sessions and waiting up to two seconds for requests in flight). ready, if not nil, is
 // called with the bound address once the listener is open. It refuses a non-loopback addr
 // without tokens (ErrUnsafeBind) and returns the listener's or server's error otherwise;
@@ -97,16 +99,14 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string, ready func(net
 	mux.Handle(Path, s.Handler())
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return base },
-	}
+	limits := s.opts.httpLimits()
+	srv := limits.Server(mux)
+	srv.BaseContext = func(net.Listener) context.Context { return base }
 	if ready != nil {
 		ready(ln.Addr())
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(limits.Listener(ln)) }()
 	select {
 	case err := <-served:
 		return fmt.Errorf("mcpserver: %w", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger"
 )
 
@@ -51,6 +52,17 @@ type Options struct {
 	// Mcp-Session-Id, no server-to-client stream). Defaults to false: those clients get
 	// sessions. Clients on the stateless 2026-07-28 protocol are served either way.
 	HTTPStateless bool
+	// MaxConns caps the HTTP connections ListenAndServe holds open at once (idle keep-alive
+	// ones included); more wait in the kernel's accept queue. Defaults to 1024.
+	MaxConns int
+	// IdleTimeout closes an HTTP keep-alive connection that sends no request for this long.
+	// Defaults to one minute.
+	IdleTimeout time.Duration
+	// ReadHeaderTimeout bounds reading an HTTP request's headers. Defaults to 10 seconds.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading an HTTP request, headers and body. It never ends a
+	// notification stream: nothing bounds writing a response. Defaults to 30 seconds.
+	ReadTimeout time.Duration
 	// Version is reported to clients. Defaults to "dev".
 	Version string
 	// Logger receives transport and watcher errors. Defaults to slog.Default().
@@ -73,6 +85,9 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
+	if err := o.httpLimits().Validate(); err != nil {
+		return bad("%v", err)
+	}
 	switch {
 	case o.MaxLease < cfg.LeaseTTL:
 		return bad("MaxLease %v is shorter than the interceptor's lease %v", o.MaxLease, cfg.LeaseTTL)
@@ -85,6 +100,14 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 		}
 	}
 	return nil
+}
+
+// httpLimits are the limits of ListenAndServe's http.Server.
+func (o *Options) httpLimits() httpserve.Limits {
+	return httpserve.Limits{
+		MaxConns: o.MaxConns, IdleTimeout: o.IdleTimeout,
+		ReadHeaderTimeout: o.ReadHeaderTimeout, ReadTimeout: o.ReadTimeout,
+	}
 }
 
 // Server serves the toolfence tools, resources and prompt over MCP, one MCP server per

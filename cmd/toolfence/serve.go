@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
@@ -28,6 +30,31 @@ type serveFlags struct {
 	stateless bool
 	lease     time.Duration
 	maxArgs   int
+	net       netFlags
+}
+
+// netFlags are the limits of serve's network surface (docs/limits.md lists them all).
+type netFlags struct {
+	maxConns      int
+	idleTimeout   time.Duration
+	readTimeout   time.Duration
+	headerTimeout time.Duration
+}
+
+func (n *netFlags) add(fl *pflag.FlagSet) {
+	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
+	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
+	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
+	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
+}
+
+// apply copies the limits into opts, refusing values that are not positive.
+func (n netFlags) apply(opts *mcpserver.Options) error {
+	if n.maxConns <= 0 || n.idleTimeout <= 0 || n.readTimeout <= 0 || n.headerTimeout <= 0 {
+		return usagef("--max-conns, --idle-timeout, --read-timeout and --header-timeout must be positive")
+	}
+	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
+	return nil
 }
 
 func newServeCmd(a *app) *cobra.Command {
@@ -49,6 +76,10 @@ the file must not be readable by other users) or from $` + tokenEnv + ` (one tok
 (make one with: openssl rand -hex 32). Each token sees only its namespace. Without any
 token the server refuses to listen on anything but a loopback address.
 
+Over HTTP the server holds at most --max-conns connections, closes keep-alive connections
+idle for --idle-timeout and requests slower than --read-timeout / --header-timeout; nothing
+bounds writing, so notification streams stay open. docs/limits.md lists every limit.
+
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
 
@@ -65,6 +96,7 @@ Example:
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
+	f.net.add(fl)
 	return cmd
 }
 
@@ -81,6 +113,9 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	opts := mcpserver.Options{
 		HTTPStateless: f.stateless, Version: buildVersion(),
 		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if err := f.net.apply(&opts); err != nil {
+		return err
 	}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)

@@ -3,10 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +26,8 @@ func TestServeUsage(t *testing.T) {
 	fails(t, exitUsage, []string{"exactly one of --stdio or --http"}, "serve", "--store", store)
 	fails(t, exitUsage, []string{"exactly one of --stdio or --http"}, "serve", "--stdio", "--http", "127.0.0.1:0", "--store", store)
 	fails(t, exitUsage, []string{"non-loopback address without a bearer token"}, "serve", "--http", "0.0.0.0:7777", "--store", store)
+	fails(t, exitUsage, []string{"must be positive"}, "serve", "--http", "127.0.0.1:0", "--max-conns", "0", "--store", store)
+	fails(t, exitUsage, []string{"must be positive"}, "serve", "--http", "127.0.0.1:0", "--idle-timeout", "-1s", "--store", store)
 	fails(t, exitUsage, []string{"--token-file applies to --http only"}, "serve", "--stdio", "--token-file", "x", "--store", store)
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	require.NoError(t, os.WriteFile(tokens, []byte("short\n"), 0o600))
@@ -39,7 +45,7 @@ func TestServeHTTP(t *testing.T) {
 	tokens := filepath.Join(dir, "tokens")
 	const token = "serve-test-token-0123456789abcdef"
 	require.NoError(t, os.WriteFile(tokens, []byte(token+" team\n"), 0o600))
-	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store)
+	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store, "--idle-timeout", "200ms")
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -77,6 +83,21 @@ func TestServeHTTP(t *testing.T) {
 	require.NoError(t, c.Close())
 	_, err = mcpserver.Dial(ctx, url, "wrong-token-0123456789abcdef")
 	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+
+	// An unauthenticated keep-alive connection that idles is closed (--idle-timeout).
+	conn, err := net.DialTimeout("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), mcpserver.Path), 5*time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_, err = br.ReadByte()
+	require.ErrorIs(t, err, io.EOF, "the idle connection was closed by serve")
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
