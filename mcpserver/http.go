@@ -1,13 +1,22 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
 )
 
 // Path is where the MCP endpoint is served by ListenAndServe.
@@ -17,12 +26,14 @@ const Path = "/mcp"
 // "Authorization: Bearer TOKEN" with a token of Options.Tokens, which selects the namespace;
 // others get 401. Without configured tokens it serves only requests that arrive on a
 // loopback connection (403 otherwise), in the namespace of the interceptor given to New.
-// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413.
+// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413. Legacy sessions are bound to
+// the token that opened them, end after Options.SessionIdle without use, and a token holds
+// at most Options.MaxSessions (429 with Retry-After when all of them are busy).
 func (s *Server) Handler() http.Handler {
 	cfg := s.base.Settings()
 	limit := int64(cfg.MaxArgs) + int64(cfg.MaxResult) + 1<<20
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ns, ok := s.authenticate(w, r)
+		ns, owner, ok := s.authenticate(w, r)
 		if !ok {
 			return
 		}
@@ -32,24 +43,76 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "toolfence: namespace unavailable", http.StatusServiceUnavailable)
 			return
 		}
-		if r.Body != nil {
-			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		var method string
+		if r.Method == http.MethodPost && r.Body != nil {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+			var tooLarge *http.MaxBytesError
+			switch {
+			case errors.As(err, &tooLarge):
+				http.Error(w, fmt.Sprintf("toolfence: request body exceeds %d bytes", limit), http.StatusRequestEntityTooLarge)
+				return
+			case err != nil:
+				http.Error(w, "toolfence: reading the request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			method = peekMethod(body)
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
-		sp.httpHandler().ServeHTTP(w, r)
+		if !s.opts.HTTPStateless {
+			if id := r.Header.Get(server.HeaderKeySessionID); id != "" {
+				s.sessions.begin(id)
+				defer func() { s.sessions.end(id, sp.now()) }()
+			} else if method == string(mcp.MethodInitialize) && !s.sessions.makeRoom(owner, s.opts.MaxSessions) {
+				busy(w, time.Minute, fmt.Sprintf("this token holds %d sessions, each with a request in flight; "+
+					"end one (DELETE) or retry later", s.opts.MaxSessions))
+				return
+			}
+		}
+		sp.httpHandler().ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
 	})
 }
 
-// authenticate returns the namespace of the request, or writes 401 / 403 and returns false.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
+// peekMethod returns the JSON-RPC method of a request body, or "" (for a batch, a response
+// or malformed JSON, which the transport answers itself).
+func peekMethod(body []byte) string {
+	var m struct {
+		Method string `json:"method"`
+	}
+	if json.Unmarshal(body, &m) != nil {
+		return ""
+	}
+	return m.Method
+}
+
+// busy answers 429 with Retry-After and a JSON-RPC error saying why and when to retry.
+func busy(w http.ResponseWriter, retry time.Duration, why string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+	w.WriteHeader(http.StatusTooManyRequests)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0", "id": nil,
+		"error": map[string]any{
+			"code": errCodeBusy, "message": "toolfence: busy: " + why,
+			"data": map[string]any{"retry_after_ms": retry.Milliseconds()},
+		},
+	})
+}
+
+// errCodeBusy is the JSON-RPC error code of a request refused because a limit is full.
+const errCodeBusy = -32000
+
+// authenticate returns the namespace and owner (a digest of the token) of the request, or
+// writes 401 / 403 and returns false.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner string, ok bool) {
 	if s.opts.Tokens.Len() == 0 {
 		if !loopbackConn(r) {
 			http.Error(w, "toolfence: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
-			return "", false
+			return "", "", false
 		}
-		return s.base.Namespace(), true
+		return s.base.Namespace(), "loopback", true
 	}
 	tok := bearer(r)
-	ns, ok := s.opts.Tokens.Namespace(tok)
+	ns, ok = s.opts.Tokens.Namespace(tok)
 	if !ok {
 		challenge := `Bearer realm="toolfence"`
 		msg := "toolfence: missing bearer token (Authorization: Bearer TOKEN)"
@@ -59,9 +122,10 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
 		http.Error(w, msg, http.StatusUnauthorized)
-		return "", false
+		return "", "", false
 	}
-	return ns, true
+	h := sha256.Sum256([]byte(tok))
+	return ns, hex.EncodeToString(h[:8]), true
 }
 
 // loopbackConn reports whether r arrived on a loopback connection. Requests without a

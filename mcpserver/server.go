@@ -52,6 +52,14 @@ type Options struct {
 	// Mcp-Session-Id, no server-to-client stream). Defaults to false: those clients get
 	// sessions. Clients on the stateless 2026-07-28 protocol are served either way.
 	HTTPStateless bool
+	// SessionIdle ends a legacy HTTP session (protocol versions up to 2025-11-25) that has
+	// had no request for this long and none in flight (an open notification stream is a
+	// request in flight); its client gets 404 and initializes anew. Defaults to 30 minutes.
+	SessionIdle time.Duration
+	// MaxSessions caps the legacy HTTP sessions one token holds at once: initializing one
+	// more ends the token's least recently used idle session, or gets 429 when every one
+	// has a request in flight. Defaults to 64.
+	MaxSessions int
 	// MaxConns caps the HTTP connections ListenAndServe holds open at once (idle keep-alive
 	// ones included); more wait in the kernel's accept queue. Defaults to 1024.
 	MaxConns int
@@ -79,6 +87,8 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
 	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
 	o.Version = cmp.Or(o.Version, "dev")
+	o.SessionIdle = cmp.Or(o.SessionIdle, DefaultSessionIdle)
+	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -93,6 +103,10 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 		return bad("MaxLease %v is shorter than the interceptor's lease %v", o.MaxLease, cfg.LeaseTTL)
 	case o.MaxField < 0:
 		return bad("MaxField %d is negative", o.MaxField)
+	case o.SessionIdle < 0:
+		return bad("SessionIdle %v is negative", o.SessionIdle)
+	case o.MaxSessions < 0:
+		return bad("MaxSessions %d is negative", o.MaxSessions)
 	}
 	for tok, ns := range o.Tokens.byHash {
 		if ns == "" {
@@ -124,6 +138,8 @@ type Server struct {
 	mu     sync.Mutex
 	spaces map[string]*space
 	closed bool
+
+	sessions sessionTable
 }
 
 // New returns a Server over the ledger of ic. ic serves its own namespace (the stdio
@@ -143,10 +159,18 @@ func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{
+	s := &Server{
 		base: ic, ledger: ic.Ledger(), opts: opts, ctx: ctx, cancel: cancel,
 		spaces: map[string]*space{},
-	}, nil
+	}
+	if !opts.HTTPStateless {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.sweepSessions(ctx)
+		}()
+	}
+	return s, nil
 }
 
 // Namespace returns the namespace of the interceptor given to New.
@@ -181,7 +205,7 @@ func (s *Server) ServeStdio(ctx context.Context, namespace string, in io.Reader,
 	return err
 }
 
-// Close stops the change watchers and waits for them. It does not close the ledger, and
+// Close stops the change watchers and the session sweeper and waits for them. It does not close the ledger, and
 // does not end connections being served (cancel their contexts or shut the HTTP server
 // down first). It is safe to call more than once.
 func (s *Server) Close() error {

@@ -72,7 +72,7 @@ func (sp *space) httpHandler() *server.StreamableHTTPServer {
 		if sp.srv.opts.HTTPStateless {
 			opts = append(opts, server.WithStateLess(true))
 		} else {
-			opts = append(opts, server.WithStateful(true))
+			opts = append(opts, server.WithSessionIdManagerResolver(sp))
 		}
 		sp.http = server.NewStreamableHTTPServer(sp.mcp, opts...)
 	})

@@ -39,6 +39,8 @@ type netFlags struct {
 	idleTimeout   time.Duration
 	readTimeout   time.Duration
 	headerTimeout time.Duration
+	sessionIdle   time.Duration
+	maxSessions   int
 }
 
 func (n *netFlags) add(fl *pflag.FlagSet) {
@@ -46,14 +48,17 @@ func (n *netFlags) add(fl *pflag.FlagSet) {
 	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
 	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
 	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
+	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session without requests for this long")
+	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
 }
 
 // apply copies the limits into opts, refusing values that are not positive.
 func (n netFlags) apply(opts *mcpserver.Options) error {
-	if n.maxConns <= 0 || n.idleTimeout <= 0 || n.readTimeout <= 0 || n.headerTimeout <= 0 {
-		return usagef("--max-conns, --idle-timeout, --read-timeout and --header-timeout must be positive")
+	if n.maxConns <= 0 || n.idleTimeout <= 0 || n.readTimeout <= 0 || n.headerTimeout <= 0 || n.sessionIdle <= 0 || n.maxSessions <= 0 {
+		return usagef("--max-conns, --idle-timeout, --read-timeout, --header-timeout, --session-idle and --max-sessions must be positive")
 	}
 	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
+	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
 	return nil
 }
 
@@ -78,7 +83,9 @@ token the server refuses to listen on anything but a loopback address.
 
 Over HTTP the server holds at most --max-conns connections, closes keep-alive connections
 idle for --idle-timeout and requests slower than --read-timeout / --header-timeout; nothing
-bounds writing, so notification streams stay open. docs/limits.md lists every limit.
+bounds writing, so notification streams stay open. A session without requests for
+--session-idle ends (its client gets 404 and initializes anew), and a token holds at most
+--max-sessions. docs/limits.md lists every limit.
 
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
