@@ -26,7 +26,10 @@ const Path = "/mcp"
 // "Authorization: Bearer TOKEN" with a token of Options.Tokens, which selects the namespace;
 // others get 401. Without configured tokens it serves only requests that arrive on a
 // loopback connection (403 otherwise), in the namespace of the interceptor given to New.
-// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413. Legacy sessions are bound to
+// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413, JSON deeper than
+// Options.MaxDepth or with more than Options.MaxValues values 400 (before it is decoded),
+// and a request past Options.MaxInFlight (per token) or MaxInFlightTotal 429 with
+// Retry-After. Legacy sessions are bound to
 // the token that opened them, end after Options.SessionIdle without use, and a token holds
 // at most Options.MaxSessions (429 with Retry-After when all of them are busy).
 func (s *Server) Handler() http.Handler {
@@ -45,7 +48,13 @@ func (s *Server) Handler() http.Handler {
 		}
 		var method string
 		if r.Method == http.MethodPost && r.Body != nil {
-			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+			// Taken before the body is read, so buffered bodies are bounded too.
+			if full := s.inFlight.acquire(owner, s.opts.MaxInFlight, s.opts.MaxInFlightTotal); full != "" {
+				busy(w, time.Second, full+"; retry after a second")
+				return
+			}
+			defer s.inFlight.release(owner)
+			body, err := readBody(w, r, limit)
 			var tooLarge *http.MaxBytesError
 			switch {
 			case errors.As(err, &tooLarge):
@@ -53,6 +62,10 @@ func (s *Server) Handler() http.Handler {
 				return
 			case err != nil:
 				http.Error(w, "toolfence: reading the request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			if err := checkShape(body, s.opts.MaxDepth, s.opts.MaxValues); err != nil {
+				invalidRequest(w, err.Error())
 				return
 			}
 			method = peekMethod(body)
@@ -70,6 +83,17 @@ func (s *Server) Handler() http.Handler {
 		}
 		sp.httpHandler().ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
 	})
+}
+
+// readBody reads r's body, at most limit bytes (an *http.MaxBytesError past it), into one
+// buffer of the announced length when there is one.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf.Grow(int(n) + 1)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	return buf.Bytes(), err
 }
 
 // peekMethod returns the JSON-RPC method of a request body, or "" (for a batch, a response
@@ -95,6 +119,16 @@ func busy(w http.ResponseWriter, retry time.Duration, why string) {
 			"code": errCodeBusy, "message": "toolfence: busy: " + why,
 			"data": map[string]any{"retry_after_ms": retry.Milliseconds()},
 		},
+	})
+}
+
+// invalidRequest answers 400 with a JSON-RPC "invalid request" error naming the problem.
+func invalidRequest(w http.ResponseWriter, why string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadRequest)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0", "id": nil,
+		"error": map[string]any{"code": mcp.INVALID_REQUEST, "message": "toolfence: " + why + "; nothing was done"},
 	})
 }
 

@@ -60,6 +60,19 @@ type Options struct {
 	// more ends the token's least recently used idle session, or gets 429 when every one
 	// has a request in flight. Defaults to 64.
 	MaxSessions int
+	// MaxDepth caps how deeply an HTTP request's JSON nests; deeper ones get 400 before
+	// anything is decoded. Defaults to 64.
+	MaxDepth int
+	// MaxValues caps the objects, arrays and elements in one HTTP request's JSON (each
+	// '{', '[' and ',' outside strings counts one); more get 400 before anything is
+	// decoded. Defaults to 20,000.
+	MaxValues int
+	// MaxInFlight caps the HTTP requests one token has in progress at once (notification
+	// streams, GET, do not count); more get 429 with Retry-After. Defaults to 16.
+	MaxInFlight int
+	// MaxInFlightTotal caps the HTTP requests in progress at once over all tokens; more get
+	// 429 with Retry-After. Defaults to 32.
+	MaxInFlightTotal int
 	// MaxConns caps the HTTP connections ListenAndServe holds open at once (idle keep-alive
 	// ones included); more wait in the kernel's accept queue. Defaults to 1024.
 	MaxConns int
@@ -89,6 +102,10 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 	o.Version = cmp.Or(o.Version, "dev")
 	o.SessionIdle = cmp.Or(o.SessionIdle, DefaultSessionIdle)
 	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
+	o.MaxDepth = cmp.Or(o.MaxDepth, DefaultMaxDepth)
+	o.MaxValues = cmp.Or(o.MaxValues, DefaultMaxValues)
+	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultMaxInFlight)
+	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, DefaultMaxInFlightTotal)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -107,6 +124,8 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 		return bad("SessionIdle %v is negative", o.SessionIdle)
 	case o.MaxSessions < 0:
 		return bad("MaxSessions %d is negative", o.MaxSessions)
+	case o.MaxDepth < 0 || o.MaxValues < 0 || o.MaxInFlight < 0 || o.MaxInFlightTotal < 0:
+		return bad("MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
 	for tok, ns := range o.Tokens.byHash {
 		if ns == "" {
@@ -140,6 +159,7 @@ type Server struct {
 	closed bool
 
 	sessions sessionTable
+	inFlight inFlight
 }
 
 // New returns a Server over the ledger of ic. ic serves its own namespace (the stdio

@@ -41,6 +41,10 @@ type netFlags struct {
 	headerTimeout time.Duration
 	sessionIdle   time.Duration
 	maxSessions   int
+	maxDepth      int
+	maxValues     int
+	maxInFlight   int
+	maxTotal      int
 }
 
 func (n *netFlags) add(fl *pflag.FlagSet) {
@@ -49,14 +53,26 @@ func (n *netFlags) add(fl *pflag.FlagSet) {
 	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
 	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
 	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session without requests for this long")
+	fl.IntVar(&n.maxDepth, "max-depth", mcpserver.DefaultMaxDepth, "--http: deepest JSON nesting of a request")
+	fl.IntVar(&n.maxValues, "max-values", mcpserver.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
+	fl.IntVar(&n.maxInFlight, "max-inflight", mcpserver.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
+	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpserver.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
 	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
 }
 
 // apply copies the limits into opts, refusing values that are not positive.
 func (n netFlags) apply(opts *mcpserver.Options) error {
-	if n.maxConns <= 0 || n.idleTimeout <= 0 || n.readTimeout <= 0 || n.headerTimeout <= 0 || n.sessionIdle <= 0 || n.maxSessions <= 0 {
-		return usagef("--max-conns, --idle-timeout, --read-timeout, --header-timeout, --session-idle and --max-sessions must be positive")
+	for name, v := range map[string]int64{
+		"--max-conns": int64(n.maxConns), "--idle-timeout": int64(n.idleTimeout), "--read-timeout": int64(n.readTimeout),
+		"--header-timeout": int64(n.headerTimeout), "--session-idle": int64(n.sessionIdle), "--max-sessions": int64(n.maxSessions),
+		"--max-depth": int64(n.maxDepth), "--max-values": int64(n.maxValues), "--max-inflight": int64(n.maxInFlight),
+		"--max-inflight-total": int64(n.maxTotal),
+	} {
+		if v <= 0 {
+			return usagef("%s must be positive", name)
+		}
 	}
+	opts.MaxDepth, opts.MaxValues, opts.MaxInFlight, opts.MaxInFlightTotal = n.maxDepth, n.maxValues, n.maxInFlight, n.maxTotal
 	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
 	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
 	return nil
@@ -85,7 +101,10 @@ Over HTTP the server holds at most --max-conns connections, closes keep-alive co
 idle for --idle-timeout and requests slower than --read-timeout / --header-timeout; nothing
 bounds writing, so notification streams stay open. A session without requests for
 --session-idle ends (its client gets 404 and initializes anew), and a token holds at most
---max-sessions. docs/limits.md lists every limit.
+--max-sessions. A request nesting deeper than --max-depth or holding more than --max-values
+values is refused before it is decoded; past --max-inflight requests of one token (or
+--max-inflight-total of all) answers are 429 with Retry-After. docs/limits.md lists every
+limit.
 
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
