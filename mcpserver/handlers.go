@@ -42,6 +42,32 @@ func (c *check) size(name, v string, max int) {
 	}
 }
 
+// maxName caps a name given for who acts (holder, by): it is recorded on every attempt and
+// resolution and shown in every listing.
+const maxName = 256
+
+// name checks a name given for who acts: at most maxName bytes, no control characters and
+// no '#' (which separates a holder's name from its secret's digest).
+func (c *check) name(field, v string) {
+	switch {
+	case len(v) > maxName:
+		c.fail("%s is %d bytes long, the limit is %d", field, len(v), maxName)
+	case strings.ContainsFunc(v, unicode.IsControl):
+		c.fail("%s holds control characters", field)
+	case strings.ContainsRune(v, '#'):
+		c.fail("%s holds '#', which separates a holder's name from its secret's digest", field)
+	}
+}
+
+// text checks free text that is stored (note, evidence, error, handle): at most max bytes,
+// and no control characters but tab and line breaks.
+func (c *check) text(field, v string, max int) {
+	c.size(field, v, max)
+	if strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' && r != '\r' }) {
+		c.fail("%s holds control characters (only tab and line breaks are kept)", field)
+	}
+}
+
 func (c *check) key(k string) {
 	if k == "" {
 		c.fail("key is required")
@@ -253,9 +279,10 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	c.required("task", in.Task)
 	c.required("operation", in.Operation)
 	c.required("target", in.Target)
-	for name, v := range map[string]string{"task": in.Task, "operation": in.Operation, "target": in.Target, "holder": in.Holder} {
+	for name, v := range map[string]string{"task": in.Task, "operation": in.Operation, "target": in.Target} {
 		c.size(name, v, sp.srv.opts.MaxField)
 	}
+	c.name("holder", in.Holder)
 	args := bytes.TrimSpace(in.Args)
 	switch {
 	case len(args) == 0 || string(args) == "null":
@@ -352,8 +379,8 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	default:
 		c.fail("outcome %q: want succeeded, accepted, failed or unknown", truncate(in.Outcome, 40))
 	}
-	c.size("handle", in.Handle, o.MaxField)
-	c.size("error", in.Error, o.MaxField)
+	c.text("handle", in.Handle, o.MaxField)
+	c.text("error", in.Error, o.MaxField)
 	if in.UpstreamStatus != 0 && (in.UpstreamStatus < 100 || in.UpstreamStatus > 599) {
 		c.fail("upstream_status %d: want an HTTP status (100 to 599) or 0", in.UpstreamStatus)
 	}
@@ -469,9 +496,9 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 		c.fail("as %q: want succeeded or failed", truncate(in.As, 40))
 	}
 	c.required("note", strings.TrimSpace(in.Note))
-	for name, v := range map[string]string{"note": in.Note, "evidence": in.Evidence, "by": in.By} {
-		c.size(name, v, o.MaxField)
-	}
+	c.text("note", in.Note, o.MaxField)
+	c.text("evidence", in.Evidence, o.MaxField)
+	c.name("by", in.By)
 	result := bytes.TrimSpace(in.Result)
 	if string(result) == "null" {
 		result = nil
