@@ -160,8 +160,10 @@ func caller(ctx context.Context, explicit string) string {
 	return "mcp:" + name + ":" + hex.EncodeToString(b[:])
 }
 
-// ledgerError maps a ledger error of a read or write to an isError result.
-func ledgerError(tool string, err error, key string) *mcp.CallToolResult {
+// ledgerError maps a ledger error of a read or write to an isError result. A failure of the
+// ledger itself is logged on the server and reaches the client only as a reference to the
+// log line: its text may name the database's host, port, user and schema.
+func (sp *space) ledgerError(tool string, err error, key string) *mcp.CallToolResult {
 	switch {
 	case errors.Is(err, residual.ErrNotFound):
 		return toolError(tool, KindNotFound, fmt.Sprintf("no residual with key %s in this namespace", key),
@@ -170,8 +172,18 @@ func ledgerError(tool string, err error, key string) *mcp.CallToolResult {
 		errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge):
 		return toolError(tool, KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
 	default:
-		return toolError(tool, KindUnavailable, "the ledger failed: "+err.Error(), "try again later")
+		return toolError(tool, KindUnavailable, sp.ledgerFailed(tool, err), "try again later")
 	}
+}
+
+// ledgerFailed logs a failure of the ledger with a fresh reference and returns what the
+// client is told instead of the error's text.
+func (sp *space) ledgerFailed(what string, err error) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	ref := hex.EncodeToString(b[:])
+	sp.srv.opts.Logger.Error("mcpserver: the ledger failed", "in", what, "namespace", sp.ns, "ref", ref, "err", err)
+	return "the ledger failed (ref " + ref + ": the server's log has the details)"
 }
 
 func (sp *space) get(ctx context.Context, key string) (*residual.Residual, error) {
@@ -206,7 +218,7 @@ func (sp *space) listPending(ctx context.Context, req mcp.CallToolRequest) (*mcp
 		Limit: in.Limit, Cursor: in.Cursor,
 	})
 	if err != nil {
-		return ledgerError(ToolListPending, err, ""), nil
+		return sp.ledgerError(ToolListPending, err, ""), nil
 	}
 	now := sp.now()
 	out := ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}
@@ -246,7 +258,7 @@ func (sp *space) inspect(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	}
 	r, err := sp.get(ctx, in.Key)
 	if err != nil {
-		return ledgerError(ToolInspect, err, in.Key), nil
+		return sp.ledgerError(ToolInspect, err, in.Key), nil
 	}
 	v := view(r, sp.now())
 	return okResult(v, fmt.Sprintf("%s is %s (%s %q, task %q, %d attempt(s)): %s",
@@ -313,10 +325,10 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		out := BeginResult{Decision: DecisionBlocked, Key: v.Key, Attempt: v.Attempt, Token: v.Token, Holder: v.Holder, Violation: vv}
 		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s; recovery: %s", v.Kind, vv.Message, v.Recovery)), nil
 	case errors.Is(err, interceptor.ErrNotDispatched):
-		return toolError(ToolBegin, KindUnavailable, "the reservation could not be recorded: "+err.Error(),
+		return toolError(ToolBegin, KindUnavailable, "the reservation could not be recorded: "+sp.ledgerFailed(ToolBegin, err),
 			"do NOT perform the call (nothing guards it); call begin_call again later"), nil
 	case err != nil:
-		return ledgerError(ToolBegin, err, ""), nil
+		return sp.ledgerError(ToolBegin, err, ""), nil
 	}
 	d, l := a.Dispatch, a.Lease()
 	out := BeginResult{
@@ -357,7 +369,7 @@ func (sp *space) resume(ctx context.Context, tool, key string, token uint64, sec
 		}
 		return nil, violationError(tool, v, "refused; nothing was written")
 	case err != nil:
-		return nil, ledgerError(tool, err, key)
+		return nil, sp.ledgerError(tool, err, key)
 	}
 	return a, nil
 }
@@ -418,9 +430,9 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	case errors.As(err, &v):
 		return violationError(ToolCommit, v, "commit refused, the fence was lost"), nil
 	case err != nil && (errors.Is(err, ledger.ErrInvalidParams) || errors.Is(err, residual.ErrNotFound)):
-		return ledgerError(ToolCommit, err, in.Key), nil
+		return sp.ledgerError(ToolCommit, err, in.Key), nil
 	case err != nil:
-		return toolError(ToolCommit, KindUnavailable, err.Error(),
+		return toolError(ToolCommit, KindUnavailable, sp.ledgerFailed(ToolCommit, err),
 			"call commit_call again with the same key and token while the lease lasts; after that the key reads as unknown and must be reconciled"), nil
 	}
 	out := CommitResult{
@@ -473,7 +485,7 @@ func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	case errors.As(err, &v):
 		return violationError(ToolRenew, v, "renewal refused, the fence was lost"), nil
 	case err != nil:
-		return ledgerError(ToolRenew, err, in.Key), nil
+		return sp.ledgerError(ToolRenew, err, in.Key), nil
 	}
 	out := RenewResult{Key: in.Key, Token: in.Token, LeaseExpiresAt: l.Expires}
 	return okResult(out, fmt.Sprintf("lease of %s (token %d) renewed for %v", in.Key, in.Token, ttl)), nil
@@ -519,7 +531,7 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	case errors.Is(err, residual.ErrInvalidTransition):
 		return toolError(ToolResolve, KindInvalidTransition, err.Error(), "nothing to resolve: inspect_residual shows its record"), nil
 	case err != nil:
-		return ledgerError(ToolResolve, err, in.Key), nil
+		return sp.ledgerError(ToolResolve, err, in.Key), nil
 	}
 	from := residual.None
 	if n := len(stored.Resolutions); n > 0 {
@@ -550,7 +562,7 @@ func (sp *space) reconcile(ctx context.Context, req mcp.CallToolRequest) (*mcp.C
 		Key: in.Key, Task: in.Task, Operation: in.Operation, By: "reconcile:" + caller(ctx, ""),
 	})
 	if err != nil {
-		return ledgerError(ToolReconcile, err, in.Key), nil
+		return sp.ledgerError(ToolReconcile, err, in.Key), nil
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(rep.Resolved), len(rep.Open))

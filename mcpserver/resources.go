@@ -63,7 +63,7 @@ func jsonContents(uri string, v any) ([]mcp.ResourceContents, error) {
 func (sp *space) readPending(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
 	page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{Namespace: sp.ns, States: openStates, Limit: ledger.MaxListLimit})
 	if err != nil {
-		return nil, fmt.Errorf("toolfence: listing open residuals: %w", err)
+		return nil, fmt.Errorf("toolfence: listing open residuals: %s", sp.ledgerFailed(PendingURI, err))
 	}
 	now := sp.now()
 	out := ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}
@@ -87,7 +87,7 @@ func (sp *space) readResidual(ctx context.Context, req mcp.ReadResourceRequest) 
 		return nil, fmt.Errorf("toolfence: no residual with key %s in this namespace: %w", key, server.ErrResourceNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("toolfence: %w", err)
+		return nil, fmt.Errorf("toolfence: %s", sp.ledgerFailed(uri, err))
 	}
 	return jsonContents(uri, view(r, sp.now()))
 }
@@ -107,7 +107,7 @@ func (sp *space) reconcileTaskPrompt(ctx context.Context, req mcp.GetPromptReque
 	}
 	page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{Namespace: sp.ns, States: openStates, Task: task, Limit: ledger.MaxListLimit})
 	if err != nil {
-		return nil, fmt.Errorf("toolfence: listing open residuals of task %q: %w", task, err)
+		return nil, fmt.Errorf("toolfence: listing open residuals of task %q: %s", task, sp.ledgerFailed(PromptReconcileTask, err))
 	}
 	now := sp.now()
 	var b strings.Builder
