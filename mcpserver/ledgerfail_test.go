@@ -27,7 +27,9 @@ type brokenLedger struct{ ledger.Ledger }
 
 var errConn = errors.New(`failed to connect to host=db.internal port=5432 user=toolfence database=prod: search_path "ops"`)
 
-func (brokenLedger) List(context.Context, ledger.ListParams) (*ledger.Page, error) { return nil, errConn }
+func (brokenLedger) List(context.Context, ledger.ListParams) (*ledger.Page, error) {
+	return nil, errConn
+}
 func (brokenLedger) Get(context.Context, ledger.GetParams) (*residual.Residual, error) {
 	return nil, errConn
 }
