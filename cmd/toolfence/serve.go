@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
@@ -30,6 +31,7 @@ type serveFlags struct {
 	stateless bool
 	lease     time.Duration
 	maxArgs   int
+	minFree   int
 	net       netFlags
 }
 
@@ -106,6 +108,9 @@ values is refused before it is decoded; past --max-inflight requests of one toke
 --max-inflight-total of all) answers are 429 with Retry-After. docs/limits.md lists every
 limit.
 
+On the embedded store, new reservations are refused (unavailable) while its filesystem has
+less than --min-free-mib free, so a full disk never stops serve; calls in flight commit.
+
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
 
@@ -122,6 +127,7 @@ Example:
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
+	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB; calls in flight still commit")
 	f.net.add(fl)
 	return cmd
 }
@@ -133,8 +139,8 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.stdio && f.tokenFile != "" {
 		return usagef("--token-file applies to --http only")
 	}
-	if f.lease <= 0 || f.maxArgs <= 0 {
-		return usagef("--lease and --max-args must be positive")
+	if f.lease <= 0 || f.maxArgs <= 0 || f.minFree <= 0 {
+		return usagef("--lease, --max-args and --min-free-mib must be positive")
 	}
 	opts := mcpserver.Options{
 		HTTPStateless: f.stateless, Version: buildVersion(),
@@ -159,6 +165,9 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return err
 	}
 	defer l.Close()
+	if b, ok := l.(*badger.Ledger); ok {
+		l = badger.GuardSpace(b, a.store, uint64(f.minFree)<<20, nil)
+	}
 	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs})
 	if err != nil {
 		return usagef("%v", err)

@@ -111,3 +111,66 @@ func TestServeHTTP(t *testing.T) {
 		t.Fatal("serve did not stop on SIGTERM")
 	}
 }
+
+// TestServeRefusesReservationsWhenLowOnSpace: with less free space than --min-free-mib on
+// the embedded store's filesystem, begin_call is unavailable (nothing dispatched) while
+// reads work; the 1 PiB reserve makes any real disk "full".
+func TestServeRefusesReservationsWhenLowOnSpace(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	const token = "serve-test-token-0123456789abcdef"
+	require.NoError(t, os.WriteFile(tokens, []byte(token+" team\n"), 0o600))
+	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", filepath.Join(dir, "store"),
+		"--min-free-mib", "1073741824")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := make(chan string, 1)
+	logged := make(chan string, 16)
+	go func() {
+		re := regexp.MustCompile(`serving MCP at (http://\S+) \(`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+			select {
+			case logged <- sc.Text():
+			default:
+			}
+		}
+	}()
+	var url string
+	select {
+	case url = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not report its address")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := mcpserver.Dial(ctx, url, token)
+	require.NoError(t, err)
+	defer c.Close()
+	var b mcpserver.BeginResult
+	err = c.Call(ctx, "begin_call", map[string]any{"task": "t", "operation": "o", "target": "x", "args": map[string]any{}}, &b)
+	var te *mcpserver.ToolError
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, mcpserver.KindUnavailable, te.Info.Kind)
+	require.Contains(t, te.Info.Recovery, "do NOT perform the call")
+	page, err := c.List(ctx, mcpserver.ListPendingInput{})
+	require.NoError(t, err, "reads still work")
+	require.Empty(t, page.Residuals, "nothing was reserved")
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case line := <-logged:
+			if strings.Contains(line, "low on free space") {
+				return
+			}
+		case <-deadline:
+			t.Fatal("serve did not log the low space")
+		}
+	}
+}
