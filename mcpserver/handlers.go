@@ -549,28 +549,54 @@ func (sp *space) reconcile(ctx context.Context, req mcp.CallToolRequest) (*mcp.C
 	var c check
 	if in.Key != "" {
 		c.key(in.Key)
-		if in.Task != "" || in.Operation != "" {
-			c.fail("give either key, or task and/or operation, not both")
+		if in.Task != "" || in.Operation != "" || in.Cursor != "" {
+			c.fail("give either key, or task and/or operation (and cursor), not both")
 		}
 	}
 	c.size("task", in.Task, sp.srv.opts.MaxField)
 	c.size("operation", in.Operation, sp.srv.opts.MaxField)
+	c.size("cursor", in.Cursor, sp.srv.opts.MaxField)
 	if c.err != nil {
 		return invalid(ToolReconcile, c.err), nil
 	}
-	rep, err := sp.ic.Reconcile(ctx, interceptor.ReconcileParams{
-		Key: in.Key, Task: in.Task, Operation: in.Operation, By: "reconcile:" + caller(ctx, ""),
-	})
-	if err != nil {
-		return sp.ledgerError(ToolReconcile, err, in.Key), nil
+	by := "reconcile:" + caller(ctx, "")
+	out := ReconcileResult{ReconcileReport: interceptor.ReconcileReport{Resolved: []interceptor.Settled{}, Open: []interceptor.Unsettled{}}}
+	keys := []string{in.Key}
+	if in.Key == "" {
+		// One page at a time: a namespace's open residuals are not bounded.
+		page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{
+			Namespace: sp.ns, States: openStates, Task: in.Task, Operation: in.Operation,
+			Limit: sp.srv.opts.PageSize, Cursor: in.Cursor,
+		})
+		if err != nil {
+			return sp.ledgerError(ToolReconcile, err, ""), nil
+		}
+		keys, out.NextCursor = keys[:0], page.NextCursor
+		for _, r := range page.Residuals {
+			keys = append(keys, r.Key)
+		}
+	}
+	for _, k := range keys {
+		rep, err := sp.ic.Reconcile(ctx, interceptor.ReconcileParams{Key: k, By: by})
+		switch {
+		case errors.Is(err, residual.ErrNotFound) && in.Key == "":
+			continue // collected since it was listed
+		case err != nil:
+			return sp.ledgerError(ToolReconcile, err, k), nil
+		}
+		out.Resolved = append(out.Resolved, rep.Resolved...)
+		out.Open = append(out.Open, rep.Open...)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(rep.Resolved), len(rep.Open))
-	for _, s := range rep.Resolved {
+	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(out.Resolved), len(out.Open))
+	if out.NextCursor != "" {
+		b.WriteString("; more remain: call reconcile again with cursor set to next_cursor")
+	}
+	for _, s := range out.Resolved {
 		fmt.Fprintf(&b, "\n- settled %s: %s → %s", s.Key, s.From, s.To)
 	}
-	for _, u := range rep.Open {
+	for _, u := range out.Open {
 		fmt.Fprintf(&b, "\n- open %s (%s): %s", u.Key, u.State, u.Reason)
 	}
-	return okResult(rep, b.String()), nil
+	return okResult(out, b.String()), nil
 }

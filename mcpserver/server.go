@@ -25,6 +25,8 @@ const (
 	DefaultMaxLease = time.Hour
 	// DefaultMaxField caps task, operation, target, handle, note and other strings.
 	DefaultMaxField = 4 << 10
+	// DefaultPageSize is the page of resources/list, toolfence://pending and reconcile.
+	DefaultPageSize = 500
 )
 
 // Options configures a Server. Every field has a useful zero value. The barrier's own
@@ -60,6 +62,10 @@ type Options struct {
 	// more ends the token's least recently used idle session, or gets 429 when every one
 	// has a request in flight. Defaults to 64.
 	MaxSessions int
+	// PageSize is the most entries one answer of resources/list, the toolfence://pending
+	// resource and reconcile without a key holds; each says when more remain (a cursor).
+	// Defaults to 500, at most ledger.MaxListLimit.
+	PageSize int
 	// MaxDepth caps how deeply an HTTP request's JSON nests; deeper ones get 400 before
 	// anything is decoded. Defaults to 64.
 	MaxDepth int
@@ -103,6 +109,7 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 	o.SessionIdle = cmp.Or(o.SessionIdle, DefaultSessionIdle)
 	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
 	o.MaxDepth = cmp.Or(o.MaxDepth, DefaultMaxDepth)
+	o.PageSize = cmp.Or(o.PageSize, DefaultPageSize)
 	o.MaxValues = cmp.Or(o.MaxValues, DefaultMaxValues)
 	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultMaxInFlight)
 	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, DefaultMaxInFlightTotal)
@@ -122,6 +129,8 @@ func (o *Options) normalize(cfg interceptor.Config) error {
 		return bad("MaxField %d is negative", o.MaxField)
 	case o.SessionIdle < 0:
 		return bad("SessionIdle %v is negative", o.SessionIdle)
+	case o.PageSize < 0 || o.PageSize > ledger.MaxListLimit:
+		return bad("PageSize %d: want 1 to %d", o.PageSize, ledger.MaxListLimit)
 	case o.MaxSessions < 0:
 		return bad("MaxSessions %d is negative", o.MaxSessions)
 	case o.MaxDepth < 0 || o.MaxValues < 0 || o.MaxInFlight < 0 || o.MaxInFlightTotal < 0:

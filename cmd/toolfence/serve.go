@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
 )
@@ -47,6 +48,7 @@ type netFlags struct {
 	maxValues     int
 	maxInFlight   int
 	maxTotal      int
+	pageSize      int
 }
 
 func (n *netFlags) add(fl *pflag.FlagSet) {
@@ -59,6 +61,7 @@ func (n *netFlags) add(fl *pflag.FlagSet) {
 	fl.IntVar(&n.maxValues, "max-values", mcpserver.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
 	fl.IntVar(&n.maxInFlight, "max-inflight", mcpserver.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
 	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpserver.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
+	fl.IntVar(&n.pageSize, "page-size", mcpserver.DefaultPageSize, "entries per answer of resources/list, toolfence://pending and reconcile (each says when more remain)")
 	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
 }
 
@@ -68,13 +71,17 @@ func (n netFlags) apply(opts *mcpserver.Options) error {
 		"--max-conns": int64(n.maxConns), "--idle-timeout": int64(n.idleTimeout), "--read-timeout": int64(n.readTimeout),
 		"--header-timeout": int64(n.headerTimeout), "--session-idle": int64(n.sessionIdle), "--max-sessions": int64(n.maxSessions),
 		"--max-depth": int64(n.maxDepth), "--max-values": int64(n.maxValues), "--max-inflight": int64(n.maxInFlight),
-		"--max-inflight-total": int64(n.maxTotal),
+		"--max-inflight-total": int64(n.maxTotal), "--page-size": int64(n.pageSize),
 	} {
 		if v <= 0 {
 			return usagef("%s must be positive", name)
 		}
 	}
 	opts.MaxDepth, opts.MaxValues, opts.MaxInFlight, opts.MaxInFlightTotal = n.maxDepth, n.maxValues, n.maxInFlight, n.maxTotal
+	if n.pageSize > ledger.MaxListLimit {
+		return usagef("--page-size %d exceeds %d", n.pageSize, ledger.MaxListLimit)
+	}
+	opts.PageSize = n.pageSize
 	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
 	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
 	return nil

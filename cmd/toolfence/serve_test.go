@@ -30,6 +30,7 @@ func TestServeUsage(t *testing.T) {
 	fails(t, exitUsage, []string{"must be positive"}, "serve", "--http", "127.0.0.1:0", "--idle-timeout", "-1s", "--store", store)
 	fails(t, exitUsage, []string{"must be positive"}, "serve", "--http", "127.0.0.1:0", "--max-sessions", "0", "--store", store)
 	fails(t, exitUsage, []string{"--max-values must be positive"}, "serve", "--http", "127.0.0.1:0", "--max-values", "-3", "--store", store)
+	fails(t, exitUsage, []string{"--page-size 5000 exceeds 1000"}, "serve", "--http", "127.0.0.1:0", "--page-size", "5000", "--store", store)
 	fails(t, exitUsage, []string{"--token-file applies to --http only"}, "serve", "--stdio", "--token-file", "x", "--store", store)
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	require.NoError(t, os.WriteFile(tokens, []byte("short\n"), 0o600))
