@@ -72,7 +72,13 @@ func (s *Server) Handler() http.Handler {
 			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
 		if !s.opts.HTTPStateless {
-			if id := r.Header.Get(server.HeaderKeySessionID); id != "" {
+			id := r.Header.Get(server.HeaderKeySessionID)
+			// mcp-go opens a session for a GET without a known session ID; only initialize may.
+			if r.Method == http.MethodGet && !s.sessions.owns(id, owner, sp) {
+				http.Error(w, "toolfence: a notification stream (GET) needs the Mcp-Session-Id of a live session of this token: initialize first", http.StatusNotFound)
+				return
+			}
+			if id != "" {
 				s.sessions.begin(id)
 				defer func() { s.sessions.end(id, sp.now()) }()
 			} else if method == string(mcp.MethodInitialize) && !s.sessions.makeRoom(owner, s.opts.MaxSessions) {

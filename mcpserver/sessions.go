@@ -140,6 +140,14 @@ func (t *sessionTable) end(id string, now time.Time) {
 	}
 }
 
+// owns reports whether id is a live session of owner in sp.
+func (t *sessionTable) owns(id, owner string, sp *space) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byID[id]
+	return ok && e.owner == owner && e.sp == sp
+}
+
 // len returns how many sessions are open, and how many of them owner holds.
 func (t *sessionTable) len(owner string) (all, owned int) {
 	t.mu.Lock()

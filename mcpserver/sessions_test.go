@@ -134,3 +134,26 @@ func TestSessionMemoryBounded(t *testing.T) {
 	require.LessOrEqual(t, open, mcpserver.DefaultMaxSessions)
 	require.Less(t, capped, uncapped/4, "sessions past the cap are reclaimed")
 }
+
+// TestStreamNeedsLiveSession: a GET (notification stream) without a session ID, with an
+// unknown one or with another token's, gets 404 instead of opening an untracked session.
+func TestStreamNeedsLiveSession(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	b := initialize(t, e.url, tokB)
+	for name, id := range map[string]string{"none": "", "unknown": "tf-session-00000000000000000000000000000000", "other token's": b} {
+		req, err := http.NewRequestWithContext(ctx(t), http.MethodGet, e.url, nil)
+		require.NoError(t, err)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+tokA)
+		req.Header.Set("Mcp-Protocol-Version", legacy)
+		if id != "" {
+			req.Header.Set("Mcp-Session-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, name)
+	}
+	require.Equal(t, 1, e.srv.Sessions(), "no session was opened by a GET")
+}
