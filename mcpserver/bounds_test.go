@@ -30,26 +30,15 @@ func modernCall(tool, args string) string {
 // and returns the status and body.
 func postModern(t *testing.T, url, token, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Mcp-Protocol-Version", modern)
-	req.Header.Set(mcp.HeaderMethod, "tools/call")
 	var call struct {
 		Params struct {
 			Name string `json:"name"`
 		} `json:"params"`
 	}
-	if json.Unmarshal([]byte(body), &call) == nil {
-		req.Header.Set(mcp.HeaderName, call.Params.Name)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	_ = json.Unmarshal([]byte(body), &call)
+	status, _, answer := send(t, http.MethodPost, url, token, body,
+		"Mcp-Protocol-Version", modern, mcp.HeaderMethod, "tools/call", mcp.HeaderName, call.Params.Name)
+	return status, answer
 }
 
 // hostileBegin is a begin_call of about size bytes whose args hold an array of empty objects.

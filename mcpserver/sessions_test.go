@@ -15,20 +15,31 @@ import (
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
-// initialize opens a legacy session with token and returns its ID.
-func initialize(t *testing.T, url, token string) string {
+// send sends one MCP request with token and the header pairs (name, value, …) and returns
+// the status, headers and body of the answer.
+func send(t *testing.T, method, url, token, body string, header ...string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(initBody))
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Authorization", "Bearer "+token)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	id := resp.Header.Get("Mcp-Session-Id")
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// initialize opens a legacy session with token and returns its ID.
+func initialize(t *testing.T, url, token string) string {
+	t.Helper()
+	status, h, body := send(t, http.MethodPost, url, token, initBody)
+	require.Equal(t, http.StatusOK, status, body)
+	id := h.Get("Mcp-Session-Id")
 	require.NotEmpty(t, id)
 	return id
 }
@@ -36,18 +47,9 @@ func initialize(t *testing.T, url, token string) string {
 // ping sends a ping in session id and returns the HTTP status.
 func ping(t *testing.T, url, token, id string) int {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, url, strings.NewReader(`{"jsonrpc":"2.0","id":2,"method":"ping"}`))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Mcp-Session-Id", id)
-	req.Header.Set("Mcp-Protocol-Version", legacy)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
+	status, _, _ := send(t, http.MethodPost, url, token, `{"jsonrpc":"2.0","id":2,"method":"ping"}`,
+		"Mcp-Session-Id", id, "Mcp-Protocol-Version", legacy)
+	return status
 }
 
 // TestSessionsCappedPerToken: initializes never followed by DELETE hold at most MaxSessions
@@ -142,18 +144,12 @@ func TestStreamNeedsLiveSession(t *testing.T) {
 	e := setup(t, nil)
 	b := initialize(t, e.url, tokB)
 	for name, id := range map[string]string{"none": "", "unknown": "tf-session-00000000000000000000000000000000", "other token's": b} {
-		req, err := http.NewRequestWithContext(ctx(t), http.MethodGet, e.url, nil)
-		require.NoError(t, err)
-		req.Header.Set("Accept", "text/event-stream")
-		req.Header.Set("Authorization", "Bearer "+tokA)
-		req.Header.Set("Mcp-Protocol-Version", legacy)
+		hdr := []string{"Accept", "text/event-stream", "Mcp-Protocol-Version", legacy}
 		if id != "" {
-			req.Header.Set("Mcp-Session-Id", id)
+			hdr = append(hdr, "Mcp-Session-Id", id)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		require.Equal(t, http.StatusNotFound, resp.StatusCode, name)
+		status, _, _ := send(t, http.MethodGet, e.url, tokA, "", hdr...)
+		require.Equal(t, http.StatusNotFound, status, name)
 	}
 	require.Equal(t, 1, e.srv.Sessions(), "no session was opened by a GET")
 }

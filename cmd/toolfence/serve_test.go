@@ -39,40 +39,62 @@ func TestServeUsage(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "a refused serve does not create the store")
 }
 
-// TestServeHTTP runs `toolfence serve --http` with a token file, talks to it with the Go
-// client, and stops it with SIGTERM.
-func TestServeHTTP(t *testing.T) {
-	t.Parallel()
+// serveToken is the one bearer token of startServe's server (namespace "team").
+const serveToken = "serve-test-token-0123456789abcdef"
+
+// teamServe starts `toolfence serve --http` on a fresh store with serveToken (namespace
+// "team") and the extra flags (see serveProc).
+func teamServe(t *testing.T, extra ...string) (*exec.Cmd, string, <-chan string) {
+	t.Helper()
 	dir := t.TempDir()
-	store := filepath.Join(dir, "store")
 	tokens := filepath.Join(dir, "tokens")
-	const token = "serve-test-token-0123456789abcdef"
-	require.NoError(t, os.WriteFile(tokens, []byte(token+" team\n"), 0o600))
-	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store, "--idle-timeout", "200ms")
+	require.NoError(t, os.WriteFile(tokens, []byte(serveToken+" team\n"), 0o600))
+	return serveProc(t, filepath.Join(dir, "store"), tokens, extra...)
+}
+
+// serveProc runs `toolfence serve --http 127.0.0.1:0` on store with the token file and the
+// extra flags; it returns the process, the endpoint URL it reports and its later stderr
+// lines. The server is killed when the test ends.
+func serveProc(t *testing.T, store, tokens string, extra ...string) (*exec.Cmd, string, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store}, extra...)...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
 	addr := make(chan string, 1)
+	lines := make(chan string, 64)
 	go func() {
-		re := regexp.MustCompile(`serving MCP at (http://\S+) \(1 bearer token`)
+		re := regexp.MustCompile(`serving MCP at (http://\S+) `)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				addr <- m[1]
+				continue
+			}
+			select {
+			case lines <- sc.Text():
+			default:
 			}
 		}
 	}()
-	var url string
 	select {
-	case url = <-addr:
+	case url := <-addr:
+		return cmd, url, lines
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not report its address")
+		return nil, "", nil
 	}
+}
+
+// TestServeHTTP runs `toolfence serve --http` with a token file, talks to it with the Go
+// client, and stops it with SIGTERM.
+func TestServeHTTP(t *testing.T) {
+	t.Parallel()
+	cmd, url, _ := teamServe(t, "--idle-timeout", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := mcpserver.Dial(ctx, url, token)
+	c, err := mcpserver.Dial(ctx, url, serveToken)
 	require.NoError(t, err)
 	var b mcpserver.BeginResult
 	require.NoError(t, c.Call(ctx, "begin_call", map[string]any{"task": "t", "operation": "o", "target": "x", "args": map[string]any{}}, &b))
@@ -118,40 +140,10 @@ func TestServeHTTP(t *testing.T) {
 // reads work; the 1 PiB reserve makes any real disk "full".
 func TestServeRefusesReservationsWhenLowOnSpace(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	const token = "serve-test-token-0123456789abcdef"
-	require.NoError(t, os.WriteFile(tokens, []byte(token+" team\n"), 0o600))
-	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", filepath.Join(dir, "store"),
-		"--min-free-mib", "1073741824")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := make(chan string, 1)
-	logged := make(chan string, 16)
-	go func() {
-		re := regexp.MustCompile(`serving MCP at (http://\S+) \(`)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
-			select {
-			case logged <- sc.Text():
-			default:
-			}
-		}
-	}()
-	var url string
-	select {
-	case url = <-addr:
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not report its address")
-	}
+	_, url, logged := teamServe(t, "--min-free-mib", "1073741824")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := mcpserver.Dial(ctx, url, token)
+	c, err := mcpserver.Dial(ctx, url, serveToken)
 	require.NoError(t, err)
 	defer c.Close()
 	var b mcpserver.BeginResult
