@@ -110,9 +110,6 @@ func TestIdleSessionsSwept(t *testing.T) {
 // with the per-token cap and (for comparison, as before it existed) without; it logs the
 // figures docs/limits.md quotes.
 func TestSessionMemoryBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measurement")
-	}
 	const n = 2000
 	held := func(maxSessions int) (int64, int) {
 		e := setup(t, func(o *mcpserver.Options) { o.MaxSessions = maxSessions })
