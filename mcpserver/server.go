@@ -64,7 +64,9 @@ type Options struct {
 	MaxSessions int
 	// PageSize is the most entries one answer of resources/list, the toolfence://pending
 	// resource and reconcile without a key holds; each says when more remain (a cursor).
-	// Defaults to 500, at most ledger.MaxListLimit.
+	// tools/list and prompts/list page by it too (they hold 7 tools and 1 prompt, so keep it
+	// above 7 for hosts that read only the first page). Defaults to 500, at most
+	// ledger.MaxListLimit.
 	PageSize int
 	// MaxDepth caps how deeply an HTTP request's JSON nests; deeper ones get 400 before
 	// anything is decoded. Defaults to 64.
