@@ -68,8 +68,8 @@ func (t Tokens) Namespace(token string) (string, bool) {
 //   - lines: "TOKEN NAMESPACE" or just "TOKEN" (which maps to defaultNamespace); blank
 //     lines and lines starting with '#' are skipped.
 //
-// It returns an error wrapping ErrInvalidTokens naming the bad line or entry, or for a file
-// without any token.
+// It returns an error wrapping ErrInvalidTokens naming the bad line or entry, for a token
+// given more than once (in either format), or for a file without any token.
 func ParseTokens(data []byte, defaultNamespace string) (Tokens, error) {
 	var t Tokens
 	trimmed := bytes.TrimSpace(data)
@@ -93,6 +93,9 @@ func ParseTokens(data []byte, defaultNamespace string) (Tokens, error) {
 			default:
 				return Tokens{}, fmt.Errorf("%w: line %d: want \"TOKEN\" or \"TOKEN NAMESPACE\", got %d fields", ErrInvalidTokens, n, len(f))
 			}
+			if _, dup := t.Namespace(f[0]); dup {
+				return Tokens{}, fmt.Errorf("line %d: %w: a token appears more than once", n, ErrInvalidTokens)
+			}
 			if err := t.Add(f[0], ns); err != nil {
 				return Tokens{}, fmt.Errorf("line %d: %w", n, err)
 			}
@@ -113,6 +116,10 @@ func (t *Tokens) parseJSON(data []byte) error {
 		if err := json.Unmarshal(data, &m); err != nil {
 			return fmt.Errorf("%w: want {\"TOKEN\": \"NAMESPACE\"}: %w", ErrInvalidTokens, err)
 		}
+		// Unmarshal keeps the last of duplicated names: count them instead.
+		if n, err := objectNames(data); err != nil || n != len(m) {
+			return fmt.Errorf("%w: a token appears more than once", ErrInvalidTokens)
+		}
 		for tok, ns := range m {
 			if err := t.Add(tok, ns); err != nil {
 				return err
@@ -128,11 +135,34 @@ func (t *Tokens) parseJSON(data []byte) error {
 		return fmt.Errorf("%w: want [{\"token\": ..., \"namespace\": ...}]: %w", ErrInvalidTokens, err)
 	}
 	for i, e := range list {
+		if _, dup := t.Namespace(e.Token); dup {
+			return fmt.Errorf("entry %d: %w: a token appears more than once", i, ErrInvalidTokens)
+		}
 		if err := t.Add(e.Token, e.Namespace); err != nil {
 			return fmt.Errorf("entry %d: %w", i, err)
 		}
 	}
 	return nil
+}
+
+// objectNames counts the names of the top-level JSON object data (valid JSON).
+func objectNames(data []byte) (int, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // {
+		return 0, err
+	}
+	n := 0
+	for dec.More() {
+		if _, err := dec.Token(); err != nil { // the name
+			return 0, err
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return 0, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // LoadTokens reads the token file at path (see ParseTokens). It refuses a file that other

@@ -198,6 +198,10 @@ func TestParseTokens(t *testing.T) {
 		"three fields": a + " ns extra\n",
 		"empty ns":     `{"` + a + `": ""}`,
 		"conflict":     a + " x\n" + a + " y\n",
+		"repeated":     a + " x\n" + a + " x\n",
+		"json dup":     `{"` + a + `": "x", "` + a + `": "y"}`,
+		"json dup ns":  `{"` + a + `": "x", "` + a + `": "x"}`,
+		"list dup":     `[{"token": "` + a + `", "namespace": "x"}, {"token": "` + a + `", "namespace": "x"}]`,
 		"bad json":     `{"` + a + `": 1}`,
 	} {
 		_, err := mcpserver.ParseTokens([]byte(data), "default")

@@ -42,6 +42,32 @@ func (c *check) size(name, v string, max int) {
 	}
 }
 
+// maxName caps a name given for who acts (holder, by): it is recorded on every attempt and
+// resolution and shown in every listing.
+const maxName = 256
+
+// name checks a name given for who acts: at most maxName bytes, no control characters and
+// no '#' (which separates a holder's name from its secret's digest).
+func (c *check) name(field, v string) {
+	switch {
+	case len(v) > maxName:
+		c.fail("%s is %d bytes long, the limit is %d", field, len(v), maxName)
+	case strings.ContainsFunc(v, unicode.IsControl):
+		c.fail("%s holds control characters", field)
+	case strings.ContainsRune(v, '#'):
+		c.fail("%s holds '#', which separates a holder's name from its secret's digest", field)
+	}
+}
+
+// text checks free text that is stored (note, evidence, error, handle): at most max bytes,
+// and no control characters but tab and line breaks.
+func (c *check) text(field, v string, max int) {
+	c.size(field, v, max)
+	if strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' && r != '\r' }) {
+		c.fail("%s holds control characters (only tab and line breaks are kept)", field)
+	}
+}
+
 func (c *check) key(k string) {
 	if k == "" {
 		c.fail("key is required")
@@ -134,8 +160,10 @@ func caller(ctx context.Context, explicit string) string {
 	return "mcp:" + name + ":" + hex.EncodeToString(b[:])
 }
 
-// ledgerError maps a ledger error of a read or write to an isError result.
-func ledgerError(tool string, err error, key string) *mcp.CallToolResult {
+// ledgerError maps a ledger error of a read or write to an isError result. A failure of the
+// ledger itself is logged on the server and reaches the client only as a reference to the
+// log line: its text may name the database's host, port, user and schema.
+func (sp *space) ledgerError(tool string, err error, key string) *mcp.CallToolResult {
 	switch {
 	case errors.Is(err, residual.ErrNotFound):
 		return toolError(tool, KindNotFound, fmt.Sprintf("no residual with key %s in this namespace", key),
@@ -144,8 +172,18 @@ func ledgerError(tool string, err error, key string) *mcp.CallToolResult {
 		errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge):
 		return toolError(tool, KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
 	default:
-		return toolError(tool, KindUnavailable, "the ledger failed: "+err.Error(), "try again later")
+		return toolError(tool, KindUnavailable, sp.ledgerFailed(tool, err), "try again later")
 	}
+}
+
+// ledgerFailed logs a failure of the ledger with a fresh reference and returns what the
+// client is told instead of the error's text.
+func (sp *space) ledgerFailed(what string, err error) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	ref := hex.EncodeToString(b[:])
+	sp.srv.opts.Logger.Error("mcpserver: the ledger failed", "in", what, "namespace", sp.ns, "ref", ref, "err", err)
+	return "the ledger failed (ref " + ref + ": the server's log has the details)"
 }
 
 func (sp *space) get(ctx context.Context, key string) (*residual.Residual, error) {
@@ -180,7 +218,7 @@ func (sp *space) listPending(ctx context.Context, req mcp.CallToolRequest) (*mcp
 		Limit: in.Limit, Cursor: in.Cursor,
 	})
 	if err != nil {
-		return ledgerError(ToolListPending, err, ""), nil
+		return sp.ledgerError(ToolListPending, err, ""), nil
 	}
 	now := sp.now()
 	out := ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}
@@ -220,11 +258,11 @@ func (sp *space) inspect(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	}
 	r, err := sp.get(ctx, in.Key)
 	if err != nil {
-		return ledgerError(ToolInspect, err, in.Key), nil
+		return sp.ledgerError(ToolInspect, err, in.Key), nil
 	}
 	v := view(r, sp.now())
 	return okResult(v, fmt.Sprintf("%s is %s (%s %q, task %q, %d attempt(s)): %s",
-		r.Key, r.State, r.Operation, r.Target, r.Task, len(r.Attempts), v.Recovery)), nil
+		r.Key, r.State, r.Operation, r.Target, r.Task, max(r.AttemptCount, len(r.Attempts)), v.Recovery)), nil
 }
 
 func view(r *residual.Residual, now time.Time) ResidualView {
@@ -253,9 +291,10 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	c.required("task", in.Task)
 	c.required("operation", in.Operation)
 	c.required("target", in.Target)
-	for name, v := range map[string]string{"task": in.Task, "operation": in.Operation, "target": in.Target, "holder": in.Holder} {
+	for name, v := range map[string]string{"task": in.Task, "operation": in.Operation, "target": in.Target} {
 		c.size(name, v, sp.srv.opts.MaxField)
 	}
+	c.name("holder", in.Holder)
 	args := bytes.TrimSpace(in.Args)
 	switch {
 	case len(args) == 0 || string(args) == "null":
@@ -286,10 +325,10 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		out := BeginResult{Decision: DecisionBlocked, Key: v.Key, Attempt: v.Attempt, Token: v.Token, Holder: v.Holder, Violation: vv}
 		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s; recovery: %s", v.Kind, vv.Message, v.Recovery)), nil
 	case errors.Is(err, interceptor.ErrNotDispatched):
-		return toolError(ToolBegin, KindUnavailable, "the reservation could not be recorded: "+err.Error(),
+		return toolError(ToolBegin, KindUnavailable, "the reservation could not be recorded: "+sp.ledgerFailed(ToolBegin, err),
 			"do NOT perform the call (nothing guards it); call begin_call again later"), nil
 	case err != nil:
-		return ledgerError(ToolBegin, err, ""), nil
+		return sp.ledgerError(ToolBegin, err, ""), nil
 	}
 	d, l := a.Dispatch, a.Lease()
 	out := BeginResult{
@@ -330,7 +369,7 @@ func (sp *space) resume(ctx context.Context, tool, key string, token uint64, sec
 		}
 		return nil, violationError(tool, v, "refused; nothing was written")
 	case err != nil:
-		return nil, ledgerError(tool, err, key)
+		return nil, sp.ledgerError(tool, err, key)
 	}
 	return a, nil
 }
@@ -352,8 +391,8 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	default:
 		c.fail("outcome %q: want succeeded, accepted, failed or unknown", truncate(in.Outcome, 40))
 	}
-	c.size("handle", in.Handle, o.MaxField)
-	c.size("error", in.Error, o.MaxField)
+	c.text("handle", in.Handle, o.MaxField)
+	c.text("error", in.Error, o.MaxField)
 	if in.UpstreamStatus != 0 && (in.UpstreamStatus < 100 || in.UpstreamStatus > 599) {
 		c.fail("upstream_status %d: want an HTTP status (100 to 599) or 0", in.UpstreamStatus)
 	}
@@ -391,9 +430,9 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 	case errors.As(err, &v):
 		return violationError(ToolCommit, v, "commit refused, the fence was lost"), nil
 	case err != nil && (errors.Is(err, ledger.ErrInvalidParams) || errors.Is(err, residual.ErrNotFound)):
-		return ledgerError(ToolCommit, err, in.Key), nil
+		return sp.ledgerError(ToolCommit, err, in.Key), nil
 	case err != nil:
-		return toolError(ToolCommit, KindUnavailable, err.Error(),
+		return toolError(ToolCommit, KindUnavailable, sp.ledgerFailed(ToolCommit, err),
 			"call commit_call again with the same key and token while the lease lasts; after that the key reads as unknown and must be reconciled"), nil
 	}
 	out := CommitResult{
@@ -446,7 +485,7 @@ func (sp *space) renew(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	case errors.As(err, &v):
 		return violationError(ToolRenew, v, "renewal refused, the fence was lost"), nil
 	case err != nil:
-		return ledgerError(ToolRenew, err, in.Key), nil
+		return sp.ledgerError(ToolRenew, err, in.Key), nil
 	}
 	out := RenewResult{Key: in.Key, Token: in.Token, LeaseExpiresAt: l.Expires}
 	return okResult(out, fmt.Sprintf("lease of %s (token %d) renewed for %v", in.Key, in.Token, ttl)), nil
@@ -469,9 +508,9 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 		c.fail("as %q: want succeeded or failed", truncate(in.As, 40))
 	}
 	c.required("note", strings.TrimSpace(in.Note))
-	for name, v := range map[string]string{"note": in.Note, "evidence": in.Evidence, "by": in.By} {
-		c.size(name, v, o.MaxField)
-	}
+	c.text("note", in.Note, o.MaxField)
+	c.text("evidence", in.Evidence, o.MaxField)
+	c.name("by", in.By)
 	result := bytes.TrimSpace(in.Result)
 	if string(result) == "null" {
 		result = nil
@@ -492,7 +531,7 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	case errors.Is(err, residual.ErrInvalidTransition):
 		return toolError(ToolResolve, KindInvalidTransition, err.Error(), "nothing to resolve: inspect_residual shows its record"), nil
 	case err != nil:
-		return ledgerError(ToolResolve, err, in.Key), nil
+		return sp.ledgerError(ToolResolve, err, in.Key), nil
 	}
 	from := residual.None
 	if n := len(stored.Resolutions); n > 0 {
@@ -510,28 +549,54 @@ func (sp *space) reconcile(ctx context.Context, req mcp.CallToolRequest) (*mcp.C
 	var c check
 	if in.Key != "" {
 		c.key(in.Key)
-		if in.Task != "" || in.Operation != "" {
-			c.fail("give either key, or task and/or operation, not both")
+		if in.Task != "" || in.Operation != "" || in.Cursor != "" {
+			c.fail("give either key, or task and/or operation (and cursor), not both")
 		}
 	}
 	c.size("task", in.Task, sp.srv.opts.MaxField)
 	c.size("operation", in.Operation, sp.srv.opts.MaxField)
+	c.size("cursor", in.Cursor, sp.srv.opts.MaxField)
 	if c.err != nil {
 		return invalid(ToolReconcile, c.err), nil
 	}
-	rep, err := sp.ic.Reconcile(ctx, interceptor.ReconcileParams{
-		Key: in.Key, Task: in.Task, Operation: in.Operation, By: "reconcile:" + caller(ctx, ""),
-	})
-	if err != nil {
-		return ledgerError(ToolReconcile, err, in.Key), nil
+	by := "reconcile:" + caller(ctx, "")
+	out := ReconcileResult{ReconcileReport: interceptor.ReconcileReport{Resolved: []interceptor.Settled{}, Open: []interceptor.Unsettled{}}}
+	keys := []string{in.Key}
+	if in.Key == "" {
+		// One page at a time: a namespace's open residuals are not bounded.
+		page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{
+			Namespace: sp.ns, States: openStates, Task: in.Task, Operation: in.Operation,
+			Limit: sp.srv.opts.PageSize, Cursor: in.Cursor,
+		})
+		if err != nil {
+			return sp.ledgerError(ToolReconcile, err, ""), nil
+		}
+		keys, out.NextCursor = keys[:0], page.NextCursor
+		for _, r := range page.Residuals {
+			keys = append(keys, r.Key)
+		}
+	}
+	for _, k := range keys {
+		rep, err := sp.ic.Reconcile(ctx, interceptor.ReconcileParams{Key: k, By: by})
+		switch {
+		case errors.Is(err, residual.ErrNotFound) && in.Key == "":
+			continue // collected since it was listed
+		case err != nil:
+			return sp.ledgerError(ToolReconcile, err, k), nil
+		}
+		out.Resolved = append(out.Resolved, rep.Resolved...)
+		out.Open = append(out.Open, rep.Open...)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(rep.Resolved), len(rep.Open))
-	for _, s := range rep.Resolved {
+	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(out.Resolved), len(out.Open))
+	if out.NextCursor != "" {
+		b.WriteString("; more remain: call reconcile again with cursor set to next_cursor")
+	}
+	for _, s := range out.Resolved {
 		fmt.Fprintf(&b, "\n- settled %s: %s → %s", s.Key, s.From, s.To)
 	}
-	for _, u := range rep.Open {
+	for _, u := range out.Open {
 		fmt.Fprintf(&b, "\n- open %s (%s): %s", u.Key, u.State, u.Reason)
 	}
-	return okResult(rep, b.String()), nil
+	return okResult(out, b.String()), nil
 }

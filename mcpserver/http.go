@@ -1,13 +1,22 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
 )
 
 // Path is where the MCP endpoint is served by ListenAndServe.
@@ -17,12 +26,17 @@ const Path = "/mcp"
 // "Authorization: Bearer TOKEN" with a token of Options.Tokens, which selects the namespace;
 // others get 401. Without configured tokens it serves only requests that arrive on a
 // loopback connection (403 otherwise), in the namespace of the interceptor given to New.
-// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413.
+// Request bodies larger than MaxArgs+MaxResult+1 MiB get 413, JSON deeper than
+// Options.MaxDepth or with more than Options.MaxValues values 400 (before it is decoded),
+// and a request past Options.MaxInFlight (per token) or MaxInFlightTotal 429 with
+// Retry-After. Legacy sessions are bound to
+// the token that opened them, end after Options.SessionIdle without use, and a token holds
+// at most Options.MaxSessions (429 with Retry-After when all of them are busy).
 func (s *Server) Handler() http.Handler {
 	cfg := s.base.Settings()
 	limit := int64(cfg.MaxArgs) + int64(cfg.MaxResult) + 1<<20
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ns, ok := s.authenticate(w, r)
+		ns, owner, ok := s.authenticate(w, r)
 		if !ok {
 			return
 		}
@@ -32,24 +46,113 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "toolfence: namespace unavailable", http.StatusServiceUnavailable)
 			return
 		}
-		if r.Body != nil {
-			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		var method string
+		if r.Method == http.MethodPost && r.Body != nil {
+			// Taken before the body is read, so buffered bodies are bounded too.
+			if full := s.inFlight.acquire(owner, s.opts.MaxInFlight, s.opts.MaxInFlightTotal); full != "" {
+				busy(w, time.Second, full+"; retry after a second")
+				return
+			}
+			defer s.inFlight.release(owner)
+			body, err := readBody(w, r, limit)
+			var tooLarge *http.MaxBytesError
+			switch {
+			case errors.As(err, &tooLarge):
+				http.Error(w, fmt.Sprintf("toolfence: request body exceeds %d bytes", limit), http.StatusRequestEntityTooLarge)
+				return
+			case err != nil:
+				http.Error(w, "toolfence: reading the request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			if err := checkShape(body, s.opts.MaxDepth, s.opts.MaxValues); err != nil {
+				invalidRequest(w, err.Error())
+				return
+			}
+			method = peekMethod(body)
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
-		sp.httpHandler().ServeHTTP(w, r)
+		if !s.opts.HTTPStateless {
+			id := r.Header.Get(server.HeaderKeySessionID)
+			// mcp-go opens a session for a GET without a known session ID; only initialize may.
+			if r.Method == http.MethodGet && !s.sessions.owns(id, owner, sp) {
+				http.Error(w, "toolfence: a notification stream (GET) needs the Mcp-Session-Id of a live session of this token: initialize first", http.StatusNotFound)
+				return
+			}
+			if id != "" {
+				s.sessions.begin(id)
+				defer func() { s.sessions.end(id, sp.now()) }()
+			} else if method == string(mcp.MethodInitialize) && !s.sessions.makeRoom(owner, s.opts.MaxSessions) {
+				busy(w, time.Minute, fmt.Sprintf("this token holds %d sessions, each with a request in flight; "+
+					"end one (DELETE) or retry later", s.opts.MaxSessions))
+				return
+			}
+		}
+		sp.httpHandler().ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
 	})
 }
 
-// authenticate returns the namespace of the request, or writes 401 / 403 and returns false.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
+// readBody reads r's body, at most limit bytes (an *http.MaxBytesError past it), into one
+// buffer of the announced length when there is one.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf.Grow(int(n) + 1)
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	return buf.Bytes(), err
+}
+
+// peekMethod returns the JSON-RPC method of a request body, or "" (for a batch, a response
+// or malformed JSON, which the transport answers itself).
+func peekMethod(body []byte) string {
+	var m struct {
+		Method string `json:"method"`
+	}
+	if json.Unmarshal(body, &m) != nil {
+		return ""
+	}
+	return m.Method
+}
+
+// busy answers 429 with Retry-After and a JSON-RPC error saying why and when to retry.
+func busy(w http.ResponseWriter, retry time.Duration, why string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+	w.WriteHeader(http.StatusTooManyRequests)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0", "id": nil,
+		"error": map[string]any{
+			"code": errCodeBusy, "message": "toolfence: busy: " + why,
+			"data": map[string]any{"retry_after_ms": retry.Milliseconds()},
+		},
+	})
+}
+
+// invalidRequest answers 400 with a JSON-RPC "invalid request" error naming the problem.
+func invalidRequest(w http.ResponseWriter, why string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadRequest)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0", "id": nil,
+		"error": map[string]any{"code": mcp.INVALID_REQUEST, "message": "toolfence: " + why + "; nothing was done"},
+	})
+}
+
+// errCodeBusy is the JSON-RPC error code of a request refused because a limit is full.
+const errCodeBusy = -32000
+
+// authenticate returns the namespace and owner (a digest of the token) of the request, or
+// writes 401 / 403 and returns false.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner string, ok bool) {
 	if s.opts.Tokens.Len() == 0 {
 		if !loopbackConn(r) {
 			http.Error(w, "toolfence: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
-			return "", false
+			return "", "", false
 		}
-		return s.base.Namespace(), true
+		return s.base.Namespace(), "loopback", true
 	}
 	tok := bearer(r)
-	ns, ok := s.opts.Tokens.Namespace(tok)
+	ns, ok = s.opts.Tokens.Namespace(tok)
 	if !ok {
 		challenge := `Bearer realm="toolfence"`
 		msg := "toolfence: missing bearer token (Authorization: Bearer TOKEN)"
@@ -59,9 +162,10 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
 		http.Error(w, msg, http.StatusUnauthorized)
-		return "", false
+		return "", "", false
 	}
-	return ns, true
+	h := sha256.Sum256([]byte(tok))
+	return ns, hex.EncodeToString(h[:8]), true
 }
 
 // loopbackConn reports whether r arrived on a loopback connection. Requests without a
@@ -75,7 +179,9 @@ func loopbackConn(r *http.Request) bool {
 	return err == nil && ap.Addr().IsLoopback()
 }
 
-// ListenAndServe serves Handler at Path on addr until ctx ends, then shuts down (closing
+// ListenAndServe serves Handler at Path on addr until ctx ends, holding at most
+// Options.MaxConns connections and closing idle and slow ones (Options.IdleTimeout,
+// ReadHeaderTimeout, ReadTimeout), then shuts down (closing
 // sessions and waiting up to two seconds for requests in flight). ready, if not nil, is
 // called with the bound address once the listener is open. It refuses a non-loopback addr
 // without tokens (ErrUnsafeBind) and returns the listener's or server's error otherwise;
@@ -97,16 +203,14 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string, ready func(net
 	mux.Handle(Path, s.Handler())
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return base },
-	}
+	limits := s.opts.httpLimits()
+	srv := limits.Server(mux)
+	srv.BaseContext = func(net.Listener) context.Context { return base }
 	if ready != nil {
 		ready(ln.Addr())
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(limits.Listener(ln)) }()
 	select {
 	case err := <-served:
 		return fmt.Errorf("mcpserver: %w", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -24,6 +25,8 @@ const (
 	PromptReconcileTask = "reconcile_task"
 
 	residualURIPrefix = "toolfence://residuals/"
+	// pendingPageTemplate serves the pages after the first of PendingURI.
+	pendingPageTemplate = PendingURI + "{?cursor}"
 )
 
 func residualURI(key string) string { return residualURIPrefix + key }
@@ -35,6 +38,11 @@ func (sp *space) addResources() {
 			"Subscribe to be told when any residual changes."),
 		mcp.WithMIMEType("application/json"),
 	), sp.readPending)
+	sp.mcp.AddResourceTemplate(mcp.NewResourceTemplate(pendingPageTemplate, "pending-page",
+		mcp.WithTemplateTitle("Open residuals, a later page"),
+		mcp.WithTemplateDescription("A later page of toolfence://pending: the next field of a page is its URI."),
+		mcp.WithTemplateMIMEType("application/json"),
+	), sp.readPending)
 	sp.mcp.AddResourceTemplate(mcp.NewResourceTemplate(ResidualURITemplate, "residual",
 		mcp.WithTemplateTitle("Residual"),
 		mcp.WithTemplateDescription("One residual whole (as inspect_residual shows it); key is tf1_ followed by 64 hex digits."),
@@ -45,7 +53,8 @@ func (sp *space) addResources() {
 // residualResource is the listed resource of one open residual.
 func (sp *space) residualResource(key string) server.ServerResource {
 	return server.ServerResource{
-		Resource: mcp.NewResource(residualURI(key), "residual "+key[:min(len(key), 16)],
+		// The name is unique (the whole key): resources/list pages by name.
+		Resource: mcp.NewResource(residualURI(key), "residual "+key,
 			mcp.WithResourceDescription("An open residual of this namespace."),
 			mcp.WithMIMEType("application/json")),
 		Handler: sp.readResidual,
@@ -61,16 +70,31 @@ func jsonContents(uri string, v any) ([]mcp.ResourceContents, error) {
 }
 
 func (sp *space) readPending(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
-	page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{Namespace: sp.ns, States: openStates, Limit: ledger.MaxListLimit})
+	uri := req.Params.URI
+	var cursor string
+	if rest, ok := strings.CutPrefix(uri, PendingURI); ok && rest != "" {
+		q, err := url.ParseQuery(strings.TrimPrefix(rest, "?"))
+		if err != nil || !strings.HasPrefix(rest, "?") {
+			return nil, fmt.Errorf("toolfence: %q: want %s or %s?cursor=NEXT_CURSOR", uri, PendingURI, PendingURI)
+		}
+		cursor = q.Get("cursor")
+	}
+	page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{Namespace: sp.ns, States: openStates, Limit: sp.srv.opts.PageSize, Cursor: cursor})
 	if err != nil {
-		return nil, fmt.Errorf("toolfence: listing open residuals: %w", err)
+		if errors.Is(err, ledger.ErrInvalidParams) {
+			return nil, fmt.Errorf("toolfence: %q: %w", uri, err)
+		}
+		return nil, fmt.Errorf("toolfence: listing open residuals: %s", sp.ledgerFailed(PendingURI, err))
 	}
 	now := sp.now()
-	out := ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}
+	out := PendingPage{ListResult: ListResult{Residuals: make([]ResidualSummary, 0, len(page.Residuals)), NextCursor: page.NextCursor}}
 	for _, r := range page.Residuals {
 		out.Residuals = append(out.Residuals, summarize(r, now))
 	}
-	return jsonContents(PendingURI, out)
+	if page.NextCursor != "" {
+		out.Next = PendingURI + "?" + url.Values{"cursor": {page.NextCursor}}.Encode()
+	}
+	return jsonContents(uri, out)
 }
 
 func (sp *space) readResidual(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
@@ -87,7 +111,7 @@ func (sp *space) readResidual(ctx context.Context, req mcp.ReadResourceRequest) 
 		return nil, fmt.Errorf("toolfence: no residual with key %s in this namespace: %w", key, server.ErrResourceNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("toolfence: %w", err)
+		return nil, fmt.Errorf("toolfence: %s", sp.ledgerFailed(uri, err))
 	}
 	return jsonContents(uri, view(r, sp.now()))
 }
@@ -107,7 +131,7 @@ func (sp *space) reconcileTaskPrompt(ctx context.Context, req mcp.GetPromptReque
 	}
 	page, err := sp.ic.Ledger().List(ctx, ledger.ListParams{Namespace: sp.ns, States: openStates, Task: task, Limit: ledger.MaxListLimit})
 	if err != nil {
-		return nil, fmt.Errorf("toolfence: listing open residuals of task %q: %w", task, err)
+		return nil, fmt.Errorf("toolfence: listing open residuals of task %q: %s", task, sp.ledgerFailed(PromptReconcileTask, err))
 	}
 	now := sp.now()
 	var b strings.Builder

@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger"
 )
 
@@ -24,6 +25,8 @@ const (
 	DefaultMaxLease = time.Hour
 	// DefaultMaxField caps task, operation, target, handle, note and other strings.
 	DefaultMaxField = 4 << 10
+	// DefaultPageSize is the page of resources/list, toolfence://pending and reconcile.
+	DefaultPageSize = 500
 )
 
 // Options configures a Server. Every field has a useful zero value. The barrier's own
@@ -51,6 +54,44 @@ type Options struct {
 	// Mcp-Session-Id, no server-to-client stream). Defaults to false: those clients get
 	// sessions. Clients on the stateless 2026-07-28 protocol are served either way.
 	HTTPStateless bool
+	// SessionIdle ends a legacy HTTP session (protocol versions up to 2025-11-25) that has
+	// had no request for this long and none in flight (an open notification stream is a
+	// request in flight); its client gets 404 and initializes anew. Defaults to 30 minutes.
+	SessionIdle time.Duration
+	// MaxSessions caps the legacy HTTP sessions one token holds at once: initializing one
+	// more ends the token's least recently used idle session, or gets 429 when every one
+	// has a request in flight. Defaults to 64.
+	MaxSessions int
+	// PageSize is the most entries one answer of resources/list, the toolfence://pending
+	// resource and reconcile without a key holds; each says when more remain (a cursor).
+	// tools/list and prompts/list page by it too (they hold 7 tools and 1 prompt, so keep it
+	// above 7 for hosts that read only the first page). Defaults to 500, at most
+	// ledger.MaxListLimit.
+	PageSize int
+	// MaxDepth caps how deeply an HTTP request's JSON nests; deeper ones get 400 before
+	// anything is decoded. Defaults to 64.
+	MaxDepth int
+	// MaxValues caps the objects, arrays and elements in one HTTP request's JSON (each
+	// '{', '[' and ',' outside strings counts one); more get 400 before anything is
+	// decoded. Defaults to 20,000.
+	MaxValues int
+	// MaxInFlight caps the HTTP requests one token has in progress at once (notification
+	// streams, GET, do not count); more get 429 with Retry-After. Defaults to 16.
+	MaxInFlight int
+	// MaxInFlightTotal caps the HTTP requests in progress at once over all tokens; more get
+	// 429 with Retry-After. Defaults to 32.
+	MaxInFlightTotal int
+	// MaxConns caps the HTTP connections ListenAndServe holds open at once (idle keep-alive
+	// ones included); more wait in the kernel's accept queue. Defaults to 1024.
+	MaxConns int
+	// IdleTimeout closes an HTTP keep-alive connection that sends no request for this long.
+	// Defaults to one minute.
+	IdleTimeout time.Duration
+	// ReadHeaderTimeout bounds reading an HTTP request's headers. Defaults to 10 seconds.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading an HTTP request, headers and body. It never ends a
+	// notification stream: nothing bounds writing a response. Defaults to 30 seconds.
+	ReadTimeout time.Duration
 	// Version is reported to clients. Defaults to "dev".
 	Version string
 	// Logger receives transport and watcher errors. Defaults to slog.Default().
@@ -67,17 +108,35 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
 	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
 	o.Version = cmp.Or(o.Version, "dev")
+	o.SessionIdle = cmp.Or(o.SessionIdle, DefaultSessionIdle)
+	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
+	o.MaxDepth = cmp.Or(o.MaxDepth, DefaultMaxDepth)
+	o.PageSize = cmp.Or(o.PageSize, DefaultPageSize)
+	o.MaxValues = cmp.Or(o.MaxValues, DefaultMaxValues)
+	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultMaxInFlight)
+	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, DefaultMaxInFlightTotal)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
+	if err := o.httpLimits().Validate(); err != nil {
+		return bad("%v", err)
+	}
 	switch {
 	case o.MaxLease < cfg.LeaseTTL:
 		return bad("MaxLease %v is shorter than the interceptor's lease %v", o.MaxLease, cfg.LeaseTTL)
 	case o.MaxField < 0:
 		return bad("MaxField %d is negative", o.MaxField)
+	case o.SessionIdle < 0:
+		return bad("SessionIdle %v is negative", o.SessionIdle)
+	case o.PageSize < 0 || o.PageSize > ledger.MaxListLimit:
+		return bad("PageSize %d: want 1 to %d", o.PageSize, ledger.MaxListLimit)
+	case o.MaxSessions < 0:
+		return bad("MaxSessions %d is negative", o.MaxSessions)
+	case o.MaxDepth < 0 || o.MaxValues < 0 || o.MaxInFlight < 0 || o.MaxInFlightTotal < 0:
+		return bad("MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
 	for tok, ns := range o.Tokens.byHash {
 		if ns == "" {
@@ -85,6 +144,14 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 		}
 	}
 	return nil
+}
+
+// httpLimits are the limits of ListenAndServe's http.Server.
+func (o *Options) httpLimits() httpserve.Limits {
+	return httpserve.Limits{
+		MaxConns: o.MaxConns, IdleTimeout: o.IdleTimeout,
+		ReadHeaderTimeout: o.ReadHeaderTimeout, ReadTimeout: o.ReadTimeout,
+	}
 }
 
 // Server serves the toolfence tools, resources and prompt over MCP, one MCP server per
@@ -101,6 +168,9 @@ type Server struct {
 	mu     sync.Mutex
 	spaces map[string]*space
 	closed bool
+
+	sessions sessionTable
+	inFlight inFlight
 }
 
 // New returns a Server over the ledger of ic. ic serves its own namespace (the stdio
@@ -120,10 +190,18 @@ func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{
+	s := &Server{
 		base: ic, ledger: ic.Ledger(), opts: opts, ctx: ctx, cancel: cancel,
 		spaces: map[string]*space{},
-	}, nil
+	}
+	if !opts.HTTPStateless {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.sweepSessions(ctx)
+		}()
+	}
+	return s, nil
 }
 
 // Namespace returns the namespace of the interceptor given to New.
@@ -158,7 +236,7 @@ func (s *Server) ServeStdio(ctx context.Context, namespace string, in io.Reader,
 	return err
 }
 
-// Close stops the change watchers and waits for them. It does not close the ledger, and
+// Close stops the change watchers and the session sweeper and waits for them. It does not close the ledger, and
 // does not end connections being served (cancel their contexts or shut the HTTP server
 // down first). It is safe to call more than once.
 func (s *Server) Close() error {

@@ -52,6 +52,7 @@ func newSpace(s *Server, ns string, ic *interceptor.Interceptor) *space {
 		server.WithPromptCapabilities(false),
 		server.WithHooks(hooks),
 		sp.withTracing(hooks),
+		server.WithPaginationLimit(s.opts.PageSize),
 		server.WithToolHandlerMiddleware(sp.recoverTool),
 		server.WithResourceRecovery(),
 		server.WithInstructions(instructions),
@@ -73,7 +74,7 @@ func (sp *space) httpHandler() *server.StreamableHTTPServer {
 		if sp.srv.opts.HTTPStateless {
 			opts = append(opts, server.WithStateLess(true))
 		} else {
-			opts = append(opts, server.WithStateful(true))
+			opts = append(opts, server.WithSessionIdManagerResolver(sp))
 		}
 		sp.http = server.NewStreamableHTTPServer(sp.mcp, opts...)
 	})

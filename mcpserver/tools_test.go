@@ -205,8 +205,11 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	require.Error(t, err)
 	tpls, err := c.ListResourceTemplates(ctx(t), mcp.ListResourceTemplatesRequest{})
 	require.NoError(t, err)
-	require.Len(t, tpls.ResourceTemplates, 1)
-	require.Equal(t, mcpserver.ResidualURITemplate, tpls.ResourceTemplates[0].URITemplate.Raw())
+	var raws []string
+	for _, tp := range tpls.ResourceTemplates {
+		raws = append(raws, tp.URITemplate.Raw())
+	}
+	require.ElementsMatch(t, []string{mcpserver.ResidualURITemplate, mcpserver.PendingURI + "{?cursor}"}, raws)
 
 	pr, err := c.GetPrompt(ctx(t), mcp.GetPromptRequest{Params: mcp.GetPromptParams{Name: "reconcile_task", Arguments: map[string]string{"task": task}}})
 	require.NoError(t, err)

@@ -74,6 +74,7 @@ type ReconcileInput struct {
 	Key       string `json:"key,omitempty" jsonschema_description:"Probe only this residual."`
 	Task      string `json:"task,omitempty" jsonschema_description:"Probe the open residuals of this task."`
 	Operation string `json:"operation,omitempty" jsonschema_description:"Probe the open residuals of this operation."`
+	Cursor    string `json:"cursor,omitempty" jsonschema_description:"next_cursor of the previous answer: probe the next page."`
 }
 
 // The tool outputs; Client returns them too.
@@ -100,6 +101,13 @@ type ResidualSummary struct {
 type ListResult struct {
 	Residuals  []ResidualSummary `json:"residuals"`
 	NextCursor string            `json:"next_cursor,omitempty"`
+}
+
+// PendingPage is one page of the toolfence://pending resource: when more remain, Next is
+// the URI of the next page (toolfence://pending?cursor=…).
+type PendingPage struct {
+	ListResult
+	Next string `json:"next,omitempty"`
 }
 
 // ResidualView is the whole residual as inspect_residual shows it: results are JSON values
@@ -217,8 +225,12 @@ type ResolveResult struct {
 	Token uint64         `json:"token"`
 }
 
-// ReconcileResult is the output of reconcile: the interceptor's report.
-type ReconcileResult = interceptor.ReconcileReport
+// ReconcileResult is the output of reconcile: the interceptor's report of one page of
+// residuals (Options.PageSize), and the cursor of the next page when more remain.
+type ReconcileResult struct {
+	interceptor.ReconcileReport
+	NextCursor string `json:"next_cursor,omitempty"`
+}
 
 // ReconcileSettled is one residual a probe settled.
 type ReconcileSettled = interceptor.Settled

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -353,28 +351,8 @@ func TestHelpAnswersWithExamples(t *testing.T) {
 // returns the endpoint URL it reports; the server is killed when the test ends.
 func startServe(t *testing.T, store, tokens string) string {
 	t.Helper()
-	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := make(chan string, 1)
-	go func() {
-		re := regexp.MustCompile(`serving MCP at (http://\S+) `)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	select {
-	case url := <-addr:
-		return url
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not report its address")
-		return ""
-	}
+	_, url, _ := serveProc(t, store, tokens)
+	return url
 }
 
 // TestServerFlag runs ls, show and resolve through a running `toolfence serve --http` on a

@@ -199,7 +199,11 @@ func writeResidual(w io.Writer, r *residual.Residual, now time.Time) error {
 		return err
 	}
 
-	fmt.Fprintf(w, "\nattempts (%d)\n", len(r.Attempts))
+	if n := r.AttemptCount; n > len(r.Attempts) {
+		fmt.Fprintf(w, "\nattempts (%d; the first and the latest %d are kept)\n", n, len(r.Attempts)-1)
+	} else {
+		fmt.Fprintf(w, "\nattempts (%d)\n", len(r.Attempts))
+	}
 	for _, at := range r.Attempts {
 		outcome := at.Outcome.String()
 		if at.Outcome == residual.None {

@@ -11,8 +11,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
@@ -29,6 +33,59 @@ type serveFlags struct {
 	lease     time.Duration
 	maxArgs   int
 	metrics   string
+	minFree   int
+	net       netFlags
+}
+
+// netFlags are the limits of serve's network surface (docs/limits.md lists them all).
+type netFlags struct {
+	maxConns      int
+	idleTimeout   time.Duration
+	readTimeout   time.Duration
+	headerTimeout time.Duration
+	sessionIdle   time.Duration
+	maxSessions   int
+	maxDepth      int
+	maxValues     int
+	maxInFlight   int
+	maxTotal      int
+	pageSize      int
+}
+
+func (n *netFlags) add(fl *pflag.FlagSet) {
+	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
+	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
+	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
+	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
+	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session without requests for this long")
+	fl.IntVar(&n.maxDepth, "max-depth", mcpserver.DefaultMaxDepth, "--http: deepest JSON nesting of a request")
+	fl.IntVar(&n.maxValues, "max-values", mcpserver.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
+	fl.IntVar(&n.maxInFlight, "max-inflight", mcpserver.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
+	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpserver.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
+	fl.IntVar(&n.pageSize, "page-size", mcpserver.DefaultPageSize, "entries per answer of resources/list, toolfence://pending and reconcile (each says when more remain)")
+	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
+}
+
+// apply copies the limits into opts, refusing values that are not positive.
+func (n netFlags) apply(opts *mcpserver.Options) error {
+	for name, v := range map[string]int64{
+		"--max-conns": int64(n.maxConns), "--idle-timeout": int64(n.idleTimeout), "--read-timeout": int64(n.readTimeout),
+		"--header-timeout": int64(n.headerTimeout), "--session-idle": int64(n.sessionIdle), "--max-sessions": int64(n.maxSessions),
+		"--max-depth": int64(n.maxDepth), "--max-values": int64(n.maxValues), "--max-inflight": int64(n.maxInFlight),
+		"--max-inflight-total": int64(n.maxTotal), "--page-size": int64(n.pageSize),
+	} {
+		if v <= 0 {
+			return usagef("%s must be positive", name)
+		}
+	}
+	opts.MaxDepth, opts.MaxValues, opts.MaxInFlight, opts.MaxInFlightTotal = n.maxDepth, n.maxValues, n.maxInFlight, n.maxTotal
+	if n.pageSize > ledger.MaxListLimit {
+		return usagef("--page-size %d exceeds %d", n.pageSize, ledger.MaxListLimit)
+	}
+	opts.PageSize = n.pageSize
+	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
+	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
+	return nil
 }
 
 func newServeCmd(a *app) *cobra.Command {
@@ -49,6 +106,18 @@ the file must not be readable by other users) or from $` + tokenEnv + ` (one tok
 --namespace). A token is at least ` + strconv.Itoa(mcpserver.MinTokenLen) + ` bytes long and holds no whitespace
 (make one with: openssl rand -hex 32). Each token sees only its namespace. Without any
 token the server refuses to listen on anything but a loopback address.
+
+Over HTTP the server holds at most --max-conns connections, closes keep-alive connections
+idle for --idle-timeout and requests slower than --read-timeout / --header-timeout; nothing
+bounds writing, so notification streams stay open. A session without requests for
+--session-idle ends (its client gets 404 and initializes anew), and a token holds at most
+--max-sessions. A request nesting deeper than --max-depth or holding more than --max-values
+values is refused before it is decoded; past --max-inflight requests of one token (or
+--max-inflight-total of all) answers are 429 with Retry-After. docs/limits.md lists every
+limit.
+
+On the embedded store, new reservations are refused (unavailable) while its filesystem has
+less than --min-free-mib free, so a full disk never stops serve; calls in flight commit.
 
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
@@ -74,6 +143,8 @@ Example:
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	fl.StringVar(&f.metrics, "metrics", "", metricsFlagHelp)
 	addLogFlags(fl, &a.log)
+	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB; calls in flight still commit")
+	f.net.add(fl)
 	return cmd
 }
 
@@ -84,14 +155,17 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.stdio && f.tokenFile != "" {
 		return usagef("--token-file applies to --http only")
 	}
-	if f.lease <= 0 || f.maxArgs <= 0 {
-		return usagef("--lease and --max-args must be positive")
+	if f.lease <= 0 || f.maxArgs <= 0 || f.minFree <= 0 {
+		return usagef("--lease, --max-args and --min-free-mib must be positive")
 	}
 	log, err := a.log.logger(a.stderr)
 	if err != nil {
 		return usagef("%v", err)
 	}
 	opts := mcpserver.Options{HTTPStateless: f.stateless, Version: buildVersion(), Logger: log}
+	if err := f.net.apply(&opts); err != nil {
+		return err
+	}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)
 		if err != nil {
@@ -108,6 +182,9 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return err
 	}
 	defer l.Close()
+	if b, ok := l.(*badger.Ledger); ok {
+		l = badger.GuardSpace(b, a.store, uint64(f.minFree)<<20, nil)
+	}
 	tel, err := startTelemetry(ctx, f.metrics, l, log)
 	if err != nil {
 		return err

@@ -9,7 +9,9 @@
 //	GET  /tickets/{id}, GET /deploys/{id}, GET /stats
 //
 // Callers authenticate with "Authorization: Bearer TOKEN"; -tokens maps tokens to principals
-// (the scope of their keys). The ledger is the embedded badger store in -store.
+// (the scope of their keys). The ledger is the embedded badger store in -store. The server
+// holds at most -max-conns connections and closes idle (-idle-timeout) and slow
+// (-read-timeout, -header-timeout) ones.
 //
 //	go run ./examples/httpserver -addr 127.0.0.1:8080 -store /tmp/tf-httpserver
 //	curl -i -X POST localhost:8080/tools/create_ticket -H 'Authorization: Bearer dev-token' \
@@ -34,6 +36,7 @@ import (
 
 	"github.com/toolfence/toolfence/httpguard"
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger/badger"
 )
 
@@ -54,7 +57,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	store := fs.String("store", ".toolfence/httpserver", "badger ledger directory")
 	tokens := fs.String("tokens", "dev-token=dev", "comma-separated TOKEN=PRINCIPAL pairs")
+	var limits httpserve.Limits
+	fs.IntVar(&limits.MaxConns, "max-conns", httpserve.DefaultMaxConns, "connections held open at once (more wait to be accepted)")
+	fs.DurationVar(&limits.IdleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "close a keep-alive connection idle this long")
+	fs.DurationVar(&limits.ReadTimeout, "read-timeout", httpserve.DefaultReadTimeout, "time to read a request, headers and body")
+	fs.DurationVar(&limits.ReadHeaderTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "time to read a request's headers")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if limits.MaxConns <= 0 || limits.IdleTimeout <= 0 || limits.ReadTimeout <= 0 || limits.ReadHeaderTimeout <= 0 {
+		return errors.New("-max-conns, -idle-timeout, -read-timeout and -header-timeout must be positive")
+	}
+	if err := limits.Validate(); err != nil {
 		return err
 	}
 	principals, err := parseTokens(*tokens)
@@ -78,10 +92,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := limits.Server(h)
 	fmt.Fprintf(out, "listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(limits.Listener(ln)) }()
 	select {
 	case err := <-errc:
 		return err

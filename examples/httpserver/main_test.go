@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,13 +19,13 @@ import (
 
 // server runs the example's run() on a real listener with a fresh store and returns its
 // base URL; the server is shut down (and run's error checked) at cleanup.
-func server(t *testing.T) string {
+func server(t *testing.T, extra ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-store", t.TempDir(), "-tokens", "tok-a=agent-a,tok-b=agent-b"}, pw)
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-store", t.TempDir(), "-tokens", "tok-a=agent-a,tok-b=agent-b"}, extra...), pw)
 		_ = pw.Close()
 	}()
 	lines := bufio.NewScanner(pr)
@@ -138,4 +139,34 @@ func TestParseTokens(t *testing.T) {
 	require.Equal(t, map[string]string{"a": "x", "b": "y"}, m)
 	_, err = parseTokens("a")
 	require.Error(t, err)
+}
+
+// TestIdleConnectionsClosed: keep-alive connections that got their answer and idle are
+// closed by the server (-idle-timeout), so they cannot exhaust its file descriptors.
+func TestIdleConnectionsClosed(t *testing.T) {
+	t.Parallel()
+	url := server(t, "-idle-timeout", "100ms")
+	for i := range 20 {
+		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(url, "http://"), 5*time.Second)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = io.WriteString(conn, "GET /stats HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		_, err = br.ReadByte()
+		require.ErrorIs(t, err, io.EOF, "idle connection %d was closed", i)
+	}
+}
+
+func TestLimitFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-max-conns", "0"}, {"-idle-timeout", "-1s"}, {"-header-timeout", "1m", "-read-timeout", "1s"}} {
+		err := run(t.Context(), append([]string{"-addr", "127.0.0.1:0", "-store", t.TempDir()}, args...), io.Discard)
+		require.Error(t, err, "%v", args)
+	}
 }

@@ -1,0 +1,91 @@
+package mcpserver_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/mcpserver"
+)
+
+// TestListingsArePaged: resources/list, toolfence://pending and reconcile without a key
+// answer at most PageSize entries and say when more remain; following the cursors reaches
+// every open residual exactly once (toolfence://pending used to stop at its first page
+// with no way on, resources/list and reconcile answered everything at once).
+func TestListingsArePaged(t *testing.T) {
+	t.Parallel()
+	const page, n = 4, 11
+	e := setup(t, func(o *mcpserver.Options) { o.PageSize = page })
+	c := e.dial(tokA, legacy)
+	keys := map[string]bool{}
+	for i := range n {
+		b := ok[mcpserver.BeginResult](t, c, mcpserver.ToolBegin, m{"task": "t", "operation": "op", "target": fmt.Sprint("x", i), "args": m{}})
+		keys[b.Key] = true
+	}
+
+	// resources/list
+	seen := map[string]bool{}
+	var cursor mcp.Cursor
+	for range n + 2 {
+		var req mcp.ListResourcesRequest
+		req.Params.Cursor = cursor
+		res, err := c.ListResourcesByPage(ctx(t), req)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(res.Resources), page)
+		for _, r := range res.Resources {
+			require.False(t, seen[r.URI], "listed twice: %s", r.URI)
+			seen[r.URI] = true
+		}
+		if cursor = res.NextCursor; cursor == "" {
+			break
+		}
+	}
+	require.Len(t, seen, n+1, "every open residual and the pending list")
+
+	// toolfence://pending, page after page
+	got := map[string]bool{}
+	uri := mcpserver.PendingURI
+	for range n + 2 {
+		res, err := c.ReadResource(ctx(t), mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: uri}})
+		require.NoError(t, err, uri)
+		tc, isText := res.Contents[0].(mcp.TextResourceContents)
+		require.True(t, isText)
+		var p mcpserver.PendingPage
+		require.NoError(t, json.Unmarshal([]byte(tc.Text), &p))
+		require.LessOrEqual(t, len(p.Residuals), page)
+		for _, r := range p.Residuals {
+			require.False(t, got[r.Key])
+			got[r.Key] = true
+		}
+		if p.NextCursor == "" {
+			require.Empty(t, p.Next)
+			break
+		}
+		require.NotEmpty(t, p.Next, "a page with more says where the next is")
+		uri = p.Next
+	}
+	require.Equal(t, keys, got)
+
+	// reconcile with no arguments
+	got = map[string]bool{}
+	in := m{}
+	for range n + 2 {
+		res := callTool(t, c, mcpserver.ToolReconcile, in)
+		require.False(t, res.IsError, text(res))
+		var r mcpserver.ReconcileResult
+		require.NoError(t, json.Unmarshal(res.RawStructuredContent, &r))
+		require.LessOrEqual(t, len(r.Open)+len(r.Resolved), page)
+		for _, o := range r.Open {
+			got[o.Key] = true
+		}
+		if r.NextCursor == "" {
+			break
+		}
+		require.Contains(t, text(res), "more remain")
+		in = m{"cursor": r.NextCursor}
+	}
+	require.Equal(t, keys, got)
+}
