@@ -269,14 +269,15 @@ func view(r *residual.Residual, now time.Time) ResidualView {
 	v := ResidualView{
 		Key: r.Key, Namespace: r.Namespace, Task: r.Task, Operation: r.Operation, Target: r.Target,
 		State: r.State, RequestDigest: r.RequestDigest, Attempts: append([]residual.Attempt{}, r.Attempts...),
-		Result: jsonValue(r.Result), ResultDigest: r.ResultDigest, ResultTruncated: r.ResultTruncated,
+		AttemptCount: r.AttemptCount,
+		Result:       jsonValue(r.Result), ResultDigest: r.ResultDigest, ResultTruncated: r.ResultTruncated,
 		Handle: r.Handle, Resolutions: r.Resolutions, Token: r.Token, CreatedAt: r.CreatedAt,
 		UpdatedAt: r.UpdatedAt, Recovery: interceptor.RecoveryFor(r, now),
 	}
 	for _, e := range r.Evidence {
 		v.Evidence = append(v.Evidence, EvidenceView{
 			At: e.At, Holder: e.Holder, Token: e.Token, Outcome: e.Outcome, ResponseDigest: e.ResponseDigest,
-			Result: jsonValue(e.Result), Handle: e.Handle, Note: e.Note,
+			Result: jsonValue(e.Result), Handle: e.Handle, Note: e.Note, WriteID: e.WriteID,
 		})
 	}
 	return v

@@ -121,6 +121,7 @@ type ResidualView struct {
 	State           residual.State        `json:"state"`
 	RequestDigest   string                `json:"request_digest"`
 	Attempts        []residual.Attempt    `json:"attempts"`
+	AttemptCount    int                   `json:"attempt_count"`
 	Result          json.RawMessage       `json:"result,omitempty"`
 	ResultDigest    string                `json:"result_digest,omitempty"`
 	ResultTruncated bool                  `json:"result_truncated,omitempty"`
@@ -143,6 +144,7 @@ type EvidenceView struct {
 	Result         json.RawMessage `json:"result,omitempty"`
 	Handle         string          `json:"handle,omitempty"`
 	Note           string          `json:"note,omitempty"`
+	WriteID        string          `json:"write_id,omitempty"`
 }
 
 // Decisions of begin_call.

@@ -409,7 +409,7 @@ func (r *remote) Close() error { return r.c.Close() }
 func fromView(v *mcpserver.ResidualView) *residual.Residual {
 	r := &residual.Residual{
 		Key: v.Key, Namespace: v.Namespace, Task: v.Task, Operation: v.Operation, Target: v.Target,
-		State: v.State, RequestDigest: v.RequestDigest, Attempts: v.Attempts, ResultDigest: v.ResultDigest,
+		State: v.State, RequestDigest: v.RequestDigest, Attempts: v.Attempts, AttemptCount: v.AttemptCount, ResultDigest: v.ResultDigest,
 		ResultTruncated: v.ResultTruncated, Handle: v.Handle, Resolutions: v.Resolutions, Token: v.Token,
 		CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt,
 	}
@@ -419,7 +419,7 @@ func fromView(v *mcpserver.ResidualView) *residual.Residual {
 	for _, e := range v.Evidence {
 		ev := residual.Evidence{
 			At: e.At, Holder: e.Holder, Token: e.Token, Outcome: e.Outcome, ResponseDigest: e.ResponseDigest,
-			Handle: e.Handle, Note: e.Note,
+			Handle: e.Handle, Note: e.Note, WriteID: e.WriteID,
 		}
 		if len(e.Result) > 0 {
 			ev.Result = []byte(e.Result)
