@@ -252,14 +252,7 @@ func (ic *Interceptor) do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 	if a == nil {
 		return replay, err
 	}
-	sess := lease.KeepAlive(ctx, lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()},
-		func(ctx context.Context, _ lease.Lease) (lease.Lease, error) {
-			if _, err := a.Renew(ctx, 0); err != nil {
-				return lease.Lease{}, err
-			}
-			return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()}, nil
-		},
-		lease.KeepAliveConfig{Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, a.TTL()/3)})
+	sess := a.KeepAlive(ctx)
 	resp, callErr := invoke(WithDispatch(sess.Ctx(), a.Dispatch), fn, a.Dispatch)
 	sess.Close()
 	return a.Commit(ctx, resp, callErr)
