@@ -120,5 +120,5 @@ func runProxy() error {
 		return err
 	}
 	defer up.Close()
-	return p.Serve(context.Background(), mcpproxy.Stdio(), up.Conn())
+	return p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn())
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"sync"
 	"syscall"
@@ -79,9 +78,11 @@ func (u *Upstream) Close() error {
 	return nil
 }
 
-// Stdio returns the connection of a proxy to its host over this process's stdin and stdout.
-func Stdio() mcp.Connection {
-	conn, _ := (&mcp.IOTransport{Reader: os.Stdin, Writer: nopCloser{os.Stdout}}).Connect(context.Background())
+// Stdio returns the connection of a proxy to its host over r (the host's requests, usually
+// os.Stdin) and w (the answers, usually os.Stdout): newline-delimited JSON-RPC. Closing the
+// connection ends a pending read; it closes neither r nor w.
+func Stdio(r io.Reader, w io.Writer) mcp.Connection {
+	conn, _ := (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopCloser{w}}).Connect(context.Background())
 	return conn
 }
 
