@@ -282,6 +282,21 @@ func (a *Attempt) Renew(ctx context.Context, ttl time.Duration) (lease.Lease, er
 	return l, nil
 }
 
+// KeepAlive starts renewing the attempt's lease (every Config.RenewEvery, else TTL/3) for the
+// duration of a dispatch, as Do does. The session's context (derived from ctx) ends before the
+// lease does, or when a renewal is refused; run the dispatch under it and Close it after.
+func (a *Attempt) KeepAlive(ctx context.Context) *lease.Session {
+	cfg := a.ic.cfg
+	return lease.KeepAlive(ctx, lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()},
+		func(ctx context.Context, _ lease.Lease) (lease.Lease, error) {
+			if _, err := a.Renew(ctx, 0); err != nil {
+				return lease.Lease{}, err
+			}
+			return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()}, nil
+		},
+		lease.KeepAliveOptions{Clock: cfg.Clock, Margin: cfg.Margin, Interval: cmp.Or(cfg.RenewEvery, a.TTL()/3)})
+}
+
 // Abandon records the attempt as failed and not dispatched, because of why, and releases
 // its lease: the key is free for a new attempt. Call it only when the call provably never
 // left the process. It returns the ledger's error, if any (the attempt then expires into

@@ -63,7 +63,7 @@ func New(l ledger.Ledger, cfg Options) (*Interceptor, error) {
 	cfg.Operations = nil // the registry is the one copy
 	tel, err := newTelemetry(cfg, l)
 	if err != nil {
-		return nil, fmt.Errorf("%w: telemetry: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: telemetry: %w", ErrInvalidOptions, err)
 	}
 	return &Interceptor{ledger: l, cfg: cfg, ops: ops, tel: tel}, nil
 }
@@ -252,14 +252,7 @@ func (ic *Interceptor) do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 	if a == nil {
 		return replay, err
 	}
-	sess := lease.KeepAlive(ctx, lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()},
-		func(ctx context.Context, _ lease.Lease) (lease.Lease, error) {
-			if _, err := a.Renew(ctx, 0); err != nil {
-				return lease.Lease{}, err
-			}
-			return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()}, nil
-		},
-		lease.KeepAliveOptions{Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, a.TTL()/3)})
+	sess := a.KeepAlive(ctx)
 	resp, callErr := invoke(WithDispatch(sess.Ctx(), a.Dispatch), fn, a.Dispatch)
 	sess.Close()
 	return a.Commit(ctx, resp, callErr)

@@ -376,7 +376,7 @@ func spanError(ctx context.Context, err error) {
 func ObserveLedger(mp metric.MeterProvider, l ledger.Ledger) (metric.Registration, error) {
 	oc, ok := l.(ledger.OpenCounter)
 	if !ok {
-		return nil, fmt.Errorf("%w: the ledger %T cannot count open residuals", ErrInvalidConfig, l)
+		return nil, fmt.Errorf("%w: the ledger %T cannot count open residuals", ErrInvalidOptions, l)
 	}
 	if mp == nil {
 		mp = otel.GetMeterProvider()

@@ -322,7 +322,7 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		return okResult(out, fmt.Sprintf("REPLAY: %s on %q already succeeded (key %s); use the cached result and do NOT perform the call again",
 			in.Operation, in.Target, replay.Key)), nil
 	case errors.As(err, &v):
-		vv := violationView(v)
+		vv := ViolationView(v)
 		out := BeginResult{Decision: DecisionBlocked, Key: v.Key, Attempt: v.Attempt, Token: v.Token, Holder: v.Holder, Violation: vv}
 		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s; recovery: %s", v.Kind, vv.Message, v.Recovery)), nil
 	case errors.Is(err, interceptor.ErrNotDispatched):
@@ -343,8 +343,9 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		in.Operation, in.Target, d.Key, d.Token, a.TTL())), nil
 }
 
-// violationView is the wire form of an interceptor violation.
-func violationView(v *interceptor.Violation) *Violation {
+// ViolationView returns the wire form of an interceptor violation: the structured details
+// that isError results carry (here and in the guarding proxy, mcpproxy). It never fails.
+func ViolationView(v *interceptor.Violation) *Violation {
 	return &Violation{
 		Kind: v.Kind, Message: v.Describe(), Recovery: v.Recovery, State: v.State, Attempt: v.Attempt,
 		Holder: v.Holder, Token: v.Token, Since: v.Since, RetryAfterMS: v.RetryAfter.Milliseconds(),
@@ -354,7 +355,7 @@ func violationView(v *interceptor.Violation) *Violation {
 
 // violationError is the isError result of a violation raised by a commit or renewal.
 func violationError(tool string, v *interceptor.Violation, what string) *mcp.CallToolResult {
-	vv := violationView(v)
+	vv := ViolationView(v)
 	return errorResult(tool, ErrorInfo{Kind: string(v.Kind), Message: what + ": " + vv.Message, Recovery: v.Recovery, Violation: vv})
 }
 

@@ -20,14 +20,24 @@ const ReplayPrefix = "[replayed] "
 // follows byte for byte.
 func replayObservation(res *interceptor.Result) string {
 	var b strings.Builder
+	b.WriteString(ReplayNote(res))
+	b.WriteString(": ")
+	b.Write(res.Output)
+	return b.String()
+}
+
+// ReplayNote is the head of a replay's observation, without the cached output:
+// "[replayed] already done, outcome recorded at <RFC3339>", plus " (result truncated)" when
+// the cached result was cut. Surfaces that return the cached result in their own shape (the
+// MCP proxy) show it beside that result.
+func ReplayNote(res *interceptor.Result) string {
+	var b strings.Builder
 	b.WriteString(ReplayPrefix)
 	b.WriteString("already done, outcome recorded at ")
 	b.WriteString(res.RecordedAt.UTC().Format(time.RFC3339))
 	if res.Truncated {
 		b.WriteString(" (result truncated)")
 	}
-	b.WriteString(": ")
-	b.Write(res.Output)
 	return b.String()
 }
 
@@ -48,32 +58,43 @@ func (g *Guarded) upstream() string {
 
 // observe renders an error of Do as a plain-language observation for the model.
 func (g *Guarded) observe(res *interceptor.Result, err error) string {
-	up := g.upstream()
+	return Observe(g.Name(), g.upstream(), res, err)
+}
+
+// Observe renders an error of the interceptor (Do, Begin, Report) about a call of tool as
+// the plain-language observation a model reads: what happened, whether upstream (named by
+// upstream, e.g. "the upstream of send_email") may have been reached, and what to do next.
+// res is the Result returned with the error, if any. It never fails; an error it does not
+// know is shown as "toolfence: <tool> failed: <err>".
+func Observe(tool, upstream string, res *interceptor.Result, err error) string {
 	var v *interceptor.Violation
 	if errors.As(err, &v) {
-		return g.observeViolation(v, up)
+		return ObserveViolation(v, upstream)
 	}
 	switch {
 	case errors.Is(err, interceptor.ErrCallFailed) && errors.Is(err, ErrNoDispatch):
 		return fmt.Sprintf("failed: %s did not send its request, so %s was not reached and nothing was done; "+
-			"this is a fault in the tool, not in your input, so retrying will not help (%v)", g.Name(), up, err)
+			"this is a fault in the tool, not in your input, so retrying will not help (%v)", tool, upstream, err)
 	case errors.Is(err, interceptor.ErrCallFailed):
 		detail := err.Error()
 		if res != nil && len(res.Output) > 0 {
 			detail = string(res.Output)
 		}
-		return fmt.Sprintf("failed: %s refused the request and did nothing; you may correct the input and try again: %s", up, detail)
+		return fmt.Sprintf("failed: %s refused the request and did nothing; you may correct the input and try again: %s", upstream, detail)
 	case errors.Is(err, interceptor.ErrNotDispatched):
-		return fmt.Sprintf("not sent: toolfence could not record the attempt, so %s was not called; try again later: %v", up, err)
+		return fmt.Sprintf("not sent: toolfence could not record the attempt, so %s was not called; try again later: %v", upstream, err)
 	case errors.Is(err, interceptor.ErrNoTask):
-		return fmt.Sprintf("toolfence: no task in the context, so %s was not run: %v", g.Name(), err)
+		return fmt.Sprintf("toolfence: no task in the context, so %s was not run: %v", tool, err)
 	case errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge):
-		return fmt.Sprintf("invalid input for %s, nothing was sent: %v", g.Name(), err)
+		return fmt.Sprintf("invalid input for %s, nothing was sent: %v", tool, err)
 	}
-	return fmt.Sprintf("toolfence: %s failed: %v", g.Name(), err)
+	return fmt.Sprintf("toolfence: %s failed: %v", tool, err)
 }
 
-func (g *Guarded) observeViolation(v *interceptor.Violation, up string) string {
+// ObserveViolation renders v as the observation a model reads: which case it is (blocked,
+// accepted, refused, not sent), whether up (the upstream's name) may have been reached, and
+// the recovery due; it ends with the key. It never fails.
+func ObserveViolation(v *interceptor.Violation, up string) string {
 	key := fmt.Sprintf("(key %s)", v.Key)
 	switch v.Kind {
 	case interceptor.InProgress:

@@ -187,3 +187,32 @@ func extractTarget(tool string, ptrs []pointer, doc any) (string, error) {
 	}
 	return string(joined), nil
 }
+
+// CheckPointer returns nil when text is a valid RFC 6901 JSON pointer ("" or "/a/b~1c"), and
+// otherwise an error wrapping ErrInvalidPointer that quotes it.
+func CheckPointer(text string) error {
+	_, err := parsePointer(text)
+	return err
+}
+
+// Target extracts the target of a call of tool from its JSON input with the given RFC 6901
+// pointers, by the rules of WithTarget: one pointer gives its value (a string as itself,
+// anything else as canonical JSON); several give the JSON array of their values. It returns
+// an error wrapping ErrInvalidPointer for a bad pointer, ErrInvalidInput for input that is not
+// one JSON value, or ErrNoTarget (an *InputError naming the pointer) for a missing, null or
+// empty value.
+func Target(tool string, pointers []string, input []byte) (string, error) {
+	ptrs := make([]pointer, 0, len(pointers))
+	for _, text := range pointers {
+		p, err := parsePointer(text)
+		if err != nil {
+			return "", err
+		}
+		ptrs = append(ptrs, p)
+	}
+	doc, err := decodeJSON(input)
+	if err != nil {
+		return "", inputErr(ErrInvalidInput, tool, "%v", err)
+	}
+	return extractTarget(tool, ptrs, doc)
+}

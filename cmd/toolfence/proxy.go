@@ -1,0 +1,98 @@
+package main
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/mcpproxy"
+)
+
+func init() { register(newProxyCmd) }
+
+type proxyFlags struct {
+	config   string
+	serverID string
+	task     string
+	lease    time.Duration
+	timeout  time.Duration
+}
+
+func newProxyCmd(a *app) *cobra.Command {
+	var f proxyFlags
+	cmd := &cobra.Command{
+		Use:   "proxy [--config FILE] [--server-id ID] [--task T] -- CMD ARGS...",
+		Short: "Guard any MCP server: relay an MCP host to it and put every mutating tools/call through the barrier",
+		Long: `Run an upstream MCP server (CMD ARGS..., started as a stdio child in its own process
+group) behind toolfence, speaking MCP to the host on stdin/stdout: put "toolfence proxy
+--store DIR --server-id ID -- CMD ARGS..." where the host's configuration starts the server.
+First version: stdio only on both sides; see docs/proxy.md for what is not built yet.
+
+Everything is relayed untouched (tools/list, resources, prompts, notifications) except
+tools/call of protected tools. By default a tool annotated readOnlyHint: true is bypassed
+and every other tool is protected; --config FILE (JSON, see docs/proxy.md) sets per tool
+"mode" (protect / bypass), "target" (JSON pointers into the arguments), "lease", "timeout"
+and "no_effect" rules (JSON-RPC codes, patterns of isError text that prove nothing happened).
+
+A protected call is reserved in the store before it is sent upstream and recorded after:
+  - the same call again (same task, tool, target and arguments) is answered from the store
+    ("[replayed] ..." first, _meta "toolfence.dev/replayed": true), not sent again;
+  - an answer that may have had an effect (isError without a matching no_effect rule, a
+    timeout, a crash, a cancellation) is unknown: later calls on the key are refused until it
+    is settled with "toolfence resolve";
+  - the same target with other arguments is refused as a payload mismatch.
+Refusals are isError results that tell the model what to do; nothing is sent upstream.
+
+Keys: operation "<server-id>/<tool>"; target from the policy's pointers, else the digest
+of the arguments; task from the request's _meta "toolfence.dev/task", else --task, else
+"mcp-proxy:<server-id>". That default never changes, so repeating a call on purpose later
+replays the first result: give a new --task (or _meta task) to start new work.
+
+Example:
+  toolfence proxy --store ~/.toolfence --server-id mail --config mail-policy.json -- npx mail-mcp`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 0 || len(args) == 0 {
+				return usagef("give the upstream server's command after --, e.g. toolfence proxy --server-id mail -- npx mail-mcp")
+			}
+			if f.serverID == "" {
+				return usagef("--server-id is required: it names the upstream in every key (operation <server-id>/<tool>); keep it stable")
+			}
+			pol := &mcpproxy.Policy{}
+			if f.config != "" {
+				var err error
+				if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
+					return usagef("--config: %v", err)
+				}
+			}
+			ctx := cmd.Context()
+			log := slog.New(slog.NewTextHandler(a.stderr, nil))
+			l, err := a.open(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, Logger: log})
+			if err != nil {
+				return usagef("%v", err)
+			}
+			p, err := mcpproxy.New(ic, mcpproxy.Config{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log})
+			if err != nil {
+				return usagef("%v", err)
+			}
+			up, err := mcpproxy.StartUpstream(ctx, args, a.stderr)
+			if err != nil {
+				return err
+			}
+			defer up.Close()
+			return p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up.Conn())
+		},
+	}
+	cmd.Flags().StringVar(&f.config, "config", "", "policy file (JSON): per tool mode, target, lease, timeout, no_effect; see docs/proxy.md")
+	cmd.Flags().StringVar(&f.serverID, "server-id", "", "id of the upstream in keys (operation ID/tool); required, keep it stable")
+	cmd.Flags().StringVar(&f.task, "task", "", "task of calls whose _meta names none (default \"mcp-proxy:<server-id>\", stable across restarts)")
+	cmd.Flags().DurationVar(&f.lease, "lease", 0, "lease of each attempt (default 30s; a tool's policy may set its own)")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "wait for upstream's answer before the outcome is unknown (default 2m)")
+	return cmd
+}

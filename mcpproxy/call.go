@@ -1,0 +1,287 @@
+package mcpproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/residual"
+	"github.com/toolfence/toolfence/tools"
+)
+
+// callParams are the parts of tools/call params the proxy reads; the params are forwarded
+// upstream as the host sent them.
+type callParams struct {
+	Name      string                     `json:"name"`
+	Arguments json.RawMessage            `json:"arguments"`
+	Meta      map[string]json.RawMessage `json:"_meta"`
+}
+
+// call handles one tools/call of the host: forwarded untouched for a bypassed tool, through
+// the barrier for a protected one.
+func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
+	defer s.wg.Done()
+	var params callParams
+	if err := json.Unmarshal(req.Params, &params); err != nil || params.Name == "" {
+		s.answer(ctx, req.ID, refusal("tools/call", KindInvalidInput,
+			fmt.Sprintf("invalid tools/call request, nothing was sent upstream: want params with a tool name (%v)", err)))
+		return
+	}
+	cat, err := s.tools(ctx)
+	if err != nil {
+		kind := KindUnavailable
+		if errors.Is(err, ErrPolicy) {
+			kind = KindPolicy
+		}
+		s.answer(ctx, req.ID, refusal(params.Name, kind, fmt.Sprintf("refused: %v; nothing was sent upstream", err)))
+		return
+	}
+	var info *toolInfo
+	if t, ok := cat[params.Name]; ok {
+		info = &t
+	}
+	d := s.p.cfg.Policy.decide(params.Name, info)
+	if !d.protect {
+		if err := s.up.Write(ctx, req); err != nil {
+			s.answer(ctx, req.ID, refusal(params.Name, KindUnavailable, "not sent: the upstream server is gone: "+err.Error()))
+		}
+		return
+	}
+	callCtx, cancel := context.WithCancelCause(ctx)
+	key := hostKey(req.ID)
+	s.mu.Lock()
+	s.calls[key] = cancel
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.calls, key)
+		s.mu.Unlock()
+		cancel(nil)
+	}()
+	s.answerResponse(ctx, s.guard(callCtx, req, params, d.rule))
+}
+
+// answer sends result to the host as the answer to its request id.
+func (s *session) answer(ctx context.Context, id jsonrpc.ID, result json.RawMessage) {
+	s.answerResponse(ctx, &jsonrpc.Response{ID: id, Result: result})
+}
+
+func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
+	if err := s.down.Write(context.WithoutCancel(ctx), r); err != nil {
+		s.p.log.Warn("toolfence proxy: the host is gone; the outcome is recorded in the ledger", "err", err)
+	}
+}
+
+// guard runs one protected call through the barrier and returns the host's answer (with the
+// host's id): Begin, dispatch upstream once, classify, Report.
+func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule ToolPolicy) *jsonrpc.Response {
+	p := s.p
+	refuse := func(kind, text string) *jsonrpc.Response {
+		return &jsonrpc.Response{ID: req.ID, Result: refusal(params.Name, kind, text)}
+	}
+	task := p.cfg.Task
+	if raw, ok := params.Meta[MetaTask]; ok {
+		if err := json.Unmarshal(raw, &task); err != nil || task == "" {
+			return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: _meta %q must be a non-empty string", params.Name, MetaTask))
+		}
+	}
+	args := params.Arguments
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage(`{}`)
+	}
+	target, err := p.target(params.Name, rule, args)
+	if err != nil {
+		return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
+	}
+	up := "the upstream of " + params.Name
+	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
+	call := interceptor.Call{Operation: p.cfg.ServerID + "/" + params.Name, Target: target, Args: args, CallID: fmt.Sprint(req.ID.Raw())}
+	a, replay, err := p.ic.Begin(bctx, call, interceptor.BeginOptions{LeaseTTL: time.Duration(rule.Lease)})
+	switch {
+	case replay != nil:
+		return &jsonrpc.Response{ID: req.ID, Result: replayed(replay)}
+	case err != nil:
+		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
+	}
+
+	// Dispatch once, under the lease, until upstream answers, the timeout, the host's
+	// cancellation, or the upstream's end.
+	sess := a.KeepAlive(ctx)
+	dctx, stop := context.WithTimeoutCause(sess.Ctx(), time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout)),
+		fmt.Errorf("no answer from upstream within %v", time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout))))
+	resp, callErr := s.roundTrip(dctx, "tools/call", req.Params)
+	stop()
+	sess.Close()
+
+	rep := classify(rule.NoEffect, resp, callErr)
+	res, err := a.Report(bctx, rep)
+	var claim *interceptor.ClaimError
+	if errors.As(err, &claim) {
+		rep.Outcome = residual.Unknown
+		res, err = a.Report(bctx, rep)
+	}
+	if err != nil {
+		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
+	}
+	switch res.State {
+	case residual.Succeeded, residual.Failed:
+		// Upstream's answer as it gave it: a result, an isError result that proves no
+		// effect, or a JSON-RPC error that means the call never ran.
+		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
+	}
+	v := &interceptor.Violation{
+		Kind: interceptor.UnknownOutcome, Key: res.Key, Task: task, Operation: call.Operation, Target: target,
+		State: res.State, Attempt: res.Attempt, Holder: a.Holder, Token: res.Token, Since: a.Since,
+		Recovery: interceptor.Recovery(interceptor.UnknownOutcome), Cause: errors.New(rep.Error),
+	}
+	if res.State == residual.Accepted {
+		v.Kind, v.Recovery, v.Handle = interceptor.AwaitingUpstream, interceptor.Recovery(interceptor.AwaitingUpstream), res.Handle
+	}
+	var upstream json.RawMessage
+	if resp != nil {
+		upstream = resp.Result
+	}
+	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, v)}
+}
+
+func cmpDur(a Duration, b time.Duration) time.Duration {
+	if a != 0 {
+		return time.Duration(a)
+	}
+	return b
+}
+
+// target is the call's target: the policy's pointers into args, else the digest of args.
+func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (string, error) {
+	if len(rule.Target) > 0 {
+		return tools.Target(tool, rule.Target, args)
+	}
+	d, err := residual.Digest(args)
+	if err != nil {
+		return "", fmt.Errorf("arguments are not valid JSON: %w", err)
+	}
+	if _, seen := p.warned.LoadOrStore(tool, struct{}{}); !seen {
+		p.log.Warn("toolfence proxy: no target pointers for this tool: its target is the digest of its arguments, so a re-worded retry is not recognised as the same call; add \"target\" to its policy",
+			"tool", tool)
+	}
+	return "args:" + d, nil
+}
+
+// classify maps upstream's answer to a claimed outcome (issue 13's rules): a result with
+// isError false → succeeded; isError true → unknown unless a no_effect pattern matches its
+// text (failed); JSON-RPC method not found, invalid params or a no_effect code → failed;
+// any other error, no answer, a timeout or a cancellation → unknown.
+func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
+	if resp == nil {
+		return interceptor.Report{Outcome: residual.Unknown, Error: fmt.Sprintf("no answer from upstream: %v", callErr)}
+	}
+	if resp.Error != nil {
+		var we *jsonrpc.Error
+		body, _ := json.Marshal(resp.Error)
+		rep := interceptor.Report{Outcome: residual.Unknown, Body: body, Error: resp.Error.Error()}
+		if errors.As(resp.Error, &we) {
+			rep.Error = fmt.Sprintf("JSON-RPC error %d: %s", we.Code, we.Message)
+			if we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.hasCode(we.Code) {
+				rep.Outcome = residual.Failed
+			}
+		}
+		return rep
+	}
+	var result struct {
+		IsError bool `json:"isError"`
+		Content []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(resp.Result, &result); err != nil {
+		return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "upstream's result is not a tool result: " + err.Error()}
+	}
+	if !result.IsError {
+		return interceptor.Report{Outcome: residual.Succeeded, Body: resp.Result}
+	}
+	var text []string
+	for _, c := range result.Content {
+		if c.Type == "text" {
+			text = append(text, c.Text)
+		}
+	}
+	joined := strings.Join(text, "\n")
+	if rule.matches(joined) {
+		return interceptor.Report{Outcome: residual.Failed, Body: resp.Result, Error: "isError result matching a no_effect pattern: " + joined}
+	}
+	return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "isError result: " + joined}
+}
+
+// textBlock is an MCP text content block.
+func textBlock(text string) map[string]any { return map[string]any{"type": "text", "text": text} }
+
+// replayed is the host's answer to a replay: the recorded result, a text block first that
+// says it is a replay, and MetaReplayed and MetaCall in its _meta.
+func replayed(res *interceptor.Result) json.RawMessage {
+	note := tools.ReplayNote(res)
+	meta := map[string]any{MetaReplayed: true, MetaCall: map[string]any{
+		"key": res.Key, "attempt": res.Attempt, "token": res.Token, "recorded_at": res.RecordedAt, "truncated": res.Truncated,
+	}}
+	var doc map[string]json.RawMessage
+	if res.Truncated || json.Unmarshal(res.Output, &doc) != nil || doc == nil {
+		// A cut (or foreign) result cannot be given back in its shape: show it as text.
+		out, _ := json.Marshal(map[string]any{"content": []any{textBlock(note + ": " + string(res.Output))}, "_meta": meta})
+		return out
+	}
+	var content []json.RawMessage
+	_ = json.Unmarshal(doc["content"], &content)
+	first, _ := json.Marshal(textBlock(note))
+	doc["content"], _ = json.Marshal(append([]json.RawMessage{first}, content...))
+	var old map[string]json.RawMessage
+	_ = json.Unmarshal(doc["_meta"], &old)
+	merged := map[string]any{}
+	for k, v := range old {
+		merged[k] = v
+	}
+	for k, v := range meta {
+		merged[k] = v
+	}
+	doc["_meta"], _ = json.Marshal(merged)
+	out, _ := json.Marshal(doc)
+	return out
+}
+
+// errorResult is the isError tool result of err about a call of tool: the observation the
+// tools package renders (what happened, what to do), upstream's own content after it when
+// there was an answer, and the details in _meta (MetaError).
+func errorResult(tool, up string, upstream json.RawMessage, err error) json.RawMessage {
+	info := mcpserver.ErrorInfo{Kind: KindUnavailable, Message: err.Error()}
+	var v *interceptor.Violation
+	switch {
+	case errors.As(err, &v):
+		info = mcpserver.ErrorInfo{Kind: string(v.Kind), Message: v.Describe(), Recovery: v.Recovery, Violation: mcpserver.ViolationView(v)}
+	case errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge), errors.Is(err, interceptor.ErrNoTask):
+		info.Kind = KindInvalidInput
+	}
+	content := []any{textBlock(tools.Observe(tool, up, nil, err))}
+	var doc struct {
+		Content []json.RawMessage `json:"content"`
+	}
+	if len(upstream) > 0 && json.Unmarshal(upstream, &doc) == nil {
+		for _, c := range doc.Content {
+			content = append(content, c)
+		}
+	}
+	out, _ := json.Marshal(map[string]any{"content": content, "isError": true, "_meta": map[string]any{MetaError: info}})
+	return out
+}
+
+// refusal is an isError result for a call refused before the barrier.
+func refusal(tool, kind, text string) json.RawMessage {
+	out, _ := json.Marshal(map[string]any{"content": []any{textBlock(text)}, "isError": true,
+		"_meta": map[string]any{MetaError: mcpserver.ErrorInfo{Kind: kind, Message: text}}})
+	return out
+}

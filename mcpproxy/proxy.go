@@ -1,0 +1,324 @@
+package mcpproxy
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolfence/toolfence/interceptor"
+)
+
+// Keys of the proxy in MCP _meta objects.
+const (
+	// MetaTask is the request _meta field (a string) that names the task of a tools/call;
+	// it overrides Config.Task for that call.
+	MetaTask = "toolfence.dev/task"
+	// MetaReplayed is true in the _meta of a replayed result.
+	MetaReplayed = "toolfence.dev/replayed"
+	// MetaCall holds the key, attempt, token and recorded time of a replayed result.
+	MetaCall = "toolfence.dev/call"
+	// MetaError holds the structured details (mcpserver.ErrorInfo) of an isError result the
+	// proxy made: a violation, a refused input or policy, an unknown outcome.
+	MetaError = "toolfence.dev/error"
+)
+
+// Kinds of MetaError details that are not violation kinds.
+const (
+	// KindPolicy: the policy does not fit the upstream (a tool it names is not listed).
+	KindPolicy = "policy"
+	// KindInvalidInput: the call's arguments or task are malformed; nothing was sent.
+	KindInvalidInput = "invalid_input"
+	// KindUnavailable: the ledger or the upstream's tool list failed; nothing was sent.
+	KindUnavailable = "unavailable"
+)
+
+// DefaultTimeout is how long the proxy waits for upstream's answer to a protected call.
+const DefaultTimeout = 2 * time.Minute
+
+var serverIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// Config configures a Proxy.
+type Config struct {
+	// ServerID names the upstream server in operations (<ServerID>/<tool>). Required:
+	// letters, digits, '.', '_' and '-', at most 64. Keep it stable: a new id is a new key space.
+	ServerID string
+	// Task is the task of calls whose request names none in _meta (MetaTask). Defaults to
+	// DefaultTask(ServerID): the same across host and proxy restarts.
+	Task string
+	// Policy decides which tools are protected and how. Defaults to the zero Policy.
+	Policy *Policy
+	// Timeout bounds the wait for upstream's answer to a protected call (a tool's policy may
+	// set its own). Defaults to DefaultTimeout.
+	Timeout time.Duration
+	// Logger gets warnings (policy problems, calls keyed by an argument digest). Defaults to
+	// discarding them.
+	Logger *slog.Logger
+}
+
+// DefaultTask returns the task of calls through a proxy for serverID when neither the call's
+// _meta nor Config.Task names one: "mcp-proxy:<serverID>". It is stable across restarts, so
+// a call repeated later with the same target and arguments is a replay, not a new effect.
+func DefaultTask(serverID string) string { return "mcp-proxy:" + serverID }
+
+// Proxy guards the tools/call requests of one upstream MCP server. It is safe for
+// concurrent use; each Serve relays one host session.
+type Proxy struct {
+	ic  *interceptor.Interceptor
+	cfg Config
+	log *slog.Logger
+
+	warned sync.Map // tool name → struct{}: digest-target warning given
+}
+
+// New returns a proxy that guards calls with ic. It returns an error for a missing or
+// malformed ServerID, a negative Timeout, or a policy lease not longer than ic's margin.
+func New(ic *interceptor.Interceptor, cfg Config) (*Proxy, error) {
+	if ic == nil {
+		return nil, errors.New("mcpproxy: nil interceptor")
+	}
+	if !serverIDPattern.MatchString(cfg.ServerID) {
+		return nil, fmt.Errorf("mcpproxy: server id %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", cfg.ServerID)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("mcpproxy: timeout %v is negative", cfg.Timeout)
+	}
+	cfg.Task = cmp.Or(cfg.Task, DefaultTask(cfg.ServerID))
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	if cfg.Policy == nil {
+		cfg.Policy = &Policy{}
+	}
+	margin := ic.Settings().Margin
+	for _, name := range cfg.Policy.names() {
+		if l := time.Duration(cfg.Policy.Tools[name].Lease); l != 0 && l <= margin {
+			return nil, fmt.Errorf("%w: tool %q: lease %v is not longer than the safety margin %v", ErrPolicy, name, l, margin)
+		}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Proxy{ic: ic, cfg: cfg, log: log}, nil
+}
+
+// Serve relays one host session: messages from down (the host) go to up (the upstream
+// server) and back, untouched, except tools/call requests of protected tools, which pass
+// the barrier. It returns when either side ends (nil for a clean EOF), after every guarded
+// call in flight has been settled, and closes both connections.
+func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
+		calls: map[string]context.CancelCauseFunc{}, upDone: make(chan struct{})}
+	upErr, downErr := make(chan error, 1), make(chan error, 1)
+	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
+	go func() { downErr <- s.readDownstream(ctx) }()
+	var err error
+	select {
+	case err = <-downErr:
+	case err = <-upErr:
+		if err == nil {
+			err = errUpstreamGone
+		}
+	}
+	s.wg.Wait()
+	cancel()
+	_ = down.Close()
+	_ = up.Close()
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+var errUpstreamGone = errors.New("mcpproxy: the upstream server closed the connection")
+
+// session is the state of one Serve.
+type session struct {
+	p        *Proxy
+	down, up mcp.Connection
+	wg       sync.WaitGroup
+	seq      atomic.Uint64
+	upDone   chan struct{}
+
+	mu      sync.Mutex
+	waiting map[string]chan *jsonrpc.Response  // our request id → its answer
+	calls   map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
+	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
+	catErr  error
+}
+
+func (s *session) readDownstream(ctx context.Context) error {
+	for {
+		msg, err := s.down.Read(ctx)
+		if err != nil {
+			return err
+		}
+		if req, ok := msg.(*jsonrpc.Request); ok {
+			switch {
+			case req.Method == "tools/call" && req.IsCall():
+				s.wg.Add(1)
+				go s.call(ctx, req)
+				continue
+			case req.Method == "notifications/cancelled" && s.cancelled(req):
+				continue
+			}
+		}
+		if err := s.up.Write(ctx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) readUpstream(ctx context.Context) error {
+	for {
+		msg, err := s.up.Read(ctx)
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Response:
+			if id, ok := m.ID.Raw().(string); ok {
+				s.mu.Lock()
+				ch := s.waiting[id]
+				delete(s.waiting, id)
+				s.mu.Unlock()
+				if ch != nil {
+					ch <- m
+					continue
+				}
+			}
+		case *jsonrpc.Request:
+			if m.Method == "notifications/tools/list_changed" {
+				s.mu.Lock()
+				s.catalog, s.catErr = nil, nil
+				s.mu.Unlock()
+			}
+		}
+		if err := s.down.Write(ctx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+// hostKey identifies a host's request id (numbers and strings apart).
+func hostKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
+
+// cancelled ends the guarded call a host's notifications/cancelled names, and reports
+// whether it named one (the proxy then sends its own cancellation upstream).
+func (s *session) cancelled(req *jsonrpc.Request) bool {
+	var params struct {
+		RequestID any    `json:"requestId"`
+		Reason    string `json:"reason"`
+	}
+	if json.Unmarshal(req.Params, &params) != nil {
+		return false
+	}
+	id, err := jsonrpc.MakeID(params.RequestID)
+	if err != nil {
+		return false
+	}
+	s.mu.Lock()
+	cancel := s.calls[hostKey(id)]
+	s.mu.Unlock()
+	if cancel == nil {
+		return false
+	}
+	cancel(fmt.Errorf("the host cancelled the call (%s)", cmp.Or(params.Reason, "no reason given")))
+	return true
+}
+
+// roundTrip sends one request of the proxy's own upstream and waits for its answer. A nil
+// response comes with the reason it never came: ctx ended (a cancellation is sent
+// upstream), the upstream is gone, or the request could not be written.
+func (s *session) roundTrip(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
+	idText := "toolfence-proxy:" + strconv.FormatUint(s.seq.Add(1), 10)
+	id, _ := jsonrpc.MakeID(idText)
+	ch := make(chan *jsonrpc.Response, 1)
+	s.mu.Lock()
+	s.waiting[idText] = ch
+	s.mu.Unlock()
+	forget := func() {
+		s.mu.Lock()
+		delete(s.waiting, idText)
+		s.mu.Unlock()
+	}
+	if err := s.up.Write(context.WithoutCancel(ctx), &jsonrpc.Request{ID: id, Method: method, Params: params}); err != nil {
+		forget()
+		return nil, fmt.Errorf("sending %s upstream: %w", method, err)
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+		forget()
+		cause := context.Cause(ctx)
+		note, _ := json.Marshal(map[string]any{"requestId": idText, "reason": "toolfence proxy: " + cause.Error()})
+		_ = s.up.Write(context.WithoutCancel(ctx), &jsonrpc.Request{Method: "notifications/cancelled", Params: note})
+		return nil, cause
+	case <-s.upDone:
+		forget()
+		return nil, errUpstreamGone
+	}
+}
+
+// tools returns the upstream's tool list, fetched once per session (again after
+// list_changed), and the policy's verdict on it.
+func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
+	s.mu.Lock()
+	cat, catErr := s.catalog, s.catErr
+	s.mu.Unlock()
+	if cat != nil {
+		return cat, catErr
+	}
+	cat = map[string]toolInfo{}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cursor := ""
+	for {
+		params := json.RawMessage(`{}`)
+		if cursor != "" {
+			params, _ = json.Marshal(map[string]string{"cursor": cursor})
+		}
+		r, err := s.roundTrip(ctx, "tools/list", params)
+		if err == nil && r.Error != nil {
+			err = r.Error
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
+		}
+		var page struct {
+			Tools      []toolInfo `json:"tools"`
+			NextCursor string     `json:"nextCursor"`
+		}
+		if err := json.Unmarshal(r.Result, &page); err != nil {
+			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
+		}
+		for _, t := range page.Tools {
+			cat[t.Name] = t
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		cursor = page.NextCursor
+	}
+	catErr = s.p.cfg.Policy.checkCatalog(s.p.cfg.ServerID, cat)
+	if catErr != nil {
+		s.p.log.Error("toolfence proxy: every tools/call is refused until the policy is fixed", "err", catErr)
+	}
+	s.mu.Lock()
+	s.catalog, s.catErr = cat, catErr
+	s.mu.Unlock()
+	return cat, catErr
+}

@@ -1,0 +1,91 @@
+package mcpproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Upstream is an upstream MCP server running as a stdio child in its own process group, so a
+// signal meant for the host's process group does not reach it mid-call, and Close ends it
+// with everything it started.
+type Upstream struct {
+	cmd  *exec.Cmd
+	conn mcp.Connection
+	once sync.Once
+	done chan struct{}
+	err  error
+}
+
+// StartUpstream starts argv (the command and its arguments) with its stdin and stdout as the
+// MCP connection and its stderr on stderr (discarded when nil). It returns an error naming
+// the command when it cannot be started.
+func StartUpstream(ctx context.Context, argv []string, stderr io.Writer) (*Upstream, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("mcpproxy: no upstream command: give it after --, e.g. toolfence proxy -- npx some-mcp-server")
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("mcpproxy: upstream %q: %w", argv[0], err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("mcpproxy: upstream %q: %w", argv[0], err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("mcpproxy: starting upstream %q: %w", argv[0], err)
+	}
+	u := &Upstream{cmd: cmd, done: make(chan struct{})}
+	go func() { u.err = cmd.Wait(); close(u.done) }()
+	u.conn, err = (&mcp.IOTransport{Reader: out, Writer: in}).Connect(ctx)
+	if err != nil {
+		_ = u.Close()
+		return nil, err
+	}
+	return u, nil
+}
+
+// Conn returns the connection to the upstream server.
+func (u *Upstream) Conn() mcp.Connection { return u.conn }
+
+// Pid returns the upstream's process id (also its process group id).
+func (u *Upstream) Pid() int { return u.cmd.Process.Pid }
+
+// Close closes the upstream's stdin, gives it 2 s to exit, then kills its process group. It
+// returns nil once the process has exited.
+func (u *Upstream) Close() error {
+	u.once.Do(func() {
+		if u.conn != nil {
+			_ = u.conn.Close()
+		}
+		select {
+		case <-u.done:
+		case <-time.After(2 * time.Second):
+			_ = syscall.Kill(-u.cmd.Process.Pid, syscall.SIGKILL)
+			<-u.done
+		}
+	})
+	return nil
+}
+
+// Stdio returns the connection of a proxy to its host over r (the host's requests, usually
+// os.Stdin) and w (the answers, usually os.Stdout): newline-delimited JSON-RPC. Closing the
+// connection ends a pending read; it closes neither r nor w.
+func Stdio(r io.Reader, w io.Writer) mcp.Connection {
+	conn, _ := (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopCloser{w}}).Connect(context.Background())
+	return conn
+}
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
