@@ -100,7 +100,7 @@ func runProxy() error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{LeaseTTL: 5 * time.Second})
+	ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second})
 	if err != nil {
 		return err
 	}

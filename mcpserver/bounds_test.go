@@ -61,7 +61,7 @@ func allocated(f func()) uint64 {
 // refused before it is decoded (it cost ~70 MB to decode before), and so is JSON nested
 // past MaxDepth; a begin_call of ordinary shape still works.
 func TestHostileRequestBounded(t *testing.T) {
-	e := setupWith(t, interceptor.Config{MaxArgs: interceptor.DefaultMaxArgs, MaxResult: interceptor.DefaultMaxResult}, nil)
+	e := setupWith(t, interceptor.Options{MaxArgs: interceptor.DefaultMaxArgs, MaxResult: interceptor.DefaultMaxResult}, nil)
 	body := hostileBegin(2 << 20)
 	var status int
 	var answer string
@@ -72,7 +72,7 @@ func TestHostileRequestBounded(t *testing.T) {
 	require.Less(t, cost, uint64(24<<20), "refused before it was materialised")
 
 	// For comparison (as before the bound): the same request decoded whole.
-	loose := setupWith(t, interceptor.Config{MaxArgs: interceptor.DefaultMaxArgs, MaxResult: interceptor.DefaultMaxResult},
+	loose := setupWith(t, interceptor.Options{MaxArgs: interceptor.DefaultMaxArgs, MaxResult: interceptor.DefaultMaxResult},
 		func(o *mcpserver.Options) { o.MaxValues = 1 << 30 })
 	unbounded := allocated(func() { status, _ = postModern(t, loose.url, tokA, body) })
 	t.Logf("the same without the bound: HTTP %d, %.1f MB allocated", status, float64(unbounded)/1e6)

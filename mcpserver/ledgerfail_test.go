@@ -59,7 +59,7 @@ func TestLedgerFailureLoggedNotLeaked(t *testing.T) {
 	led, err := badger.Open(t.TempDir(), badger.Options{Clock: lease.NewFake(t0)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, led.Close()) })
-	ic, err := interceptor.New(brokenLedger{led}, interceptor.Config{Namespace: nsA, Clock: lease.NewFake(t0)})
+	ic, err := interceptor.New(brokenLedger{led}, interceptor.Options{Namespace: nsA, Clock: lease.NewFake(t0)})
 	require.NoError(t, err)
 	var log syncBuffer
 	srv, err := mcpserver.New(ic, mcpserver.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})

@@ -73,7 +73,7 @@ Example:
 				return err
 			}
 			defer l.Close()
-			ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, Logger: log})
+			ic, err := interceptor.New(l, interceptor.Options{Namespace: a.namespace, LeaseTTL: f.lease, Logger: log})
 			if err != nil {
 				return usagef("%v", err)
 			}
