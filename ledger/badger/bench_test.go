@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/ledgertest"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -190,24 +191,5 @@ func fillSettled(b *testing.B, l *Ledger, n int) {
 func BenchmarkListFiltered(b *testing.B) {
 	l := openBench(b, Options{})
 	fillSettled(b, l, 20_000)
-	open := []residual.State{residual.Pending, residual.Unknown, residual.Accepted}
-	for _, c := range []struct {
-		name string
-		p    ledger.ListParams
-		want int
-	}{
-		{"no-match-task", ledger.ListParams{Namespace: "bench", States: open, Task: "no-such-task"}, 0},
-		{"no-match-target", ledger.ListParams{Namespace: "bench", States: open, Target: "no-such-target"}, 0},
-		{"open-among-settled", ledger.ListParams{Namespace: "bench", States: open}, 1},
-		{"task-settled-page", ledger.ListParams{Namespace: "bench", Task: "task-7", Limit: 100}, 100},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			for b.Loop() {
-				page, err := l.List(b.Context(), c.p)
-				if err != nil || len(page.Residuals) != c.want {
-					b.Fatalf("list: %v, %d residuals, want %d", err, len(page.Residuals), c.want)
-				}
-			}
-		})
-	}
+	ledgertest.BenchListFiltered(b, l, "bench")
 }

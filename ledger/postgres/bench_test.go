@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/ledgertest"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -272,24 +273,5 @@ func BenchmarkPostgresListFiltered(b *testing.B) {
 	schema := newSchema(b)
 	l := open(b, schema, postgres.Options{MaxConns: 1})
 	fillSettled(b, l, schema, 20_000)
-	open := []residual.State{residual.Pending, residual.Unknown, residual.Accepted}
-	for _, c := range []struct {
-		name string
-		p    ledger.ListParams
-		want int
-	}{
-		{"no-match-task", ledger.ListParams{Namespace: "bench", States: open, Task: "no-such-task"}, 0},
-		{"no-match-target", ledger.ListParams{Namespace: "bench", States: open, Target: "no-such-target"}, 0},
-		{"open-among-settled", ledger.ListParams{Namespace: "bench", States: open}, 1},
-		{"task-settled-page", ledger.ListParams{Namespace: "bench", Task: "task-7", Limit: 100}, 100},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			for b.Loop() {
-				page, err := l.List(context.Background(), c.p)
-				if err != nil || len(page.Residuals) != c.want {
-					b.Fatalf("list: %v, %d residuals, want %d", err, len(page.Residuals), c.want)
-				}
-			}
-		})
-	}
+	ledgertest.BenchListFiltered(b, l, "bench")
 }
