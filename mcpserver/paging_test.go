@@ -11,8 +11,9 @@ import (
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
-// TestListingsArePaged: resources/list, toolfence://pending and reconcile without a key
-// answer at most PageSize entries and say when more remain; following the cursors reaches
+// TestListingsArePaged: resources/list, toolfence://pending, reconcile without a key and
+// list_pending (by its limit, with filters) answer at most PageSize entries and say when
+// more remain; following the cursors reaches
 // every open residual exactly once (toolfence://pending used to stop at its first page
 // with no way on, resources/list and reconcile answered everything at once).
 func TestListingsArePaged(t *testing.T) {
@@ -88,4 +89,32 @@ func TestListingsArePaged(t *testing.T) {
 		in = m{"cursor": r.NextCursor}
 	}
 	require.Equal(t, keys, got)
+
+	// list_pending, filtered, by its own limit: the text and next_cursor say when more
+	// remain, and only then.
+	got = map[string]bool{}
+	in = m{"task": "t", "operation": "op", "state": "pending", "limit": page}
+	for range n + 2 {
+		res := callTool(t, c, mcpserver.ToolListPending, in)
+		require.False(t, res.IsError, text(res))
+		var r mcpserver.ListResult
+		require.NoError(t, json.Unmarshal(res.RawStructuredContent, &r))
+		require.LessOrEqual(t, len(r.Residuals), page)
+		for _, o := range r.Residuals {
+			require.False(t, got[o.Key], "listed twice: %s", o.Key)
+			got[o.Key] = true
+		}
+		if r.NextCursor == "" {
+			require.NotContains(t, text(res), "more")
+			break
+		}
+		require.Len(t, r.Residuals, page)
+		require.Contains(t, text(res), "(more: pass next_cursor)")
+		in["cursor"] = r.NextCursor
+	}
+	require.Equal(t, keys, got)
+	none := callTool(t, c, mcpserver.ToolListPending, m{"task": "no-such-task"})
+	require.False(t, none.IsError, text(none))
+	require.Contains(t, text(none), "0 open residual(s)")
+	require.NotContains(t, text(none), "more", "a filter that matches nothing says there is nothing more")
 }

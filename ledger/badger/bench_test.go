@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/ledgertest"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -145,4 +146,50 @@ func BenchmarkCycle600(b *testing.B) {
 		b.StartTimer()
 		failedCycle(b, l, p)
 	}
+}
+
+// fillSettled writes n succeeded residuals to namespace "bench" directly (in transactions
+// of 500, without the per-step sync), spread over 100 tasks, 10 operations and n targets,
+// and one live pending residual (task "task-open"): a namespace of many settled residuals
+// with little left open, as a long-running agent fleet leaves it.
+func fillSettled(b *testing.B, l *Ledger, n int) {
+	now := l.now()
+	for start := 0; start < n; start += 500 {
+		err := l.update(b.Context(), "fill", func(t *tx, _ time.Time) (bool, error) {
+			for i := start; i < min(start+500, n); i++ {
+				task, op, target := fmt.Sprint("task-", i%100), fmt.Sprint("op-", i%10), fmt.Sprint("item:", i)
+				r := &residual.Residual{
+					Key: residual.Key("bench", task, op, target), Namespace: "bench", Task: task,
+					Operation: op, Target: target, State: residual.Succeeded, RequestDigest: "d", Token: 1,
+					Attempts: []residual.Attempt{{N: 1, Holder: "agent", Token: 1, LeaseExpires: now.Add(time.Minute),
+						Started: now, Ended: now, RequestDigest: "d", Outcome: residual.Succeeded, Released: true}},
+					AttemptCount: 1, Result: []byte(`{"ok":true}`), CreatedAt: now, UpdatedAt: now,
+				}
+				if err := putResidual(t, r); err != nil {
+					return false, err
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	p := benchParams(0)
+	p.Task = "task-open"
+	p.Key = residual.Key(p.Namespace, p.Task, p.Operation, p.Target)
+	p.TTL = time.Hour
+	if res, err := l.Reserve(b.Context(), p); err != nil || res.Decision != ledger.Acquired {
+		b.Fatalf("reserve: %v %v", res, err)
+	}
+}
+
+// BenchmarkListFiltered lists one page of a namespace of 20,000 settled residuals with the
+// filters of list_pending (the open states): a task that matches nothing, and no field
+// filter at all (one open residual among 20,000 settled ones). Issue 14 item 5: both read
+// every residual of the namespace when the filters are checked in memory.
+func BenchmarkListFiltered(b *testing.B) {
+	l := openBench(b, Options{})
+	fillSettled(b, l, 20_000)
+	ledgertest.BenchListFiltered(b, l, "bench")
 }

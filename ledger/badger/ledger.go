@@ -181,6 +181,11 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256)); err == nil {
 		l.gs.batch = func(n uint64) { h.Record(context.Background(), int64(n)) }
 	}
+	if err := l.buildIndex(); err != nil {
+		l.logs.close()
+		_ = db.Close()
+		return nil, err
+	}
 	// Make everything badger wrote while opening durable before the first step relies on it.
 	if err := l.gs.wait(l.gs.committed()); err != nil {
 		l.logs.close()
@@ -279,6 +284,8 @@ type tx struct {
 	big     bool     // a value goes to the value log
 	// puts holds the residuals written (nil: deleted) by store key, for the open index.
 	puts map[string]*openEntry
+	// stored holds what was read of each residual (by store key), for the filter index.
+	stored map[string]storedInfo
 }
 
 // set stages key = value, noting a value that badger will put in the value log, so update
@@ -393,8 +400,9 @@ func (l *Ledger) view(ctx context.Context, fn func(t *tx, now time.Time) error) 
 }
 
 // Storage layout: residual JSON under "r/<namespace>\x00<key>"; the highest fencing token
-// ever issued for the key, big-endian uint64, under "t/<namespace>\x00<key>". GC deletes
-// r/ entries only, so tokens keep growing across collection.
+// ever issued for the key, big-endian uint64, under "t/<namespace>\x00<key>"; the filter
+// index under "x/" (see index.go). GC deletes r/ entries and their x/ entries only, so
+// tokens keep growing across collection.
 const (
 	residualPrefix = "r/"
 	tokenPrefix    = "t/"
@@ -424,8 +432,10 @@ func decodeItem(t *tx, item *dbadger.Item, name string, r *residual.Residual) er
 // readResidual loads the residual of (ns, key) and its stored length, or returns an error
 // wrapping residual.ErrNotFound.
 func readResidual(t *tx, ns, key string) (*residual.Residual, int, error) {
-	item, err := t.txn.Get(storeKey(residualPrefix, ns, key))
+	k := storeKey(residualPrefix, ns, key)
+	item, err := t.txn.Get(k)
 	if errors.Is(err, dbadger.ErrKeyNotFound) {
+		t.noteStored(k, storedInfo{})
 		return nil, 0, fmt.Errorf("%w: key %s in namespace %q", residual.ErrNotFound, key, ns)
 	}
 	if err != nil {
@@ -435,6 +445,7 @@ func readResidual(t *tx, ns, key string) (*residual.Residual, int, error) {
 	if err := decodeItem(t, item, key, &r); err != nil {
 		return nil, 0, err
 	}
+	t.noteStored(k, storedInfo{exists: true, open: r.State.Open()})
 	return &r, int(item.ValueSize()), nil
 }
 
@@ -460,6 +471,9 @@ func putResidual(t *tx, r *residual.Residual) error {
 		return fmt.Errorf("ledger/badger: encode residual %s: %w", r.Key, err)
 	}
 	k := storeKey(residualPrefix, r.Namespace, r.Key)
+	if err := indexResidual(t, k, r); err != nil {
+		return err
+	}
 	if err := t.set(k, v); err != nil {
 		return fmt.Errorf("ledger/badger: write residual %s: %w", r.Key, err)
 	}

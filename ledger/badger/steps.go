@@ -266,8 +266,10 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 	return out, nil
 }
 
-// List implements ledger.Ledger. It scans the namespace in key order from the cursor,
-// filtering on the effective state, and reads one match past the page to tell whether a
+// List implements ledger.Ledger. With a task, operation or target, or with open states
+// only, it walks the filter index (listIndexed, see index.go) and reads only the residuals
+// the index names; otherwise it scans the namespace in key order from the cursor. Either way
+// it filters on the effective state and reads one match past the page to tell whether a
 // next page exists. The cursor is the last key of the page; a page never repeats it.
 func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
 	if err := p.Validate(); err != nil {
@@ -275,7 +277,20 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	}
 	limit := rules.PageLimit(p.Limit)
 	page := &ledger.Page{Residuals: []*residual.Residual{}}
+	// add takes one match and reports whether the listing goes on.
+	add := func(r *residual.Residual) bool {
+		if len(page.Residuals) == limit {
+			page.NextCursor = page.Residuals[limit-1].Key
+			return false
+		}
+		page.Residuals = append(page.Residuals, r)
+		return true
+	}
 	err := l.view(ctx, func(t *tx, now time.Time) error {
+		page.Residuals, page.NextCursor = page.Residuals[:0], ""
+		if prefixes := listPrefixes(p); len(prefixes) > 0 {
+			return listIndexed(ctx, t, p, prefixes, now, add)
+		}
 		prefix := nsPrefix(p.Namespace)
 		it := t.txn.NewIterator(dbadger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: min(limit+1, 100)})
 		defer it.Close()
@@ -294,14 +309,9 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 				return err
 			}
 			r.State = r.EffectiveState(now)
-			if !rules.Matches(p, &r) {
-				continue
-			}
-			if len(page.Residuals) == limit {
-				page.NextCursor = page.Residuals[limit-1].Key
+			if rules.Matches(p, &r) && !add(&r) {
 				return nil
 			}
-			page.Residuals = append(page.Residuals, &r)
 		}
 		return nil
 	})
@@ -373,6 +383,9 @@ func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 				}
 				if err := t.del(k); err != nil {
 					return false, fmt.Errorf("ledger/badger: gc delete %q: %w", k, err)
+				}
+				if err := unindexResidual(t, &r); err != nil {
+					return false, err
 				}
 				deleted++
 			}

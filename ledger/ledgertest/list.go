@@ -15,6 +15,7 @@ var listCases = []testCase{
 	{"ListFiltersByEffectiveState", listFiltersByEffectiveState},
 	{"ListFiltersByTaskOperationTarget", listFiltersByTaskOperationTarget},
 	{"ListPagesInKeyOrder", listPagesInKeyOrder},
+	{"ListFilteredPages", listFilteredPages},
 	{"NamespacesIsolated", namespacesIsolated},
 	{"GCRemovesOnlyOldSettled", gcRemovesOnlyOldSettled},
 	{"GCKeepsTokensGrowing", gcKeepsTokensGrowing},
@@ -241,4 +242,133 @@ func gcKeepsTokensGrowing(e *env) {
 	// The collected holder's commit is refused, not resurrected.
 	_, err = e.l.Commit(e.ctx, c.commit("agent-b", b.Lease.Token, residual.Succeeded))
 	requireErr(e.t, err, residual.ErrLeaseLost)
+}
+
+// Filtered listings page like unfiltered ones (issue 14 item 5: backends answer them from
+// indexes): for each combination of task, operation, target and states, pages of two visit
+// every match exactly once in key order, every page but the last is full and only the last
+// has no cursor; a filter that matches nothing answers one empty last page. A residual that
+// leaves the filter between two pages (the cursor's own, settled meanwhile) does not stop
+// the listing, and one collected by GC is no longer listed.
+func listFilteredPages(e *env) {
+	ns := "ns-" + e.t.Name()
+	type made struct {
+		c     call
+		state residual.State
+	}
+	var all []made
+	n := 0
+	for _, task := range []string{"task-a", "task-b"} {
+		for _, op := range []string{"op-1", "op-2"} {
+			for _, st := range []residual.State{residual.Pending, residual.Succeeded, residual.Failed, residual.Accepted, residual.Unknown} {
+				n++
+				c := call{ns: ns, task: task, op: op, target: fmt.Sprintf("item:%d", n%7)}
+				p := c.reserve("agent-a", "digest-1")
+				if st == residual.Unknown {
+					p.TTL = time.Second // expires below: an unknown residual
+				} else {
+					p.TTL = time.Hour
+				}
+				a := e.acquire(p)
+				if st.Terminal() || st == residual.Accepted {
+					e.commit(c.commit("agent-a", a.Lease.Token, st))
+				}
+				all = append(all, made{c, st})
+			}
+		}
+	}
+	e.advance(time.Minute)
+	open := []residual.State{residual.Pending, residual.Unknown, residual.Accepted}
+	want := func(p ledger.ListParams) []string {
+		out := []string{}
+		for _, m := range all {
+			if p.Task != "" && m.c.task != p.Task || p.Operation != "" && m.c.op != p.Operation ||
+				p.Target != "" && m.c.target != p.Target || len(p.States) > 0 && !slices.Contains(p.States, m.state) {
+				continue
+			}
+			out = append(out, m.c.key())
+		}
+		slices.Sort(out)
+		return out
+	}
+	// pages lists p in pages of two and checks their shape.
+	pages := func(p ledger.ListParams) []string {
+		p.Namespace, p.Limit = ns, 2
+		got := []string{}
+		for i := 0; ; i++ {
+			require.Less(e.t, i, 100, "filter %+v: the listing does not end", p)
+			page, err := e.l.List(e.ctx, p)
+			require.NoError(e.t, err, "filter %+v", p)
+			got = append(got, keys(page.Residuals)...)
+			for _, r := range page.Residuals {
+				require.Equal(e.t, ns, r.Namespace)
+				if len(p.States) > 0 {
+					require.Contains(e.t, p.States, r.State, "filter %+v: %s", p, r.Key)
+				}
+			}
+			if page.NextCursor == "" {
+				return got
+			}
+			require.Len(e.t, page.Residuals, 2, "filter %+v: a page with a cursor is full", p)
+			require.Equal(e.t, page.Residuals[1].Key, page.NextCursor)
+			p.Cursor = page.NextCursor
+		}
+	}
+	for _, p := range []ledger.ListParams{
+		{},
+		{Task: "task-a"},
+		{Operation: "op-2"},
+		{Target: "item:3"},
+		{Task: "task-b", Operation: "op-1"},
+		{Task: "task-a", Target: "item:1"},
+		{Task: "task-a", Operation: "op-1", Target: "item:1"},
+		{States: open},
+		{States: []residual.State{residual.Unknown}},
+		{States: []residual.State{residual.Pending}},
+		{States: []residual.State{residual.Succeeded, residual.Failed}},
+		{Task: "task-b", States: open},
+		{Operation: "op-1", States: []residual.State{residual.Accepted}},
+		{Target: "item:2", States: []residual.State{residual.Succeeded}},
+		{Task: "task-none", States: open},
+		{Task: "task-a", Operation: "op-none"},
+		{Target: "item:none"},
+	} {
+		require.Equal(e.t, want(p), pages(p), "filter %+v", p)
+	}
+
+	// A filter that matches nothing answers one empty page that says it is the last.
+	page, err := e.l.List(e.ctx, ledger.ListParams{Namespace: ns, Task: "task-none", States: open})
+	require.NoError(e.t, err)
+	require.Empty(e.t, page.Residuals)
+	require.Empty(e.t, page.NextCursor)
+
+	// The cursor's residual settles between two pages: the listing goes on after it.
+	p := ledger.ListParams{Namespace: ns, Task: "task-a", States: []residual.State{residual.Pending}, Limit: 1}
+	first, err := e.l.List(e.ctx, p)
+	require.NoError(e.t, err)
+	require.Len(e.t, first.Residuals, 1)
+	require.NotEmpty(e.t, first.NextCursor)
+	cur := first.Residuals[0]
+	e.commit(ledger.CommitParams{Namespace: ns, Key: cur.Key, Holder: "agent-a", Token: cur.Token,
+		Outcome: residual.Failed, Margin: margin})
+	p.Cursor, p.Limit = first.NextCursor, 10
+	rest, err := e.l.List(e.ctx, p)
+	require.NoError(e.t, err)
+	pendingA := want(ledger.ListParams{Task: "task-a", States: []residual.State{residual.Pending}})
+	require.Equal(e.t, pendingA[1:], keys(rest.Residuals))
+	require.Empty(e.t, rest.NextCursor)
+	require.NotContains(e.t, keys(e.list(ledger.ListParams{Namespace: ns, States: open})), cur.Key,
+		"a settled residual leaves the open listing")
+	require.Contains(e.t, keys(e.list(ledger.ListParams{Namespace: ns, Task: "task-a", States: []residual.State{residual.Failed}})), cur.Key)
+
+	// GC: collected residuals are no longer listed under any filter.
+	e.advance(time.Hour)
+	_, err = e.l.GC(e.ctx, ledger.GCParams{Namespace: ns, Before: e.now()})
+	require.NoError(e.t, err)
+	for _, p := range []ledger.ListParams{{Task: "task-a"}, {Operation: "op-1"}, {Target: "item:2"}, {}} {
+		p.Namespace = ns
+		for _, r := range e.list(p) {
+			require.True(e.t, r.State.Open(), "filter %+v lists collected residual %s (%s)", p, r.Key, r.State)
+		}
+	}
 }

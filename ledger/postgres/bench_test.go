@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/ledgertest"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -238,4 +239,39 @@ func BenchmarkPostgresCycle600(b *testing.B) {
 		b.StartTimer()
 		reserveSettle(b, l, p, residual.Failed)
 	}
+}
+
+// fillSettled inserts n succeeded residuals into namespace "bench" of schema with one
+// statement (spread over 100 tasks, 10 operations and n targets), then one live pending
+// residual (task "task-open") through the ledger, and analyzes the table.
+func fillSettled(b *testing.B, l *postgres.Ledger, schema string, n int) {
+	admin := adminConn(b, schema)
+	ctx := context.Background()
+	_, err := admin.Exec(ctx, `INSERT INTO toolfence_residuals (namespace, key, task, operation, target, state,
+		request_digest, token, att_n, att_holder, att_token, att_lease_expires, att_started, att_ended,
+		att_request_digest, att_outcome, att_released, result, created_at, updated_at)
+	SELECT 'bench', 'tf1_' || encode(sha256(i::text::bytea), 'hex'), 'task-' || i % 100, 'op-' || i % 10,
+		'item:' || i, 'succeeded', 'd', 1, 1, 'agent', 1, now(), now(), now(), 'd', 'succeeded', true,
+		'{"ok":true}', now(), now()
+	FROM generate_series(1, $1) i`, n)
+	require.NoError(b, err)
+	p := ledger.ReserveParams{
+		Namespace: "bench", Key: residual.Key("bench", "task-open", "op-0", "open"), Task: "task-open",
+		Operation: "op-0", Target: "open", Holder: "agent", RequestDigest: "d", TTL: time.Hour,
+	}
+	res, err := l.Reserve(ctx, p)
+	require.NoError(b, err)
+	require.Equal(b, ledger.Acquired, res.Decision)
+	_, err = admin.Exec(ctx, `ANALYZE toolfence_residuals`)
+	require.NoError(b, err)
+}
+
+// BenchmarkPostgresListFiltered lists one page of a namespace of 20,000 settled residuals
+// with the filters of list_pending (the open states): a task that matches nothing, and no
+// field filter at all (one open residual among 20,000 settled ones). Issue 14 item 5.
+func BenchmarkPostgresListFiltered(b *testing.B) {
+	schema := newSchema(b)
+	l := open(b, schema, postgres.Options{MaxConns: 1})
+	fillSettled(b, l, schema, 20_000)
+	ledgertest.BenchListFiltered(b, l, "bench")
 }

@@ -20,12 +20,17 @@ import (
 // tables lists the tables of schema.
 func tables(t *testing.T, conn *pgx.Conn, schema string) []string {
 	t.Helper()
-	rows, err := conn.Query(context.Background(),
-		`SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, schema)
+	return names(t, conn, `SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, schema)
+}
+
+// names returns the one text column of query's rows.
+func names(t *testing.T, conn *pgx.Conn, query string, args ...any) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), query, args...)
 	require.NoError(t, err)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	return names
+	return out
 }
 
 func TestMigrateUpDownIdempotent(t *testing.T) {
@@ -257,11 +262,8 @@ func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
 // residuals.
 func TestMigrationKeepsTokensAcrossVersions(t *testing.T) {
 	t.Parallel()
-	schema := newSchema(t)
+	schema, opts := migrated(t)
 	ctx := context.Background()
-	opts := postgres.Options{Schema: schema}
-	_, _, err := postgres.Migrate(ctx, testDSN(), opts)
-	require.NoError(t, err)
 	_, to, err := postgres.MigrateDown(ctx, testDSN(), 1, opts)
 	require.NoError(t, err)
 	require.Equal(t, 1, to)
@@ -378,4 +380,50 @@ func TestMigrationTouchesOnlyItsSchema(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, theirs.QueryRow(ctx, `SELECT max(version) FROM toolfence_schema_migrations`).Scan(&n))
 	require.Equal(t, 1, n, "the other schema is still at version 1")
+}
+
+// migrated returns a fresh schema migrated to the latest version and the options naming it.
+func migrated(t *testing.T) (string, postgres.Options) {
+	t.Helper()
+	schema := newSchema(t)
+	opts := postgres.Options{Schema: schema}
+	_, _, err := postgres.Migrate(context.Background(), testDSN(), opts)
+	require.NoError(t, err)
+	return schema, opts
+}
+
+// indexes returns the names of the indexes of toolfence_residuals in schema.
+func indexes(t *testing.T, conn *pgx.Conn, schema string) []string {
+	t.Helper()
+	return names(t, conn, `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'toolfence_residuals' ORDER BY 1`, schema)
+}
+
+// Migration 0005 adds the filter indexes and its down removes exactly them; the listing
+// works at either version.
+func TestMigrationFilterIndexesUpDown(t *testing.T) {
+	t.Parallel()
+	schema, opts := migrated(t)
+	ctx := context.Background()
+	admin := adminConn(t, schema)
+	before := []string{"toolfence_residuals_open", "toolfence_residuals_pkey"}
+	filters := []string{"toolfence_residuals_open_key", "toolfence_residuals_operation", "toolfence_residuals_target", "toolfence_residuals_task"}
+	require.ElementsMatch(t, append(append([]string{}, before...), filters...), indexes(t, admin, schema))
+
+	from, to, err := postgres.MigrateDown(ctx, testDSN(), 4, opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{postgres.LatestVersion(), 4}, [2]int{from, to})
+	require.Equal(t, before, indexes(t, admin, schema), "down to 4 drops the filter indexes only")
+
+	from, to, err = postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{4, postgres.LatestVersion()}, [2]int{from, to})
+	require.ElementsMatch(t, append(append([]string{}, before...), filters...), indexes(t, admin, schema))
+
+	l := open(t, schema, postgres.Options{})
+	p := params("after-down-up", "h")
+	_, err = l.Reserve(ctx, p)
+	require.NoError(t, err)
+	page, err := l.List(ctx, ledger.ListParams{Namespace: ns, Task: p.Task, States: []residual.State{residual.Pending}})
+	require.NoError(t, err)
+	require.Len(t, page.Residuals, 1)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,17 +50,65 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 const effectiveSQL = `CASE WHEN r.state = 'pending' AND NOT (r.att_outcome = '' AND NOT r.att_released
 	AND r.att_lease_expires > c.now) THEN 'unknown' ELSE r.state END`
 
-// listSQL pages one namespace by key: $1 namespace, $2 cursor (exclusive), $3 task,
-// $4 operation, $5 target (an empty string matches all), $6 effective states (empty matches all),
-// $7 limit, $8 offset µs.
-var listSQL = `SELECT ` + cols("r") + `, c.now FROM toolfence_residuals r, (SELECT ` + now(8) + ` AS now) c
-WHERE r.namespace = $1 AND r.key > $2 AND r.state <> '` + collected + `'
-	AND ($3 = '' OR r.task = $3) AND ($4 = '' OR r.operation = $4) AND ($5 = '' OR r.target = $5)
-	AND (cardinality($6::text[]) = 0 OR ` + effectiveSQL + ` = ANY($6::text[]))
-ORDER BY r.key LIMIT $7`
+// listQuery returns the statement that pages one namespace by key with p's filters, and its
+// arguments. Only the filters p sets appear in it, so each shape of filter has its own
+// prepared statement whose plan can use the index of what it filters on (migration 0005): a
+// task, operation or target is an equality on (namespace, field, key); states that are all
+// open read the partial index of the open residuals. States filter on the effective state at
+// the server's clock: the stored states that can read as them narrow the rows first.
+func listQuery(p ledger.ListParams, limit int, offset int64) (string, []any) {
+	args := []any{p.Namespace, p.Cursor, limit + 1, offset}
+	var b strings.Builder
+	b.WriteString(`SELECT ` + cols("r") + `, c.now FROM toolfence_residuals r, (SELECT ` + now(4) + ` AS now) c
+WHERE r.namespace = $1 AND r.key > $2`)
+	for _, f := range []struct{ col, v string }{{"task", p.Task}, {"operation", p.Operation}, {"target", p.Target}} {
+		if f.v != "" {
+			args = append(args, f.v)
+			fmt.Fprintf(&b, " AND r.%s = $%d", f.col, len(args))
+		}
+	}
+	if len(p.States) == 0 {
+		b.WriteString(` AND r.state <> '` + collected + `'`)
+	} else {
+		// Literal state names (validated, from a fixed set), so the planner can prove that
+		// open states imply the predicate of the open index.
+		b.WriteString(" AND r.state IN (")
+		for i, s := range storedStates(p.States) {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("'" + string(s) + "'")
+		}
+		b.WriteString(")")
+		states := make([]string, 0, len(p.States))
+		for _, s := range p.States {
+			states = append(states, string(s))
+		}
+		args = append(args, states)
+		fmt.Fprintf(&b, " AND %s = ANY($%d::text[])", effectiveSQL, len(args))
+	}
+	b.WriteString(" ORDER BY r.key LIMIT $3")
+	return b.String(), args
+}
 
-// List implements ledger.Ledger: keyset pagination by key in one statement, filtering on
-// the effective state at the server's clock. NextCursor is the last key of a full page.
+// storedStates returns the stored states whose rows can have one of the effective states
+// want, in the order of residual.States: an expired pending reads as unknown.
+func storedStates(want []residual.State) []residual.State {
+	var out []residual.State
+	for _, s := range residual.States {
+		for _, w := range want {
+			if s == w || s == residual.Pending && w == residual.Unknown {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// List implements ledger.Ledger: keyset pagination by key in one statement (listQuery),
+// filtering on the effective state at the server's clock. It reads one row past the page to
+// tell whether more remain: NextCursor is the last key of a page that has more after it.
 func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -67,14 +116,11 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	states := make([]string, 0, len(p.States))
-	for _, s := range p.States {
-		states = append(states, string(s))
-	}
 	limit := rules.PageLimit(p.Limit)
 	var page *ledger.Page
 	_, err := l.retry(ctx, false, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
-		rows, err := c.Query(ctx, listSQL, p.Namespace, p.Cursor, p.Task, p.Operation, p.Target, states, limit+1, l.offset.Load())
+		sql, args := listQuery(p, limit, l.offset.Load())
+		rows, err := c.Query(ctx, sql, args...)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,8 @@
+package postgres
+
+import "github.com/toolfence/toolfence/ledger"
+
+// ListQuery exposes the statement List runs for p, for plan checks.
+func ListQuery(p ledger.ListParams) (string, []any) {
+	return listQuery(p, 100, 0)
+}
