@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpserver"
@@ -17,7 +18,8 @@ import (
 )
 
 // callParams are the parts of tools/call params the proxy reads; the params are forwarded
-// upstream as the host sent them.
+// upstream as the host sent them, but for the trace context in the _meta of a protected
+// call (withTraceContext).
 type callParams struct {
 	Name      string                     `json:"name"`
 	Arguments json.RawMessage            `json:"arguments"`
@@ -25,13 +27,25 @@ type callParams struct {
 }
 
 // call handles one tools/call of the host: forwarded untouched for a bypassed tool, through
-// the barrier for a protected one.
+// the barrier for a protected one. Each gets a span (startCall), ended as its answer goes
+// to the host.
 func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 	defer s.wg.Done()
 	var params callParams
-	if err := json.Unmarshal(req.Params, &params); err != nil || params.Name == "" {
-		s.answer(ctx, req.ID, refusal("tools/call", KindInvalidInput,
-			fmt.Sprintf("invalid tools/call request, nothing was sent upstream: want params with a tool name (%v)", err)))
+	perr := json.Unmarshal(req.Params, &params)
+	ctx, span := s.p.startCall(ctx, req.ID, params)
+	var resp *jsonrpc.Response // the host's answer, unless upstream gives it (bypass)
+	defer func() {
+		if resp != nil {
+			endCall(span, resp) // before the host can see the answer, so its trace is complete
+			s.answerResponse(ctx, resp)
+		}
+	}()
+	answer := func(result json.RawMessage) { resp = &jsonrpc.Response{ID: req.ID, Result: result} }
+	if perr != nil || params.Name == "" {
+		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", KindInvalidInput)
+		answer(refusal("tools/call", KindInvalidInput,
+			fmt.Sprintf("invalid tools/call request, nothing was sent upstream: want params with a tool name (%v)", perr)))
 		return
 	}
 	cat, err := s.tools(ctx)
@@ -40,7 +54,8 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		if errors.Is(err, ErrPolicy) {
 			kind = KindPolicy
 		}
-		s.answer(ctx, req.ID, refusal(params.Name, kind, fmt.Sprintf("refused: %v; nothing was sent upstream", err)))
+		s.p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name, "err", err)
+		answer(refusal(params.Name, kind, fmt.Sprintf("refused: %v; nothing was sent upstream", err)))
 		return
 	}
 	var info *toolInfo
@@ -49,8 +64,15 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 	}
 	d := s.p.cfg.Policy.decide(params.Name, info)
 	if !d.protect {
+		// Relayed untouched; the span ends when readUpstream passes upstream's answer on.
+		s.mu.Lock()
+		s.relayed[hostKey(req.ID)] = span
+		s.mu.Unlock()
 		if err := s.up.Write(ctx, req); err != nil {
-			s.answer(ctx, req.ID, refusal(params.Name, KindUnavailable, "not sent: the upstream server is gone: "+err.Error()))
+			s.mu.Lock()
+			delete(s.relayed, hostKey(req.ID))
+			s.mu.Unlock()
+			answer(refusal(params.Name, KindUnavailable, "not sent: the upstream server is gone: "+err.Error()))
 		}
 		return
 	}
@@ -65,12 +87,7 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		s.mu.Unlock()
 		cancel(nil)
 	}()
-	s.answerResponse(ctx, s.guard(callCtx, req, params, d.rule))
-}
-
-// answer sends result to the host as the answer to its request id.
-func (s *session) answer(ctx context.Context, id jsonrpc.ID, result json.RawMessage) {
-	s.answerResponse(ctx, &jsonrpc.Response{ID: id, Result: result})
+	resp = s.guard(callCtx, req, params, d.rule)
 }
 
 func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
@@ -84,6 +101,7 @@ func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
 func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule ToolPolicy) *jsonrpc.Response {
 	p := s.p
 	refuse := func(kind, text string) *jsonrpc.Response {
+		p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name) // text may quote arguments
 		return &jsonrpc.Response{ID: req.ID, Result: refusal(params.Name, kind, text)}
 	}
 	task := p.cfg.Task
@@ -101,8 +119,12 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 	}
 	up := "the upstream of " + params.Name
-	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
 	call := interceptor.Call{Operation: p.cfg.ServerID + "/" + params.Name, Target: target, Args: args, CallID: fmt.Sprint(req.ID.Raw())}
+	// The guarded call's span, as Do makes it: Begin and Report set its gen_ai.* and
+	// toolfence.* attributes; upstream's request carries its trace context.
+	ctx, span := p.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
+	defer span.End()
+	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
 	a, replay, err := p.ic.Begin(bctx, call, interceptor.BeginOptions{LeaseTTL: time.Duration(rule.Lease)})
 	switch {
 	case replay != nil:
@@ -116,7 +138,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	sess := a.KeepAlive(ctx)
 	dctx, stop := context.WithTimeoutCause(sess.Ctx(), time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout)),
 		fmt.Errorf("no answer from upstream within %v", time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout))))
-	resp, callErr := s.roundTrip(dctx, "tools/call", req.Params)
+	resp, callErr := s.roundTrip(dctx, "tools/call", withTraceContext(ctx, req.Params))
 	stop()
 	sess.Close()
 
@@ -144,6 +166,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	if res.State == residual.Accepted {
 		v.Kind, v.Recovery, v.Handle = interceptor.AwaitingUpstream, interceptor.Recovery(interceptor.AwaitingUpstream), res.Handle
 	}
+	p.settled(ctx, v)
 	var upstream json.RawMessage
 	if resp != nil {
 		upstream = resp.Result

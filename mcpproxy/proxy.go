@@ -16,6 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
 )
@@ -75,9 +76,10 @@ func DefaultTask(serverID string) string { return "mcp-proxy:" + serverID }
 // Proxy guards the tools/call requests of one upstream MCP server. It is safe for
 // concurrent use; each Serve relays one host session.
 type Proxy struct {
-	ic  *interceptor.Interceptor
-	cfg Config
-	log *slog.Logger
+	ic     *interceptor.Interceptor
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	warned sync.Map // tool name → struct{}: digest-target warning given
 }
@@ -109,7 +111,7 @@ func New(ic *interceptor.Interceptor, cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Proxy{ic: ic, cfg: cfg, log: log}, nil
+	return &Proxy{ic: ic, cfg: cfg, log: log, tracer: tracer(ic)}, nil
 }
 
 // Serve relays one host session: messages from down (the host) go to up (the upstream
@@ -120,7 +122,7 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
-		calls: map[string]context.CancelCauseFunc{}, upDone: make(chan struct{})}
+		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{})}
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
 	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
 	go func() { downErr <- s.readDownstream(ctx) }()
@@ -134,6 +136,12 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	}
 	s.wg.Wait()
 	cancel()
+	s.mu.Lock()
+	for _, span := range s.relayed {
+		endCall(span, nil) // the session ended before upstream answered
+	}
+	s.relayed = nil
+	s.mu.Unlock()
 	_ = down.Close()
 	_ = up.Close()
 	if errors.Is(err, io.EOF) {
@@ -155,6 +163,7 @@ type session struct {
 	mu      sync.Mutex
 	waiting map[string]chan *jsonrpc.Response  // our request id → its answer
 	calls   map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
+	relayed map[string]trace.Span              // host id of a bypassed call → its span, until upstream answers
 	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
 	catErr  error
 }
@@ -187,6 +196,7 @@ func (s *session) readUpstream(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		var answered trace.Span // the span of the bypassed call msg answers
 		switch m := msg.(type) {
 		case *jsonrpc.Response:
 			if id, ok := m.ID.Raw().(string); ok {
@@ -199,12 +209,19 @@ func (s *session) readUpstream(ctx context.Context) error {
 					continue
 				}
 			}
+			s.mu.Lock()
+			answered = s.relayed[hostKey(m.ID)]
+			delete(s.relayed, hostKey(m.ID))
+			s.mu.Unlock()
 		case *jsonrpc.Request:
 			if m.Method == "notifications/tools/list_changed" {
 				s.mu.Lock()
 				s.catalog, s.catErr = nil, nil
 				s.mu.Unlock()
 			}
+		}
+		if answered != nil {
+			endCall(answered, msg.(*jsonrpc.Response))
 		}
 		if err := s.down.Write(ctx, msg); err != nil {
 			return err

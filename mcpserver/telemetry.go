@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,19 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
-)
-
-// Span attributes of the OpenTelemetry MCP semantic conventions.
-const (
-	attrMethod      = attribute.Key("mcp.method.name")
-	attrSession     = attribute.Key("mcp.session.id")
-	attrProtocol    = attribute.Key("mcp.protocol.version")
-	attrResourceURI = attribute.Key("mcp.resource.uri")
-	attrPromptName  = attribute.Key("gen_ai.prompt.name")
-	attrRequestID   = attribute.Key("jsonrpc.request.id")
-	attrRPCStatus   = attribute.Key("rpc.response.status_code")
-	attrTransport   = attribute.Key("network.transport")
-	attrNetProtocol = attribute.Key("network.protocol.name")
+	"github.com/toolfence/toolfence/internal/mcptrace"
 )
 
 // barrierTools are the tools whose handlers call the interceptor's Begin, Resume or Report:
@@ -98,21 +85,11 @@ func propagator() propagation.TextMapPropagator { return otel.GetTextMapPropagat
 // ExtractMeta makes the trace context in a request's params._meta the parent of its span;
 // a span context that was in ctx already (the transport's) is linked.
 func (t *mcpTracing) ExtractMeta(ctx context.Context, meta *mcp.Meta) context.Context {
-	if meta == nil || len(meta.AdditionalFields) == 0 {
-		return ctx
-	}
-	p := propagator()
-	carrier := propagation.MapCarrier{}
-	for _, f := range p.Fields() {
-		if v, ok := meta.AdditionalFields[f].(string); ok {
-			carrier[f] = v
-		}
-	}
-	if len(carrier) == 0 {
+	if meta == nil {
 		return ctx
 	}
 	ambient := trace.SpanContextFromContext(ctx)
-	out := p.Extract(ctx, carrier)
+	out := mcptrace.Extract(ctx, meta.AdditionalFields)
 	sc := trace.SpanContextFromContext(out)
 	if !sc.IsValid() || sc.Equal(ambient) {
 		return out
@@ -127,20 +104,18 @@ func (t *mcpTracing) ExtractMeta(ctx context.Context, meta *mcp.Meta) context.Co
 // InjectMeta writes the trace context of ctx into meta. It completes mcp-go's MetaPropagator;
 // mcp-go's server does not call it today.
 func (t *mcpTracing) InjectMeta(ctx context.Context, meta *mcp.Meta) *mcp.Meta {
-	carrier := propagation.MapCarrier{}
-	propagator().Inject(ctx, carrier)
-	if len(carrier) == 0 {
+	var fields map[string]any
+	if meta != nil {
+		fields = meta.AdditionalFields
+	}
+	fields = mcptrace.Inject(ctx, fields)
+	if fields == nil {
 		return meta
 	}
 	if meta == nil {
 		meta = &mcp.Meta{}
 	}
-	if meta.AdditionalFields == nil {
-		meta.AdditionalFields = map[string]any{}
-	}
-	for k, v := range carrier {
-		meta.AdditionalFields[k] = v
-	}
+	meta.AdditionalFields = fields
 	return meta
 }
 
@@ -178,19 +153,19 @@ func (t *mcpTracing) Start(ctx context.Context, name string, _ tracing.SpanKind,
 	if !ok {
 		return ctx, noSpan{}
 	}
-	kv := []attribute.KeyValue{attrMethod.String(method)}
+	kv := []attribute.KeyValue{mcptrace.AttrMethod.String(method)}
 	switch ctx.Value(transportKey{}) {
 	case "tcp":
-		kv = append(kv, attrTransport.String("tcp"), attrNetProtocol.String("http"))
+		kv = append(kv, mcptrace.AttrTransport.String("tcp"), mcptrace.AttrNetProtocol.String("http"))
 	case "pipe":
-		kv = append(kv, attrTransport.String("pipe"))
+		kv = append(kv, mcptrace.AttrTransport.String("pipe"))
 	}
 	for _, a := range attrs {
 		switch a.Key {
 		case "mcp.session.id":
-			kv = append(kv, attrSession.String(a.Value))
+			kv = append(kv, mcptrace.AttrSession.String(a.Value))
 		case "mcp.protocol.version":
-			kv = append(kv, attrProtocol.String(a.Value))
+			kv = append(kv, mcptrace.AttrProtocol.String(a.Value))
 		}
 	}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(kv...)}
@@ -213,17 +188,17 @@ func (t *mcpTracing) beforeAny(ctx context.Context, id any, _ mcp.MCPMethod, mes
 	s.requestID(id)
 	switch m := message.(type) {
 	case *mcp.CallToolRequest:
-		s.span.SetName(s.method + " " + m.Params.Name)
+		s.span.SetName(mcptrace.SpanName(s.method, m.Params.Name))
 		s.span.SetAttributes(interceptor.AttrToolName.String(m.Params.Name), interceptor.AttrOperationName.String("execute_tool"))
 	case *mcp.GetPromptRequest:
-		s.span.SetName(s.method + " " + m.Params.Name)
-		s.span.SetAttributes(attrPromptName.String(m.Params.Name))
+		s.span.SetName(mcptrace.SpanName(s.method, m.Params.Name))
+		s.span.SetAttributes(mcptrace.AttrPromptName.String(m.Params.Name))
 	case *mcp.ReadResourceRequest:
-		s.span.SetAttributes(attrResourceURI.String(m.Params.URI))
+		s.span.SetAttributes(mcptrace.AttrResourceURI.String(m.Params.URI))
 	case *mcp.SubscribeRequest:
-		s.span.SetAttributes(attrResourceURI.String(m.Params.URI))
+		s.span.SetAttributes(mcptrace.AttrResourceURI.String(m.Params.URI))
 	case *mcp.UnsubscribeRequest:
-		s.span.SetAttributes(attrResourceURI.String(m.Params.URI))
+		s.span.SetAttributes(mcptrace.AttrResourceURI.String(m.Params.URI))
 	}
 }
 
@@ -240,7 +215,7 @@ func (t *mcpTracing) onError(ctx context.Context, id any, _ mcp.MCPMethod, _ any
 		return
 	}
 	code := strconv.Itoa(rpc.ToJSONRPCError().Error.Code)
-	s.span.SetAttributes(attrRPCStatus.String(code))
+	s.span.SetAttributes(mcptrace.AttrRPCStatus.String(code))
 	s.fail(code, "")
 }
 
@@ -255,7 +230,7 @@ func (t *mcpTracing) tool(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		}
 		res, err := next(ctx, req)
 		if s != nil && err == nil && res != nil && res.IsError {
-			s.fail("tool_error", "tool returned an error result")
+			s.fail(mcptrace.ToolError, "tool returned an error result")
 		}
 		return res, err
 	}
@@ -282,18 +257,9 @@ func (s *mcpSpan) requestID(id any) {
 	if r, ok := id.(mcp.RequestId); ok {
 		id = r.Value()
 	}
-	var v string
-	switch id := id.(type) {
-	case nil:
-		return
-	case string:
-		v = id
-	case float64:
-		v = strconv.FormatFloat(id, 'f', -1, 64)
-	default:
-		v = fmt.Sprint(id)
+	if v, ok := mcptrace.RequestID(id); ok {
+		s.span.SetAttributes(mcptrace.AttrRequestID.String(v))
 	}
-	s.span.SetAttributes(attrRequestID.String(v))
 }
 
 // fail sets error.type (the first one set wins) and the Error status.

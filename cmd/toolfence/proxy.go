@@ -1,7 +1,6 @@
 package main
 
 import (
-	"log/slog"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,12 +17,13 @@ type proxyFlags struct {
 	task     string
 	lease    time.Duration
 	timeout  time.Duration
+	metrics  string
 }
 
 func newProxyCmd(a *app) *cobra.Command {
 	var f proxyFlags
 	cmd := &cobra.Command{
-		Use:   "proxy [--config FILE] [--server-id ID] [--task T] -- CMD ARGS...",
+		Use:   "proxy [--config FILE] --server-id ID [--task T] [--metrics ADDR] -- CMD ARGS...",
 		Short: "Guard any MCP server: relay an MCP host to it and put every mutating tools/call through the barrier",
 		Long: `Run an upstream MCP server (CMD ARGS..., started as a stdio child in its own process
 group) behind toolfence, speaking MCP to the host on stdin/stdout: put "toolfence proxy
@@ -50,8 +50,18 @@ of the arguments; task from the request's _meta "toolfence.dev/task", else --tas
 "mcp-proxy:<server-id>". That default never changes, so repeating a call on purpose later
 replays the first result: give a new --task (or _meta task) to start new work.
 
+Telemetry and logs as for serve (nothing is exported by default; stdout stays the MCP
+stream, everything else goes to stderr): --metrics 127.0.0.1:9464 serves Prometheus metrics
+at http://127.0.0.1:9464/metrics, without authentication; with OTEL_EXPORTER_OTLP_ENDPOINT
+set, traces and metrics are exported over OTLP/HTTP. Logs (--log-format text|json,
+--log-level) have one line per refused or ambiguous call with its key and recovery, never
+arguments or results. A tools/call's span joins the host's trace when the request carries
+W3C traceparent/tracestate in params._meta, and a protected call passes the trace on to
+upstream in its _meta. Reference: docs/observability.md.
+
 Example:
-  toolfence proxy --store ~/.toolfence --server-id mail --config mail-policy.json -- npx mail-mcp`,
+  toolfence proxy --store ~/.toolfence --server-id mail --config mail-policy.json -- npx mail-mcp
+  toolfence proxy --server-id mail --metrics 127.0.0.1:9464 --log-format json -- npx mail-mcp`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 0 || len(args) == 0 {
 				return usagef("give the upstream server's command after --, e.g. toolfence proxy --server-id mail -- npx mail-mcp")
@@ -66,13 +76,21 @@ Example:
 					return usagef("--config: %v", err)
 				}
 			}
+			log, err := a.logger()
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
-			log := slog.New(slog.NewTextHandler(a.stderr, nil))
 			l, err := a.open(ctx, false)
 			if err != nil {
 				return err
 			}
 			defer l.Close()
+			stop, err := a.observe(ctx, f.metrics, l, log)
+			if err != nil {
+				return err
+			}
+			defer stop()
 			ic, err := interceptor.New(l, interceptor.Options{Namespace: a.namespace, LeaseTTL: f.lease, Logger: log})
 			if err != nil {
 				return usagef("%v", err)
@@ -94,5 +112,6 @@ Example:
 	cmd.Flags().StringVar(&f.task, "task", "", "task of calls whose _meta names none (default \"mcp-proxy:<server-id>\", stable across restarts)")
 	cmd.Flags().DurationVar(&f.lease, "lease", 0, "lease of each attempt (default 30s; a tool's policy may set its own)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "wait for upstream's answer before the outcome is unknown (default 2m)")
+	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
 	return cmd
 }

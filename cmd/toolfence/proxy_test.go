@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
@@ -37,6 +42,14 @@ func TestProxyRefusesBadInputAndWritesNothing(t *testing.T) {
 	r = tf(t, nil, "proxy", "--store", store, "--", "true")
 	require.Equal(t, exitUsage, r.code, r.String())
 	require.Contains(t, r.stderr, "--server-id is required")
+
+	r = tf(t, nil, "proxy", "--store", store, "--server-id", "mail", "--log-format", "xml", "--", "true")
+	require.Equal(t, exitUsage, r.code, r.String())
+	require.Contains(t, r.stderr, `--log-format "xml": want text or json`)
+	r = tf(t, nil, "proxy", "--store", store, "--server-id", "mail", "--log-level", "loud", "--", "true")
+	require.Equal(t, exitUsage, r.code, r.String())
+	require.Contains(t, r.stderr, `--log-level "loud"`)
+	require.NoDirExists(t, store, "nothing written for refused log flags")
 
 	r = tf(t, nil, "proxy", "--store", store, "--server-id", "mail", "--", filepath.Join(dir, "no-such-server"))
 	require.Equal(t, exitError, r.code, r.String())
@@ -72,4 +85,100 @@ func TestProxyBinaryRelaysAnUpstream(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.IsError)
 	require.Nil(t, res.Meta["toolfence.dev/replayed"])
+}
+
+// lineWatch is a stderr that keeps everything written and hands the first match of re to
+// found.
+type lineWatch struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	re    *regexp.Regexp
+	found chan string
+	sent  bool
+}
+
+func (w *lineWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if m := w.re.FindStringSubmatch(w.buf.String()); m != nil && !w.sent {
+		w.sent = true
+		w.found <- m[1]
+	}
+	return len(p), nil
+}
+
+func (w *lineWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// TestProxyMetricsAndLogs: `toolfence proxy --metrics 127.0.0.1:0 --log-format json` in
+// front of another toolfence (serve --stdio) prints its metrics address on stderr; its
+// /metrics, parsed with the Prometheus text parser, counts the protected calls made
+// (executed, replayed, an ambiguous isError answer recorded unknown) and has the
+// open-residual gauges; stderr has one JSON line for the ambiguous call with its key and
+// recovery, and never the arguments or results. stdout carries only the MCP stream.
+func TestProxyMetricsAndLogs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	stderr := &lineWatch{re: regexp.MustCompile(`serving metrics at (http://\S+/metrics)`), found: make(chan string, 1)}
+	cmd := exec.Command(bin, "proxy", "--store", filepath.Join(dir, "proxy"), "--server-id", "tf",
+		"--metrics", "127.0.0.1:0", "--log-format", "json", "--log-level", "info",
+		"--", bin, "serve", "--stdio", "--store", filepath.Join(dir, "upstream"))
+	cmd.Stderr = stderr
+	c := mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "1"}, nil)
+	s, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	var metricsURL string
+	select {
+	case metricsURL = <-stderr.found:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the proxy did not print its metrics address; stderr: %s", stderr)
+	}
+
+	callTool := func(name string, args map[string]any) *mcp.CallToolResult {
+		t.Helper()
+		res, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: args})
+		require.NoError(t, err)
+		return res
+	}
+	begin := map[string]any{"task": "run-1", "operation": "charge", "target": "invoice:1", "args": map[string]any{"note": "secret-body"}}
+	first := callTool("begin_call", begin)
+	require.False(t, first.IsError)
+	second := callTool("begin_call", begin)
+	require.Equal(t, true, second.Meta["toolfence.dev/replayed"])
+	// commit_call without a key: upstream answers isError, which proves nothing → unknown.
+	bad := callTool("commit_call", map[string]any{"note": "secret-body"})
+	require.True(t, bad.IsError)
+
+	m := (&served{metrics: metricsURL}).scrape(t)
+	require.Equal(t, map[string]float64{
+		"operation=tf/begin_call,reason=succeeded,result=executed": 1,
+		"operation=tf/begin_call,reason=,result=replayed":          1,
+		"operation=tf/commit_call,reason=unknown,result=executed":  1,
+	}, withoutEmpty(values(m, "toolfence_calls_total")), "toolfence_calls_total counts the proxy's calls")
+	require.EqualValues(t, 3, histogramCount(m, "toolfence_ledger_step_duration_seconds", "step", "reserve"))
+	require.Equal(t, map[string]float64{"state=unknown": 1}, withoutEmpty(values(m, "toolfence_residuals_open")))
+	require.Equal(t, map[string]float64{"": 1}, values(m, "toolfence_ledger_up"))
+
+	var unknown []map[string]any
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "every log line is JSON: %s", line)
+		if rec["kind"] == "unknown_outcome" {
+			unknown = append(unknown, rec)
+		}
+	}
+	require.Len(t, unknown, 1, "one line for the ambiguous call; stderr: %s", stderr)
+	require.Equal(t, "WARN", unknown[0]["level"])
+	require.Contains(t, unknown[0]["key"], "tf1_")
+	require.Equal(t, "tf/commit_call", unknown[0]["operation"])
+	require.NotEmpty(t, unknown[0]["recovery"])
+	require.NotContains(t, stderr.String(), "secret-body", "no arguments in the log")
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -141,8 +140,7 @@ Example:
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
-	fl.StringVar(&f.metrics, "metrics", "", metricsFlagHelp)
-	addLogFlags(fl, &a.log)
+	a.addTelemetryFlags(fl, &f.metrics)
 	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB; calls in flight still commit")
 	f.net.add(fl)
 	return cmd
@@ -158,9 +156,9 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.lease <= 0 || f.maxArgs <= 0 || f.minFree <= 0 {
 		return usagef("--lease, --max-args and --min-free-mib must be positive")
 	}
-	log, err := a.log.logger(a.stderr)
+	log, err := a.logger()
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	opts := mcpserver.Options{HTTPStateless: f.stateless, Version: buildVersion(), Logger: log}
 	if err := f.net.apply(&opts); err != nil {
@@ -185,12 +183,11 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if b, ok := l.(*badger.Ledger); ok {
 		l = badger.GuardSpace(b, a.store, uint64(f.minFree)<<20, nil)
 	}
-	tel, err := startTelemetry(ctx, f.metrics, l, log)
+	stop, err := a.observe(ctx, f.metrics, l, log)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
-	metricsServing(a.stderr, tel)
+	defer stop()
 	ic, err := interceptor.New(l, interceptor.Options{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs, Logger: log})
 	if err != nil {
 		return usagef("%v", err)

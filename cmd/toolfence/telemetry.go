@@ -28,7 +28,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 )
 
-// logFlags are --log-format and --log-level of the long-running commands (serve).
+// logFlags are --log-format and --log-level of the long-running commands (serve, proxy).
 type logFlags struct {
 	format string
 	level  string
@@ -57,6 +57,36 @@ func (f logFlags) logger(w io.Writer) (*slog.Logger, error) {
 
 // metricsFlagHelp is the help of --metrics on long-running commands.
 const metricsFlagHelp = "serve Prometheus metrics, unauthenticated, at http://ADDR/metrics (ADDR is host:port, e.g. 127.0.0.1:9464)"
+
+// addTelemetryFlags adds the flags every long-running command (serve, proxy) shares:
+// --metrics ADDR (into *metrics), --log-format and --log-level (into a.log).
+func (a *app) addTelemetryFlags(fl *pflag.FlagSet, metrics *string) {
+	fl.StringVar(metrics, "metrics", "", metricsFlagHelp)
+	addLogFlags(fl, &a.log)
+}
+
+// logger returns the logger of --log-format and --log-level, writing to stderr (never
+// stdout: it may be an MCP stream). A bad flag is a usage error naming it.
+func (a *app) logger() (*slog.Logger, error) {
+	log, err := a.log.logger(a.stderr)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return log, nil
+}
+
+// observe installs a long-running command's telemetry over l (startTelemetry: /metrics at
+// metricsAddr when not empty, OTLP when OTEL_EXPORTER_OTLP_* says so), tells on stderr
+// where /metrics listens, and returns the function that flushes and stops it all. It
+// returns startTelemetry's error (a usage error for an address it cannot listen on).
+func (a *app) observe(ctx context.Context, metricsAddr string, l ledger.Ledger, log *slog.Logger) (stop func(), err error) {
+	tel, err := startTelemetry(ctx, metricsAddr, l, log)
+	if err != nil {
+		return nil, err
+	}
+	metricsServing(a.stderr, tel)
+	return func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }, nil
+}
 
 // telemetry is what startTelemetry installed; Shutdown flushes and stops it.
 type telemetry struct {
