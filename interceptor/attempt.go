@@ -282,7 +282,7 @@ func (a *Attempt) Renew(ctx context.Context, ttl time.Duration) (lease.Lease, er
 	return l, nil
 }
 
-// KeepAlive starts renewing the attempt's lease (every Config.RenewEvery, else TTL/3) for the
+// KeepAlive starts renewing the attempt's lease (every Options.RenewEvery, else TTL/3) for the
 // duration of a dispatch, as Do does. The session's context (derived from ctx) ends before the
 // lease does, or when a renewal is refused; run the dispatch under it and Close it after.
 func (a *Attempt) KeepAlive(ctx context.Context) *lease.Session {

@@ -211,7 +211,7 @@ var (
 // errors wrapping ErrNoTask, ErrInvalidCall or ErrArgsTooLarge, and nothing is written; a
 // reservation that could not be recorded gets ErrNotDispatched, and fn is not run.
 //
-// Do makes the span "execute_tool {operation}" (see Config.TracerProvider) and records the
+// Do makes the span "execute_tool {operation}" (see Options.TracerProvider) and records the
 // call in the metrics toolfence.calls and toolfence.call.duration.
 func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result, error) {
 	start := time.Now()

@@ -75,7 +75,7 @@ type telemetry struct {
 	sets  sync.Map // labels → metric.MeasurementOption
 }
 
-func newTelemetry(cfg Config, l ledger.Ledger) (*telemetry, error) {
+func newTelemetry(cfg Options, l ledger.Ledger) (*telemetry, error) {
 	tp, mp := cfg.TracerProvider, cfg.MeterProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
