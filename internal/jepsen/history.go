@@ -171,7 +171,9 @@ func (h *History) Ops() []*Op {
 		}
 		out = append(out, &c)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Call < out[j].Call || out[i].Call == out[j].Call && out[i].ID < out[j].ID })
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Call < out[j].Call || out[i].Call == out[j].Call && out[i].ID < out[j].ID
+	})
 	return out
 }
 

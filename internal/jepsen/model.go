@@ -33,9 +33,6 @@ type keyState struct {
 	Attempts     int
 	Evidence     int
 	Resolutions  int
-	// Now is a lower bound of the ledger's clock at this point of the linearization: the
-	// latest time any earlier step is known to have happened at or after.
-	Now int64
 }
 
 // stepIn is porcupine's input: the op and the ledger-time window it ran in.
@@ -55,11 +52,13 @@ func window(op *Op) (lo, hi int64) {
 	return lo, hi
 }
 
-// times returns the earliest time the step may have happened at given the model's clock,
-// and whether that window is not empty.
+// times returns the window of ledger time the step read the clock in. The model keeps no
+// clock of its own across steps: a backend may read its clock before the step's
+// linearization point (badger at the start of an optimistic transaction, PostgreSQL at a
+// statement's start), so clock readings need not grow in linearization order; each step is
+// judged at a time within its own window.
 func (s keyState) times(in stepIn) (lo, hi int64, ok bool) {
-	lo = max(in.lo, s.Now)
-	return lo, in.hi, lo <= in.hi
+	return in.lo, in.hi, in.lo <= in.hi
 }
 
 // canLive reports whether the lease may have more than margin left at some t in [lo, hi];
@@ -87,11 +86,8 @@ func (s keyState) effective(lo, hi int64) []residual.State {
 	return out
 }
 
-// learn raises Now: the step happened at or after t.
-func (s keyState) learn(t int64) keyState {
-	s.Now = max(s.Now, t)
-	return s
-}
+// learn would record that the ledger's clock passed t; see times for why it does not.
+func (s keyState) learn(int64) keyState { return s }
 
 // matches reports whether o describes s read as eff.
 func (s keyState) matches(o *Output, eff residual.State) bool {
@@ -210,7 +206,7 @@ func gc(s keyState) []keyState {
 	if !s.Exists || !s.State.Terminal() {
 		return []keyState{s}
 	}
-	d := keyState{Token: s.Token, Now: s.Now}
+	d := keyState{Token: s.Token}
 	return []keyState{s, d}
 }
 
@@ -339,7 +335,7 @@ func stepCommit(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 		}
 		if o.HasRes {
 			ok := false
-			for _, eff := range n.effective(n.Now, hi) {
+			for _, eff := range n.effective(lo, hi) {
 				ok = ok || n.matches(o, eff)
 			}
 			if !ok {
@@ -449,8 +445,8 @@ func Model() porcupine.Model {
 			if s.State == residual.Pending {
 				exp = fmt.Sprintf(" lease %s..%s", fmtT(s.ExpLo), fmtT(s.ExpHi))
 			}
-			return fmt.Sprintf("%s token %d holder %s attempts %d evidence %d resolutions %d%s now≥%s",
-				s.State, s.Token, s.Holder, s.Attempts, s.Evidence, s.Resolutions, exp, fmtT(s.Now))
+			return fmt.Sprintf("%s token %d holder %s attempts %d evidence %d resolutions %d%s",
+				s.State, s.Token, s.Holder, s.Attempts, s.Evidence, s.Resolutions, exp)
 		},
 	}
 	return nm.ToModel()

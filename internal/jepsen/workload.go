@@ -308,3 +308,10 @@ func (c *client) gc() {
 		return nil, err
 	})
 }
+
+type atomicSeq struct{ v atomic.Int64 }
+
+func (a *atomicSeq) p(start int64) *atomic.Int64 {
+	a.v.Store(start)
+	return &a.v
+}
