@@ -109,17 +109,16 @@ func Check(ops []*Op, timeout time.Duration, dir string) *Verdict {
 			}
 		}
 		if len(v.IllegalKeys) > 0 {
-			w := shortestFailing(model, byKey[v.IllegalKeys[0]], timeout)
-			v.Window = describeWindow(w)
-		}
-		if dir != "" && len(v.IllegalKeys) > 0 {
-			w := shortestFailing(model, byKey[v.IllegalKeys[0]], timeout)
-			_, info := porcupine.CheckOperationsVerbose(model, w, timeout)
-			path := filepath.Join(dir, "violation.html")
-			if err := porcupine.VisualizePath(model, info, path); err == nil {
-				v.Visualization = path
-			} else {
-				v.Violations = append(v.Violations, "could not write the visualisation: "+err.Error())
+			keyOps := byKey[v.IllegalKeys[0]]
+			_, info := porcupine.CheckOperationsVerbose(model, keyOps, timeout)
+			v.Window = failingWindow(keyOps, info)
+			if dir != "" {
+				path := filepath.Join(dir, "violation.html")
+				if err := porcupine.VisualizePath(model, info, path); err == nil {
+					v.Visualization = path
+				} else {
+					v.Violations = append(v.Violations, "could not write the visualisation: "+err.Error())
+				}
 			}
 		}
 	}
@@ -146,22 +145,6 @@ func expandGC(pops []porcupine.Operation, keys map[string]bool) []porcupine.Oper
 		}
 	}
 	return out
-}
-
-// shortestFailing returns the shortest prefix (by call time) of one key's operations that is
-// still not linearizable: a prefix keeps every op called before its cut whole.
-func shortestFailing(model porcupine.Model, ops []porcupine.Operation, timeout time.Duration) []porcupine.Operation {
-	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
-	lo, hi := 1, len(ops)
-	for lo < hi {
-		mid := (lo + hi) / 2
-		if porcupine.CheckOperationsTimeout(model, ops[:mid], timeout) == porcupine.Illegal {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	return ops[:hi]
 }
 
 // leaseSeen is one acquired lease as the history saw it, on the ledger's clock.
@@ -355,20 +338,54 @@ func WriteVerdict(dir string, v *Verdict) error {
 	return os.WriteFile(filepath.Join(dir, "verdict.json"), b, 0o644)
 }
 
-// describeWindow lists ops one a line with times in ms from the first call.
-func describeWindow(w []porcupine.Operation) []string {
-	if len(w) == 0 {
+// failingWindow describes where the check of one key's operations got stuck: the op that
+// no linearization could place (the earliest-returning op outside the longest partial
+// linearization, marked ✗) and every op that overlaps the second before it, one a line with
+// times in ms from the key's first call. A prefix of a history is not a smaller
+// counterexample (ops called later may linearize earlier), so the window is cut from the
+// whole key's history, which porcupine's visualisation shows in full.
+func failingWindow(ops []porcupine.Operation, info porcupine.LinearizationInfo) []string {
+	if len(ops) == 0 {
 		return nil
 	}
-	t0 := w[0].Call
+	done := map[*Op]bool{}
+	if parts := info.PartialLinearizationsOperations(); len(parts) > 0 {
+		longest := []porcupine.Operation{}
+		for _, l := range parts[0] {
+			if len(l) > len(longest) {
+				longest = l
+			}
+		}
+		for _, p := range longest {
+			done[p.Input.(stepIn).op] = true
+		}
+	}
+	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+	var stuck *porcupine.Operation
+	for i := range ops {
+		if !done[ops[i].Input.(stepIn).op] && (stuck == nil || ops[i].Return < stuck.Return) {
+			stuck = &ops[i]
+		}
+	}
+	if stuck == nil {
+		return nil
+	}
+	t0 := ops[0].Call
 	var out []string
-	for _, p := range w {
+	for _, p := range ops {
+		if p.Call > stuck.Return || p.Return < stuck.Call-int64(time.Second) {
+			continue
+		}
 		op := p.Input.(stepIn).op
 		ret := "∞"
 		if op.Out.Result != RIndeterminate {
 			ret = fmt.Sprintf("%.1f", float64(op.Return-t0)/1e6)
 		}
-		out = append(out, fmt.Sprintf("c%d [%.1f, %s] %s", op.Client, float64(op.Call-t0)/1e6, ret, describeOp(op)))
+		mark := " "
+		if p.Input.(stepIn).op == stuck.Input.(stepIn).op {
+			mark = "✗"
+		}
+		out = append(out, fmt.Sprintf("%s c%d [%.1f, %s] %s", mark, op.Client, float64(op.Call-t0)/1e6, ret, describeOp(op)))
 	}
 	return out
 }

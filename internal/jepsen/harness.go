@@ -485,20 +485,23 @@ func (hs *harness) skew() string {
 }
 
 func (hs *harness) terminateBackends(ctx context.Context) (int, error) {
-	if hs.admin == nil || hs.admin.IsClosed() {
-		c, err := pgx.Connect(ctx, hs.cluster.dsn(""))
-		if err != nil {
-			return 0, err
+	var err error
+	for range 2 { // the admin connection may have died with a server restart
+		if hs.admin == nil || hs.admin.IsClosed() {
+			if hs.admin, err = pgx.Connect(ctx, hs.cluster.dsn("")); err != nil {
+				hs.admin = nil
+				continue
+			}
 		}
-		hs.admin = c
-	}
-	var n int
-	err := hs.admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'jepsen-w%'`).Scan(&n)
-	if err != nil {
+		var n int
+		err = hs.admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'jepsen-w%'`).Scan(&n)
+		if err == nil {
+			return n, nil
+		}
 		_ = hs.admin.Close(ctx)
 		hs.admin = nil
 	}
-	return n, err
+	return 0, err
 }
 
 // heal ends every fault: the network passes, stopped workers continue.

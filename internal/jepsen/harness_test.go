@@ -22,7 +22,15 @@ func TestMain(m *testing.M) {
 // requires a clean verdict.
 func runShort(t *testing.T, cfg Config) *Report {
 	t.Helper()
-	cfg.Dir = t.TempDir()
+	// The report stays behind when the test fails, so the history can be read.
+	dir, err := os.MkdirTemp("", "toolfence-"+t.Name()+"-")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			_ = os.RemoveAll(dir)
+		}
+	})
+	cfg.Dir = dir
 	cfg.Args = []string{"-test.run=^$"}
 	cfg.Log = testWriter{t}
 	rep, err := Run(context.Background(), cfg)
