@@ -29,9 +29,11 @@ type Verdict struct {
 	CheckTime     string         `json:"check_time"`
 	// Visualization is the HTML file of the shortest failing window, when one was written.
 	Visualization string `json:"visualization,omitempty"`
-	// Window lists the shortest failing window of the first illegal key, one op a line
-	// (client, call and return in ms from the window's start).
+	// Window describes where the first illegal key's check got stuck, one op a line
+	// (client, call and return in ms from the key's first call); see failingWindow.
 	Window []string `json:"window,omitempty"`
+	// MoreWindows does the same for the next illegal keys (up to 9 more).
+	MoreWindows map[string][]string `json:"more_windows,omitempty"`
 }
 
 // OK reports whether the history passed every check (an Unknown linearizability answer is
@@ -107,6 +109,13 @@ func Check(ops []*Op, timeout time.Duration, dir string) *Verdict {
 			if porcupine.CheckOperationsTimeout(model, byKey[k], timeout) == porcupine.Illegal {
 				v.IllegalKeys = append(v.IllegalKeys, k)
 			}
+		}
+		for _, k := range v.IllegalKeys[min(1, len(v.IllegalKeys)):min(10, len(v.IllegalKeys))] {
+			_, info := porcupine.CheckOperationsVerbose(model, byKey[k], timeout)
+			if v.MoreWindows == nil {
+				v.MoreWindows = map[string][]string{}
+			}
+			v.MoreWindows[k] = failingWindow(byKey[k], info)
 		}
 		if len(v.IllegalKeys) > 0 {
 			keyOps := byKey[v.IllegalKeys[0]]
