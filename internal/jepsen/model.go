@@ -18,7 +18,7 @@ const never = math.MaxInt64 / 4
 // maxEvidence is the ledger's cap on kept evidence (ledger.MaxEvidence).
 const maxEvidence = ledger.MaxEvidence
 
-// keyState is the model of one key: the sequential specification of DESIGN.md reduced to
+// keyState is the model of one key: the residual states and steps of the ledger contract reduced to
 // what the workload can observe. It is a comparable value (porcupine compares states with ==).
 type keyState struct {
 	Exists bool
