@@ -15,8 +15,10 @@ import (
 // of a lease whose start nobody observed.
 const never = math.MaxInt64 / 4
 
-// maxEvidence is the ledger's cap on kept evidence (ledger.MaxEvidence).
-const maxEvidence = ledger.MaxEvidence
+// maxEvidence is the ledger's cap on kept evidence, written out (not ledger.MaxEvidence,
+// which is moving to ledger/rules) so that the model states the contract on its own; a
+// ledger that kept more or fewer would fail the check on a key with that many observations.
+const maxEvidence = 32
 
 // keyState is the model of one key: the residual states and steps of the ledger contract reduced to
 // what the workload can observe. It is a comparable value (porcupine compares states with ==).
