@@ -136,16 +136,33 @@ func Check(ops []*Op, timeout time.Duration, dir string) *Verdict {
 	return v
 }
 
-// expandGC copies every GC op into each key's partition (GC touches every key).
+// expandGC copies every GC op into the partition of each key whose ops it overlaps (GC
+// touches every key). A GC wholly before a key's first op or after its last one changes
+// nothing the key's ops could see, so it is left out of that partition.
 func expandGC(pops []porcupine.Operation, keys map[string]bool) []porcupine.Operation {
-	var out []porcupine.Operation
+	type span struct{ lo, hi int64 }
+	spans := map[string]*span{}
+	var out, gcs []porcupine.Operation
 	for _, p := range pops {
 		in := p.Input.(stepIn)
-		if in.op.In.Kind != KGC {
-			out = append(out, p)
+		if in.op.In.Kind == KGC {
+			gcs = append(gcs, p)
 			continue
 		}
+		out = append(out, p)
+		k := in.op.In.Key
+		if sp := spans[k]; sp == nil {
+			spans[k] = &span{p.Call, p.Return}
+		} else {
+			sp.lo, sp.hi = min(sp.lo, p.Call), max(sp.hi, p.Return)
+		}
+	}
+	for _, p := range gcs {
+		in := p.Input.(stepIn)
 		for k := range keys {
+			if sp := spans[k]; sp == nil || p.Return < sp.lo || p.Call > sp.hi {
+				continue
+			}
 			c := *in.op
 			c.In.Key = k
 			q := p
