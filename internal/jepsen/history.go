@@ -81,16 +81,15 @@ type Output struct {
 // Offset is the ledger clock's offset from the wall clock at call and return (ns): zero
 // for PostgreSQL, whose server clock on this host decides; the injected skew for badger.
 type Op struct {
-	ID       int64   `json:"id"`
-	Proc     int     `json:"proc"`   // worker process (incarnation) number
-	Client   int     `json:"client"` // client number, unique in the run
-	In       Input   `json:"in"`
-	Out      *Output `json:"out,omitempty"` // nil until answered; stays nil when the client died
-	Call     int64   `json:"call"`
-	Return   int64   `json:"return,omitempty"`
-	OffCall  int64   `json:"off_call,omitempty"`
-	OffRet   int64   `json:"off_ret,omitempty"`
-	Finished bool    `json:"-"`
+	ID      int64   `json:"id"`
+	Proc    int     `json:"proc"`   // worker process (incarnation) number
+	Client  int     `json:"client"` // client number, unique in the run
+	In      Input   `json:"in"`
+	Out     *Output `json:"out,omitempty"` // nil until answered; stays nil when the client died
+	Call    int64   `json:"call"`
+	Return  int64   `json:"return,omitempty"`
+	OffCall int64   `json:"off_call,omitempty"`
+	OffRet  int64   `json:"off_ret,omitempty"`
 }
 
 // event is one line of a worker's output: a call or a return of an op.
@@ -140,7 +139,7 @@ func (h *History) add(e event) {
 		h.ops[e.Op.ID] = e.Op
 	case "ret":
 		if op := h.ops[e.ID]; op != nil {
-			op.Out, op.Return, op.OffRet, op.Finished = e.Out, e.Ret, e.Off, true
+			op.Out, op.Return, op.OffRet = e.Out, e.Ret, e.Off
 		}
 	case "info":
 		h.log = append(h.log, e.Msg)

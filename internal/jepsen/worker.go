@@ -122,8 +122,9 @@ func openLedger(ctx context.Context, cfg workerConfig, clock *SkewClock) (ledger
 	return nil, fmt.Errorf("jepsen: unknown backend %q (want badger or postgres)", cfg.Backend)
 }
 
-// RunInProcess runs clients goroutines against l for d in this process and returns their
-// history: the checker's tests use it with a planted bug. Keys rotate per w.
+// RunInProcess runs the given number of clients as goroutines against l for d in this
+// process and returns their history (the checker's tests use it with planted bugs). Keys
+// rotate per w; seed fixes the clients' choices.
 func RunInProcess(ctx context.Context, l ledger.Ledger, clients int, w Workload, d time.Duration, seed uint64) []*Op {
 	h := newHistory()
 	pr, pw := io.Pipe()
