@@ -367,7 +367,7 @@ func WriteVerdict(dir string, v *Verdict) error {
 // failingWindow describes where the check of one key's operations got stuck: the op that
 // no linearization could place (the earliest-returning op outside the longest partial
 // linearization, marked ✗) and every op that overlaps the second before it, one a line with
-// times in ms from the key's first call. A prefix of a history is not a smaller
+// times in ms from the key's first call (GC excepted). A prefix of a history is not a smaller
 // counterexample (ops called later may linearize earlier), so the window is cut from the
 // whole key's history, which porcupine's visualisation shows in full.
 func failingWindow(ops []porcupine.Operation, info porcupine.LinearizationInfo) []string {
@@ -397,6 +397,12 @@ func failingWindow(ops []porcupine.Operation, info porcupine.LinearizationInfo) 
 		return nil
 	}
 	t0 := ops[0].Call
+	for _, p := range ops {
+		if p.Input.(stepIn).op.In.Kind != KGC { // an indeterminate GC may start long before
+			t0 = p.Call
+			break
+		}
+	}
 	var out []string
 	for _, p := range ops {
 		if p.Call > stuck.Return || p.Return < stuck.Call-int64(time.Second) {

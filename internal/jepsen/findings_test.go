@@ -12,13 +12,22 @@ import (
 // TestFindingsAreCaught re-checks the sub-histories of the bugs the runs found (one key
 // each, from docs/reliability.md): each must stay illegal, stuck on the step named.
 func TestFindingsAreCaught(t *testing.T) {
-	for _, tc := range []struct{ file, stuck string }{
+	for _, tc := range []struct{ file, stuck, violation string }{
 		// badger answers a Commit on a key GC deleted with ErrNotFound alone; the contract
 		// (and PostgreSQL) say ErrLeaseLost.
-		{"badger-commit-after-gc.jsonl", "commit(e13k2, c44-62, token 10, accepted, margin 20ms) → not_found"},
+		{"badger-commit-after-gc.jsonl", "commit(e13k2, c44-62, token 10, accepted, margin 20ms) → not_found", ""},
 		// PostgreSQL: a retried AppendEvidence took another client's identical observation
 		// for its own; one observation was acknowledged and never stored.
-		{"postgres-evidence-retry.jsonl", "evidence(e2k1) → ok [failed token 8 holder c6-171 att 3 ev 9 res 0]"},
+		{"postgres-evidence-retry.jsonl", "evidence(e2k1) → ok [failed token 8 holder c6-171 att 3 ev 9 res 0]", ""},
+		// PostgreSQL: a retried AppendEvidence whose first try had landed stored a second
+		// copy, because another client's observation came last in between.
+		{"postgres-evidence-retry-duplicate.jsonl", "reserve(e58k1, c48-75, digest b, ttl 550ms, redispatch false) → ok replay [succeeded token 12 holder c46-445 att 3 ev 11 res 0]", ""},
+		// PostgreSQL: a retried Resolve took another resolver's identical resolution for its
+		// own: two callers were told they resolved the key, with the same new token.
+		{"postgres-resolve-retry.jsonl", "", "token 11 issued twice on e113k2"},
+		// PostgreSQL: a retried Reserve whose first try had acquired token 16 answered
+		// in_progress, because by the retry another holder had taken the expired lease.
+		{"postgres-reserve-retry.jsonl", "resolve(e95k2, as succeeded, by reconciler-1) → in_progress", ""},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			ops, err := ReadHistory(filepath.Join("testdata", "findings", tc.file))
@@ -32,6 +41,7 @@ func TestFindingsAreCaught(t *testing.T) {
 				}
 			}
 			require.Contains(t, stuck, tc.stuck, "window:\n%s", strings.Join(v.Window, "\n"))
+			require.Contains(t, joined(v.Violations), tc.violation)
 		})
 	}
 }
