@@ -1,13 +1,8 @@
 package consumer_test
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +10,7 @@ import (
 
 	"github.com/toolfence/toolfence/consumer"
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/residual"
@@ -22,28 +18,26 @@ import (
 
 const crashDirEnv = "TOOLFENCE_CONSUMER_CRASH_DIR"
 
-// TestCrashHelper is the child of TestConsumerKilledMidHandler: a consumer that takes one
-// delivery, announces that it is in the handler and blocks until it is killed. It prints
-// "ack <id>" for every delivery it would acknowledge. It returns at once in a normal run.
-func TestCrashHelper(t *testing.T) {
-	dir := os.Getenv(crashDirEnv)
-	if dir == "" {
-		return
-	}
-	store, err := badger.Open(dir, badger.Options{})
-	require.NoError(t, err)
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-worker", LeaseTTL: 2 * time.Second})
-	require.NoError(t, err)
-	g, err := consumer.Guard(ic, func(ctx context.Context, m consumer.Message) error {
-		fmt.Println("in-handler", m.ID)
-		_, _ = io.Copy(io.Discard, os.Stdin) // block until killed (or the parent goes away)
-		os.Exit(3)
-		return nil
-	}, consumer.Options{Group: group})
-	require.NoError(t, err)
-	if o := g.Handle(context.Background(), msg("m-1", `{"to":"bob","subject":"invoice"}`)); o.Verdict == consumer.Ack {
-		fmt.Println("ack", "m-1")
-	}
+// TestCrashChild is the child of TestConsumerKilledMidHandler (see internal/crashtest): a
+// consumer that takes one delivery, marks "in-handler" and hangs in the handler until it is
+// killed. It marks "ack" for every delivery it would acknowledge. It returns at once in a
+// normal run.
+func TestCrashChild(t *testing.T) {
+	crashtest.Run(t, map[string]func(t *testing.T){"mid-handler": func(t *testing.T) {
+		store, err := badger.Open(os.Getenv(crashDirEnv), badger.Options{})
+		require.NoError(t, err)
+		ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-worker", LeaseTTL: 2 * time.Second})
+		require.NoError(t, err)
+		g, err := consumer.Guard(ic, func(ctx context.Context, m consumer.Message) error {
+			crashtest.Mark("in-handler", m.ID)
+			crashtest.Hang()
+			return nil
+		}, consumer.Options{Group: group})
+		require.NoError(t, err)
+		if o := g.Handle(context.Background(), msg("m-1", `{"to":"bob","subject":"invoice"}`)); o.Verdict == consumer.Ack {
+			crashtest.Mark("ack", "m-1")
+		}
+	}})
 }
 
 // A consumer SIGKILLed in the middle of its handler leaves an unknown residual and no
@@ -52,25 +46,9 @@ func TestCrashHelper(t *testing.T) {
 func TestConsumerKilledMidHandler(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashDirEnv+"="+dir)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := bufio.NewScanner(stdout)
-	require.True(t, lines.Scan(), "child did not reach the handler")
-	require.Equal(t, "in-handler m-1", lines.Text())
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	var rest []string
-	for lines.Scan() {
-		rest = append(rest, lines.Text())
-	}
-	_ = cmd.Wait()
+	child := crashtest.Start(t, "mid-handler", crashDirEnv+"="+dir)
+	require.Equal(t, "m-1", child.Await("in-handler"))
+	rest := child.Kill()
 	require.Empty(t, rest, "the killed consumer acknowledged nothing")
 
 	// The broker redelivers to a new consumer an hour later (the dead one's lease expired).

@@ -37,15 +37,15 @@ var outcomeDocs = map[Outcome]string{
 		"that names no effect that happened.",
 }
 
-// Doc defines o in one sentence ("" for an unknown outcome).
-func (o Outcome) Doc() string { return outcomeDocs[o] }
+// doc defines o in one sentence ("" for an unknown outcome).
+func (o Outcome) doc() string { return outcomeDocs[o] }
 
-// Outcomes lists every outcome, best first.
-var Outcomes = []Outcome{ExactlyOnce, Blocked, Duplicated, Diverged, Lost, Fabricated}
+// outcomes lists every outcome, best first.
+var outcomes = []Outcome{ExactlyOnce, Blocked, Duplicated, Diverged, Lost, Fabricated}
 
-// Bad reports whether o breaks the exactly-once guarantee (anything but EXACTLY_ONCE and
+// bad reports whether o breaks the exactly-once guarantee (anything but EXACTLY_ONCE and
 // BLOCKED).
-func (o Outcome) Bad() bool { return o != ExactlyOnce && o != Blocked }
+func (o Outcome) bad() bool { return o != ExactlyOnce && o != Blocked }
 
 // Belief is what one worker process reported at the end of its run: what the agent would
 // tell its user. Crashed workers report nothing.
@@ -80,7 +80,7 @@ type Grade struct {
 	Detail     string `json:"detail,omitempty"`
 }
 
-// GradeTrial grades one trial from the sink's records of its intent (records of other
+// gradeTrial grades one trial from the sink's records of its intent (records of other
 // intents are ignored) and the beliefs of the workers that finished. It is a pure function:
 // the subject's own records are never consulted, only what it told its user.
 //
@@ -89,8 +89,8 @@ type Grade struct {
 // is FABRICATED; one whose result names a returned id without an effect (a queued job that
 // failed) is LOST, and so is one naming another effect than the one performed; otherwise a
 // done belief over the single effect is EXACTLY_ONCE, and no done belief is BLOCKED.
-func GradeTrial(intent string, recs []Record, beliefs []Belief) Grade {
-	var effects []Record
+func gradeTrial(intent string, recs []record, beliefs []Belief) Grade {
+	var effects []record
 	returned := map[string]string{} // id or job → effect id ("" when none)
 	jobEffect := map[string]string{}
 	for _, r := range recs {
@@ -98,13 +98,13 @@ func GradeTrial(intent string, recs []Record, beliefs []Belief) Grade {
 			continue
 		}
 		switch r.Kind {
-		case KindEffect:
+		case kindEffect:
 			effects = append(effects, r)
 			returned[r.ID] = r.ID
 			if r.Job != "" {
 				jobEffect[r.Job] = r.ID
 			}
-		case KindAccepted:
+		case kindAccepted:
 			if _, ok := returned[r.Job]; !ok {
 				returned[r.Job] = ""
 			}

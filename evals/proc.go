@@ -191,14 +191,23 @@ func (p *proc) kill() {
 
 func (p *proc) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
 
-// wait waits for the process to exit and returns its beliefs; past timeout it kills it.
-func (p *proc) wait(timeout time.Duration) ([]Belief, error) {
+// exitWithin waits up to timeout for the process to exit and reports whether it did; past
+// timeout it kills it.
+func (p *proc) exitWithin(timeout time.Duration) bool {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-p.done:
+		return true
 	case <-t.C:
 		p.kill()
+		return false
+	}
+}
+
+// wait waits for the process to exit and returns its beliefs; past timeout it kills it.
+func (p *proc) wait(timeout time.Duration) ([]Belief, error) {
+	if !p.exitWithin(timeout) {
 		return p.beliefs(), fmt.Errorf("worker ran past %v and was killed", timeout)
 	}
 	_ = p.stdin.Close()

@@ -60,7 +60,7 @@ func newReport(cfg Config, scens []Scenario, subs []string, cells []Cell, kept [
 
 func (r *Report) hasStress() bool {
 	for _, sc := range r.Scenarios {
-		if sc.Name == StressScenario {
+		if sc.Name == stressScenario {
 			return true
 		}
 	}
@@ -71,11 +71,11 @@ func (r *Report) hasStress() bool {
 // FABRICATED trial.
 func (r *Report) Failed() bool {
 	for _, c := range r.Cells {
-		if !IsToolfence(c.Subject) {
+		if !isToolfence(c.Subject) {
 			continue
 		}
 		for o, n := range c.Counts {
-			if o.Bad() && n > 0 {
+			if o.bad() && n > 0 {
 				return true
 			}
 		}
@@ -83,8 +83,8 @@ func (r *Report) Failed() bool {
 	return false
 }
 
-// Cell returns the cell of scenario × subject, or the zero Cell when it was not run.
-func (r *Report) Cell(scenario, subject string) Cell {
+// cell returns the cell of scenario × subject, or the zero Cell when it was not run.
+func (r *Report) cell(scenario, subject string) Cell {
 	for _, c := range r.Cells {
 		if c.Scenario == scenario && c.Subject == subject {
 			return c
@@ -122,7 +122,7 @@ func (r *Report) Table() string {
 	for _, sc := range r.Scenarios {
 		row := []string{sc.Name}
 		for _, sub := range r.Subjects {
-			row = append(row, cellText(r.Cell(sc.Name, sub)))
+			row = append(row, cellText(r.cell(sc.Name, sub)))
 		}
 		fmt.Fprintf(tw, "%s\t\n", strings.Join(row, "\t"))
 	}
@@ -130,17 +130,17 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "\n%d trials per cell, seed %d, lease %s, %.1fs. ok = EXACTLY_ONCE, blocked = fail closed, rec = residuals settled by a probe automatically.\n",
 		r.Trials, r.Seed, r.LeaseTTL, r.Duration.Seconds())
 	if r.hasStress() {
-		b.WriteString(StressScenario + " counts messages, not trials.\n")
+		b.WriteString(stressScenario + " counts messages, not trials.\n")
 	}
 	return b.String()
 }
 
-// TrialTotals returns the outcome counts of one subject's trials: every scenario but the
+// trialTotals returns the outcome counts of one subject's trials: every scenario but the
 // stress test, whose cells count messages.
-func (r *Report) TrialTotals(subject string) map[Outcome]int {
+func (r *Report) trialTotals(subject string) map[Outcome]int {
 	t := map[Outcome]int{}
 	for _, c := range r.Cells {
-		if c.Subject == subject && c.Scenario != StressScenario {
+		if c.Subject == subject && c.Scenario != stressScenario {
 			for o, n := range c.Counts {
 				t[o] += n
 			}
@@ -149,9 +149,9 @@ func (r *Report) TrialTotals(subject string) map[Outcome]int {
 	return t
 }
 
-// Totals returns the outcome counts of one subject over every scenario, the stress test's
+// totals returns the outcome counts of one subject over every scenario, the stress test's
 // messages included.
-func (r *Report) Totals(subject string) map[Outcome]int {
+func (r *Report) totals(subject string) map[Outcome]int {
 	t := map[Outcome]int{}
 	for _, c := range r.Cells {
 		if c.Subject == subject {
@@ -163,13 +163,13 @@ func (r *Report) Totals(subject string) map[Outcome]int {
 	return t
 }
 
-// Markdown renders the report as a Markdown document.
-func (r *Report) Markdown() string {
+// markdown renders the report as a Markdown document.
+func (r *Report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# toolfence eval report\n\n%d trials per cell, seed %d, lease %s, run took %.1fs (%s).\n\n",
 		r.Trials, r.Seed, r.LeaseTTL, r.Duration.Seconds(), r.Started.Format(time.RFC3339))
 	if r.hasStress() {
-		b.WriteString("The " + StressScenario + " row counts messages, not trials.\n\n")
+		b.WriteString("The " + stressScenario + " row counts messages, not trials.\n\n")
 	}
 	b.WriteString("Each trial runs one intended side effect (a charge) through a subject while the harness kills, " +
 		"stops or fails the agent at a chosen point, lets a successor retry, and grades the trial from the upstream's " +
@@ -180,23 +180,23 @@ func (r *Report) Markdown() string {
 	for _, sc := range r.Scenarios {
 		row := []string{sc.Name}
 		for _, sub := range r.Subjects {
-			row = append(row, cellText(r.Cell(sc.Name, sub)))
+			row = append(row, cellText(r.cell(sc.Name, sub)))
 		}
 		fmt.Fprintf(&b, "| %s |\n", strings.Join(row, " | "))
 	}
 	b.WriteString("\n## Totals per subject\n\n")
 	if r.hasStress() {
-		b.WriteString("Trials of every scenario but " + StressScenario + ", whose messages are counted in its row above only.\n\n")
+		b.WriteString("Trials of every scenario but " + stressScenario + ", whose messages are counted in its row above only.\n\n")
 	}
 	b.WriteString("| subject |")
-	for _, o := range Outcomes {
+	for _, o := range outcomes {
 		fmt.Fprintf(&b, " %s |", o)
 	}
-	b.WriteString("\n|---|" + strings.Repeat("---|", len(Outcomes)) + "\n")
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(outcomes)) + "\n")
 	for _, sub := range r.Subjects {
-		t := r.TrialTotals(sub)
+		t := r.trialTotals(sub)
 		fmt.Fprintf(&b, "| %s |", sub)
-		for _, o := range Outcomes {
+		for _, o := range outcomes {
 			fmt.Fprintf(&b, " %d |", t[o])
 		}
 		b.WriteString("\n")
@@ -204,12 +204,12 @@ func (r *Report) Markdown() string {
 	b.WriteString("\n## Grades\n\nWorst first, as the grader applies them; DUPLICATED, DIVERGED, LOST and FABRICATED break " +
 		"exactly-once, BLOCKED is safe but needs reconciling.\n\n")
 	for _, o := range []Outcome{Diverged, Duplicated, Fabricated, Lost, ExactlyOnce, Blocked} {
-		fmt.Fprintf(&b, "- **%s**: %s\n", o, o.Doc())
+		fmt.Fprintf(&b, "- **%s**: %s\n", o, o.doc())
 	}
 	b.WriteString("\n## Subjects\n\nThe toolfence subjects and the baselines, guards built the way idempotency is often done, " +
 		"that toolfence is measured against.\n\n")
 	for _, sub := range r.Subjects {
-		fmt.Fprintf(&b, "- **%s**: %s\n", sub, SubjectDoc(sub))
+		fmt.Fprintf(&b, "- **%s**: %s\n", sub, subjectDoc(sub))
 	}
 	b.WriteString("\n## Scenarios\n\n")
 	for _, sc := range r.Scenarios {
@@ -217,7 +217,7 @@ func (r *Report) Markdown() string {
 	}
 	var bad []TrialResult
 	for _, t := range r.Results {
-		if t.Grade.Outcome.Bad() && IsToolfence(t.Subject) {
+		if t.Grade.Outcome.bad() && isToolfence(t.Subject) {
 			bad = append(bad, t)
 		}
 	}
@@ -235,12 +235,12 @@ var outcomeColors = map[Outcome]string{
 	Lost: "#1565c0", Fabricated: "#000000",
 }
 
-// SVG renders grouped bars: for each subject, one bar per outcome with its share of trials.
-func (r *Report) SVG() string {
+// svg renders grouped bars: for each subject, one bar per outcome with its share of trials.
+func (r *Report) svg() string {
 	const (
 		barW, gap, groupGap, chartH, top, left = 14, 2, 28, 220, 40, 50
 	)
-	groupW := len(Outcomes)*(barW+gap) + groupGap
+	groupW := len(outcomes)*(barW+gap) + groupGap
 	width := left + len(r.Subjects)*groupW + 20
 	height := top + chartH + 90
 	var b strings.Builder
@@ -248,7 +248,7 @@ func (r *Report) SVG() string {
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">Outcomes per subject (%% of trials; %d per cell, seed %d)</text>`+"\n", left, r.Trials, r.Seed)
 	if r.hasStress() {
 		fmt.Fprintf(&b, `<text x="%d" y="34" font-size="10">Trials only: the messages of %s are counted in report.md, not in these bars.</text>`+"\n",
-			left, StressScenario)
+			left, stressScenario)
 	}
 	for _, pct := range []int{0, 25, 50, 75, 100} {
 		y := top + chartH - pct*chartH/100
@@ -256,13 +256,13 @@ func (r *Report) SVG() string {
 			left, y, width-10, y, left-5, y+4, pct)
 	}
 	for gi, sub := range r.Subjects {
-		t := r.TrialTotals(sub)
+		t := r.trialTotals(sub)
 		total := 0
 		for _, n := range t {
 			total += n
 		}
 		x0 := left + gi*groupW + groupGap/2
-		for oi, o := range Outcomes {
+		for oi, o := range outcomes {
 			h := 0
 			if total > 0 {
 				h = t[o] * chartH / total
@@ -275,9 +275,9 @@ func (r *Report) SVG() string {
 			}
 		}
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n",
-			x0+len(Outcomes)*(barW+gap)/2, top+chartH+16, html.EscapeString(sub))
+			x0+len(outcomes)*(barW+gap)/2, top+chartH+16, html.EscapeString(sub))
 	}
-	for oi, o := range Outcomes {
+	for oi, o := range outcomes {
 		x := left + (oi%3)*180
 		y := top + chartH + 40 + (oi/3)*18
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", x, y, outcomeColors[o], x+16, y+10, o)
@@ -286,8 +286,8 @@ func (r *Report) SVG() string {
 	return b.String()
 }
 
-// Write writes report.json, report.md and report.svg into dir (created when missing).
-func (r *Report) Write(dir string) error {
+// write writes report.json, report.md and report.svg into dir (created when missing).
+func (r *Report) write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -295,7 +295,7 @@ func (r *Report) Write(dir string) error {
 		return fmt.Errorf("evals: writing report.json: %w", err)
 	}
 	for name, body := range map[string][]byte{
-		"report.md": []byte(r.Markdown()), "report.svg": []byte(r.SVG()),
+		"report.md": []byte(r.markdown()), "report.svg": []byte(r.svg()),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
 			return fmt.Errorf("evals: writing %s: %w", name, err)

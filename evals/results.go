@@ -88,7 +88,7 @@ type cbelief struct {
 	done                   bool
 }
 
-// crec is a sink Record of a known intent, reduced to what grading reads.
+// crec is a sink record of a known intent, reduced to what grading reads.
 type crec struct {
 	digest        [32]byte
 	id, job       uint32
@@ -97,7 +97,7 @@ type crec struct {
 }
 
 // Record kinds in a crec.
-var recKinds = []string{KindEffect, KindAccepted, KindJobFailed}
+var recKinds = []string{kindEffect, kindAccepted, kindJobFailed}
 
 // slot is one trial's compact state.
 type slot struct {
@@ -157,7 +157,7 @@ func (s *store) put(scenario, subject string, index int, beliefs []Belief, notes
 }
 
 // trialOf returns the slot of a sink record's intent: "inv-<scenario>.<subject>.b<k>.<index>"
-// for trials, StressIntent for stress messages; nil for an intent of no trial.
+// for trials, stressIntent for stress messages; nil for an intent of no trial.
 func (s *store) trialOf(intent string) *slot {
 	var sc, sub, idx string
 	if rest, ok := strings.CutPrefix(intent, "inv-"); ok {
@@ -168,7 +168,7 @@ func (s *store) trialOf(intent string) *slot {
 		sc, sub, idx = parts[0], parts[1], parts[3]
 	} else {
 		parts := strings.Split(intent, ".")
-		if len(parts) != 3 || parts[0] != StressScenario || !strings.HasPrefix(parts[2], "msg-") {
+		if len(parts) != 3 || parts[0] != stressScenario || !strings.HasPrefix(parts[2], "msg-") {
 			return nil
 		}
 		sc, sub, idx = parts[0], parts[1], strings.TrimPrefix(parts[2], "msg-")
@@ -185,7 +185,7 @@ func (s *store) trialOf(intent string) *slot {
 }
 
 // addRecord files a sink record under its trial; records of no trial are dropped.
-func (s *store) addRecord(r Record) {
+func (s *store) addRecord(r record) {
 	sl := s.trialOf(r.Intent)
 	if sl == nil {
 		return
@@ -209,15 +209,15 @@ func (s *store) addRecord(r Record) {
 	sl.recs = append(sl.recs, c)
 }
 
-// records rebuilds the trial's sink records for GradeTrial.
-func (s *store) records(intent string, sl *slot) []Record {
-	out := make([]Record, len(sl.recs))
+// records rebuilds the trial's sink records for gradeTrial.
+func (s *store) records(intent string, sl *slot) []record {
+	out := make([]record, len(sl.recs))
 	for i, c := range sl.recs {
 		kind := "unknown"
 		if int(c.kind) <= len(recKinds) {
 			kind = recKinds[c.kind-1]
 		}
-		out[i] = Record{Seq: int64(i + 1), Kind: kind, Intent: intent, Digest: hex.EncodeToString(c.digest[:]),
+		out[i] = record{Seq: int64(i + 1), Kind: kind, Intent: intent, Digest: hex.EncodeToString(c.digest[:]),
 			ID: s.strs.decodeID(c.idKind, c.id), Job: s.strs.decodeID(c.jKind, c.job)}
 	}
 	return out

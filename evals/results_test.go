@@ -19,9 +19,9 @@ func fillCell(st *store, cfg Config, scenario, subject string, n int, dup, herr 
 		intent := newBatch(&runner{cfg: cfg}, scenario, subject, i/cfg.Batch, []int{i}).trials[0].Intent
 		id := i + 1
 		e := func(k int) string { return "e-" + itoa(k) }
-		st.addRecord(Record{Kind: KindEffect, Intent: intent, ID: e(id), Digest: "ab"})
+		st.addRecord(record{Kind: kindEffect, Intent: intent, ID: e(id), Digest: "ab"})
 		if dup[i] {
-			st.addRecord(Record{Kind: KindEffect, Intent: intent, ID: e(id + 1_000_000), Digest: "ab"})
+			st.addRecord(record{Kind: kindEffect, Intent: intent, ID: e(id + 1_000_000), Digest: "ab"})
 		}
 		var harness string
 		if herr[i] {
@@ -39,12 +39,12 @@ func TestReportKeepsEveryTrialOfASmallRun(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Trials: 10, Batch: 4, Seed: 1, LeaseTTL: time.Second, WorkDir: t.TempDir()}
 	st := newStore()
-	fillCell(st, cfg, "crash-b1", SubjectNone, 10, map[int]bool{3: true}, nil)
-	rep := gradeAll(cfg, Scenarios[2:3], []string{SubjectNone}, st, time.Second)
+	fillCell(st, cfg, "crash-b1", subjectNone, 10, map[int]bool{3: true}, nil)
+	rep := gradeAll(cfg, scenarios[2:3], []string{subjectNone}, st, time.Second)
 	require.Len(t, rep.Results, 10)
 	require.Zero(t, rep.Omitted)
-	require.Equal(t, 9, rep.Cell("crash-b1", SubjectNone).Counts[ExactlyOnce])
-	require.Equal(t, 1, rep.Cell("crash-b1", SubjectNone).Counts[Duplicated])
+	require.Equal(t, 9, rep.cell("crash-b1", subjectNone).Counts[ExactlyOnce])
+	require.Equal(t, 1, rep.cell("crash-b1", subjectNone).Counts[Duplicated])
 }
 
 func TestReportOmitsCleanTrialsOfALargeRun(t *testing.T) {
@@ -60,12 +60,12 @@ func TestReportOmitsCleanTrialsOfALargeRun(t *testing.T) {
 		return m
 	}
 	// A baseline fails 1,200 trials: the report lists its first 1,000 failures.
-	fillCell(st, cfg, "crash-b1", SubjectNone, n, dups(100, 1300), map[int]bool{9000: true})
+	fillCell(st, cfg, "crash-b1", subjectNone, n, dups(100, 1300), map[int]bool{9000: true})
 	// A toolfence failure is always listed, however many.
-	fillCell(st, cfg, "crash-b1", SubjectToolfenceBadger, n, dups(0, 1100), map[int]bool{7777: true})
-	rep := gradeAll(cfg, Scenarios[2:3], []string{SubjectToolfenceBadger, SubjectNone}, st, time.Second)
+	fillCell(st, cfg, "crash-b1", subjectToolfenceBadger, n, dups(0, 1100), map[int]bool{7777: true})
+	rep := gradeAll(cfg, scenarios[2:3], []string{subjectToolfenceBadger, subjectNone}, st, time.Second)
 
-	none, tf := rep.Cell("crash-b1", SubjectNone), rep.Cell("crash-b1", SubjectToolfenceBadger)
+	none, tf := rep.cell("crash-b1", subjectNone), rep.cell("crash-b1", subjectToolfenceBadger)
 	require.Equal(t, n, none.Trials, "the counts cover every trial")
 	require.Equal(t, 1200, none.Counts[Duplicated])
 	require.Equal(t, n-1200, none.Counts[ExactlyOnce])
@@ -79,15 +79,15 @@ func TestReportOmitsCleanTrialsOfALargeRun(t *testing.T) {
 	for _, r := range rep.Results {
 		require.True(t, r.Grade.Outcome != ExactlyOnce || r.Error != "")
 		listed[r.Subject]++
-		if r.Subject == SubjectNone && r.Error == "" {
+		if r.Subject == subjectNone && r.Error == "" {
 			require.Less(t, r.Index, 1100, "the first failures by index")
 		}
 	}
-	require.Equal(t, 1001, listed[SubjectNone])
-	require.Equal(t, 1101, listed[SubjectToolfenceBadger])
+	require.Equal(t, 1001, listed[subjectNone])
+	require.Equal(t, 1101, listed[subjectToolfenceBadger])
 
 	dir := t.TempDir()
-	require.NoError(t, rep.Write(dir))
+	require.NoError(t, rep.write(dir))
 	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
 	require.NoError(t, err)
 	var js struct {
@@ -100,35 +100,35 @@ func TestReportOmitsCleanTrialsOfALargeRun(t *testing.T) {
 	require.Len(t, js.Trials, len(rep.Results))
 	require.Len(t, js.Cells, 2)
 	for _, c := range js.Cells {
-		require.Equal(t, rep.Cell(c.Scenario, c.Subject).Omitted, c.Omitted, c.Subject)
+		require.Equal(t, rep.cell(c.Scenario, c.Subject).Omitted, c.Omitted, c.Subject)
 	}
 }
 
 func TestStoreFilesRecordsUnderTheirTrial(t *testing.T) {
 	t.Parallel()
 	st := newStore()
-	st.addCell("crash-b1", SubjectNone, 3)
-	st.addCell(StressScenario, SubjectNone, 2)
+	st.addCell("crash-b1", subjectNone, 3)
+	st.addCell(stressScenario, subjectNone, 2)
 	require.NotNil(t, st.trialOf("inv-crash-b1.none.b0.2"))
 	require.Nil(t, st.trialOf("inv-crash-b1.none.b0.3"), "no such trial")
 	require.Nil(t, st.trialOf("inv-crash-b2.none.b0.1"), "no such cell")
-	require.NotNil(t, st.trialOf(StressIntent(StressScenario+"."+SubjectNone, 1)))
+	require.NotNil(t, st.trialOf(stressIntent(stressScenario+"."+subjectNone, 1)))
 	require.Nil(t, st.trialOf("stray"))
 
 	digest := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-	st.addRecord(Record{Kind: KindAccepted, Intent: "inv-crash-b1.none.b0.1", Job: "j-4", Digest: digest})
-	st.addRecord(Record{Kind: KindEffect, Intent: "inv-crash-b1.none.b0.1", ID: "e-12", Job: "j-4", Digest: digest})
-	st.addRecord(Record{Kind: KindEffect, Intent: "inv-crash-b1.none.b0.1", ID: "odd-id", Digest: "not hex"})
+	st.addRecord(record{Kind: kindAccepted, Intent: "inv-crash-b1.none.b0.1", Job: "j-4", Digest: digest})
+	st.addRecord(record{Kind: kindEffect, Intent: "inv-crash-b1.none.b0.1", ID: "e-12", Job: "j-4", Digest: digest})
+	st.addRecord(record{Kind: kindEffect, Intent: "inv-crash-b1.none.b0.1", ID: "odd-id", Digest: "not hex"})
 	sl := st.trialOf("inv-crash-b1.none.b0.1")
 	got := st.records("inv-crash-b1.none.b0.1", sl)
 	require.Len(t, got, 3)
-	require.Equal(t, Record{Seq: 1, Kind: KindAccepted, Intent: "inv-crash-b1.none.b0.1", Job: "j-4", Digest: digest}, got[0])
+	require.Equal(t, record{Seq: 1, Kind: kindAccepted, Intent: "inv-crash-b1.none.b0.1", Job: "j-4", Digest: digest}, got[0])
 	require.Equal(t, "e-12", got[1].ID)
 	require.Equal(t, "j-4", got[1].Job)
 	require.Equal(t, "odd-id", got[2].ID)
 	require.NotEqual(t, got[0].Digest, got[2].Digest, "a digest that is not hex keeps its own identity")
 
-	st.put("crash-b1", SubjectNone, 1, []Belief{{Worker: "w2", State: BeliefDone, Result: "e-12", Reconciled: 2},
+	st.put("crash-b1", subjectNone, 1, []Belief{{Worker: "w2", State: BeliefDone, Result: "e-12", Reconciled: 2},
 		{Worker: "w1", State: BeliefBlocked, Reason: "gave up"}}, nil, "", 0)
 	require.Equal(t, []Belief{{Worker: "w2", State: BeliefDone, Result: "e-12", Reconciled: 2},
 		{Worker: "w1", State: BeliefBlocked, Reason: "gave up"}}, st.beliefs("inv-crash-b1.none.b0.1", sl, false))

@@ -51,10 +51,10 @@ type Config struct {
 	WorkDir string
 }
 
-// AllSubjects lists the subjects in report order.
-var AllSubjects = []string{
-	SubjectToolfenceBadger, SubjectToolfencePostgres, SubjectToolfenceNoProbe, SubjectNone, SubjectRecordAfter,
-	SubjectCheckThenInsert, SubjectExpiring, SubjectMarkBefore,
+// allSubjects lists the subjects in report order.
+var allSubjects = []string{
+	subjectToolfenceBadger, subjectToolfencePostgres, subjectToolfenceNoProbe, subjectNone, subjectRecordAfter,
+	subjectCheckThenInsert, subjectExpiring, subjectMarkBefore,
 }
 
 type runner struct {
@@ -79,16 +79,16 @@ func (r *runner) rngFor(scenario, subject string, index int) *rand.Rand {
 // stores one trial per message.
 func (r *runner) stress(subject string, st *store) {
 	t0 := time.Now()
-	dir := filepath.Join(r.cfg.WorkDir, "stores", StressScenario+"."+subject)
+	dir := filepath.Join(r.cfg.WorkDir, "stores", stressScenario+"."+subject)
 	_ = os.MkdirAll(dir, 0o755)
 	defer os.RemoveAll(dir)
-	prefix := StressScenario + "." + subject
-	spec := WorkerSpec{
+	prefix := stressScenario + "." + subject
+	spec := workerSpec{
 		Name: "stress", Subject: subject, Store: dir, Sink: r.sink.base, Task: "consumer-group-1",
 		LeaseMS: 2000, TimeoutMS: 1000, BudgetMS: 60_000,
-		Stress: &StressSpec{Prefix: prefix, Messages: r.cfg.StressMessages, DupRate: 0.3, Consumers: 50, Seed: r.cfg.Seed},
+		Stress: &stressSpec{Prefix: prefix, Messages: r.cfg.StressMessages, DupRate: 0.3, Consumers: 50, Seed: r.cfg.Seed},
 	}
-	if subject == SubjectToolfencePostgres {
+	if subject == subjectToolfencePostgres {
 		spec.Store, spec.Schema = r.cfg.PostgresDSN, r.schema
 	}
 	byIntent := map[string][]Belief{}
@@ -107,7 +107,7 @@ func (r *runner) stress(subject string, st *store) {
 	}
 	elapsed := time.Since(t0) / time.Duration(max(r.cfg.StressMessages, 1))
 	for i := range r.cfg.StressMessages {
-		st.put(StressScenario, subject, i, byIntent[StressIntent(prefix, i)], nil, runErr, elapsed)
+		st.put(stressScenario, subject, i, byIntent[stressIntent(prefix, i)], nil, runErr, elapsed)
 	}
 }
 
@@ -178,14 +178,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := &runner{cfg: cfg, sink: sinkClient{base: base, hc: &http.Client{}},
 		schema: fmt.Sprintf("toolfence_eval_%d", time.Now().UnixNano())}
 
-	if cfg.PostgresDSN != "" && slices.Contains(subs, SubjectToolfencePostgres) {
+	if cfg.PostgresDSN != "" && slices.Contains(subs, subjectToolfencePostgres) {
 		defer func() { _ = dropSchema(cfg.PostgresDSN, r.schema) }()
 	}
 	st := newStore()
 	var batches []*batch
 	stress := false
 	for _, sc := range scens {
-		if sc.Name == StressScenario {
+		if sc.Name == stressScenario {
 			stress = true
 			for _, sub := range subs {
 				st.addCell(sc.Name, sub, cfg.StressMessages)
@@ -220,7 +220,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		wg.Go(func() {
 			for b := range next {
 				t0 := time.Now()
-				if !IsToolfence(b.Subject) || b.Subject == SubjectToolfenceBadger || b.Subject == SubjectToolfenceNoProbe {
+				if !isToolfence(b.Subject) || b.Subject == subjectToolfenceBadger || b.Subject == subjectToolfenceNoProbe {
 					_ = os.MkdirAll(b.store, 0o755)
 				}
 				err := byName[b.Scenario].run(ctx, b)
@@ -252,7 +252,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				break
 			}
 			r.stress(sub, st)
-			bar.add(1, StressScenario+" × "+sub)
+			bar.add(1, stressScenario+" × "+sub)
 		}
 	}
 	bar.done()
@@ -260,24 +260,35 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, ctx.Err()
 	}
 
-	// Let queued jobs finish, then stop the sink and grade from its log file.
-	time.Sleep(300 * time.Millisecond)
-	_ = sinkProc.stdin.Close()
-	select {
-	case <-sinkProc.done:
-	case <-time.After(5 * time.Second):
-		sinkProc.kill()
+	// Every worker has exited. Closing its stdin stops the sink, which drains before it
+	// exits (queued jobs record their outcome): once it has exited, its log is complete.
+	if err := stopSink(sinkProc, time.Minute); err != nil {
+		return nil, err
 	}
-	if err := ScanLogFile(logPath, func(rec Record) error { st.addRecord(rec); return nil }); err != nil {
+	if err := scanLogFile(logPath, func(rec record) error { st.addRecord(rec); return nil }); err != nil {
 		return nil, err
 	}
 	rep := gradeAll(cfg, scens, subs, st, time.Since(started))
 	if cfg.Out != "" {
-		if err := rep.Write(cfg.Out); err != nil {
+		if err := rep.write(cfg.Out); err != nil {
 			return rep, err
 		}
 	}
 	return rep, nil
+}
+
+// stopSink closes the sink's stdin and waits for it to drain and exit. It returns an error,
+// after killing the sink, when it has not exited within timeout, and when it exited with
+// a failure: grading from an incomplete log would count effects as missing.
+func stopSink(p *proc, timeout time.Duration) error {
+	_ = p.stdin.Close()
+	if !p.exitWithin(timeout) {
+		return fmt.Errorf("evals: the sink did not drain within %v: %s", timeout, p.stderrTail())
+	}
+	if p.waitErr != nil {
+		return fmt.Errorf("evals: the sink failed: %v: %s", p.waitErr, p.stderrTail())
+	}
+	return nil
 }
 
 func boolInt(b bool) int {
@@ -294,7 +305,7 @@ func boolInt(b bool) int {
 func gradeAll(cfg Config, scens []Scenario, subs []string, st *store, d time.Duration) *Report {
 	total := 0 // trials, not stress messages
 	for c, slots := range st.slots {
-		if st.names[c][0] != StressScenario {
+		if st.names[c][0] != stressScenario {
 			total += len(slots)
 		}
 	}
@@ -309,11 +320,11 @@ func gradeAll(cfg Config, scens []Scenario, subs []string, st *store, d time.Dur
 		for i := range slots {
 			sl := &slots[i]
 			intent := fmt.Sprintf("inv-%s.%s.b%d.%d", sc, sub, i/cfg.Batch, i)
-			if sc == StressScenario {
-				intent = StressIntent(StressScenario+"."+sub, i)
+			if sc == stressScenario {
+				intent = stressIntent(stressScenario+"."+sub, i)
 			}
-			beliefs := st.beliefs(intent, sl, sc == StressScenario)
-			g := GradeTrial(intent, st.records(intent, sl), beliefs)
+			beliefs := st.beliefs(intent, sl, sc == stressScenario)
+			g := gradeTrial(intent, st.records(intent, sl), beliefs)
 			res := TrialResult{Scenario: sc, Subject: sub, Index: i, Intent: intent, Beliefs: beliefs, Elapsed: sl.elapsed}
 			if sl.extra != nil {
 				res.Notes, res.Error = sl.extra.notes, sl.extra.err
@@ -330,7 +341,7 @@ func gradeAll(cfg Config, scens []Scenario, subs []string, st *store, d time.Dur
 			}
 			notable := len(res.Notes) > 0 && !onlyModeNote(res.Notes) || res.Error != ""
 			switch {
-			case keepAll, notable, g.Outcome != ExactlyOnce && IsToolfence(sub):
+			case keepAll, notable, g.Outcome != ExactlyOnce && isToolfence(sub):
 				kept = append(kept, res)
 			case g.Outcome != ExactlyOnce && baselineKept < keepPerBaselineCell:
 				kept = append(kept, res)
@@ -361,22 +372,22 @@ var ErrInvalidConfig = errors.New("evals: invalid config")
 
 func selectCells(cfg Config) ([]Scenario, []string, error) {
 	var scens []Scenario
-	for _, sc := range Scenarios {
+	for _, sc := range scenarios {
 		if len(cfg.Scenarios) == 0 || slices.Contains(cfg.Scenarios, sc.Name) {
 			scens = append(scens, sc)
 		}
 	}
 	for _, name := range cfg.Scenarios {
-		if !slices.ContainsFunc(Scenarios, func(s Scenario) bool { return s.Name == name }) {
+		if !slices.ContainsFunc(scenarios, func(s Scenario) bool { return s.Name == name }) {
 			return nil, nil, fmt.Errorf("%w: unknown scenario %q", ErrInvalidConfig, name)
 		}
 	}
 	var subs []string
-	for _, s := range AllSubjects {
+	for _, s := range allSubjects {
 		if len(cfg.Subjects) > 0 && !slices.Contains(cfg.Subjects, s) {
 			continue
 		}
-		if s == SubjectToolfencePostgres && cfg.PostgresDSN == "" {
+		if s == subjectToolfencePostgres && cfg.PostgresDSN == "" {
 			if len(cfg.Subjects) > 0 {
 				return nil, nil, fmt.Errorf("%w: toolfence-postgres needs a PostgreSQL DSN that answers", ErrInvalidConfig)
 			}
@@ -385,7 +396,7 @@ func selectCells(cfg Config) ([]Scenario, []string, error) {
 		subs = append(subs, s)
 	}
 	for _, name := range cfg.Subjects {
-		if !slices.Contains(AllSubjects, name) {
+		if !slices.Contains(allSubjects, name) {
 			return nil, nil, fmt.Errorf("%w: unknown subject %q", ErrInvalidConfig, name)
 		}
 	}

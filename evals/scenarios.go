@@ -19,26 +19,26 @@ type Scenario struct {
 	run func(ctx context.Context, b *batch) error
 }
 
-// Scenarios lists every scenario in report order.
-var Scenarios = []Scenario{
-	{Name: "crash-b0", Doc: "SIGKILL before the guard reserves anything; a successor retries the task.", run: crashAt(BarrierB0)},
-	{Name: "crash-reserved", Doc: "SIGKILL after the reservation, before the dispatch; a successor retries.", run: crashAt(BarrierReserved)},
+// scenarios lists every scenario in report order.
+var scenarios = []Scenario{
+	{Name: "crash-b0", Doc: "SIGKILL before the guard reserves anything; a successor retries the task.", run: crashAt(barrierB0)},
+	{Name: "crash-reserved", Doc: "SIGKILL after the reservation, before the dispatch; a successor retries.", run: crashAt(barrierReserved)},
 	{Name: "crash-b1", Doc: "SIGKILL after the sink performed the effect, before the worker got the answer (the sink holds it); a successor retries.", run: crashB1(false)},
-	{Name: "crash-b2", Doc: "SIGKILL after the guarded call returned (commit and release done), before the agent reported; a successor retries.", run: crashAt(BarrierB2)},
-	{Name: "lost-response", Doc: "The sink performs the effect and closes the connection without an answer; the same worker retries.", run: single(ModeDrop)},
-	{Name: "timeout", Doc: "The sink performs the effect and hangs past the client's timeout; the same worker retries.", run: single(ModeHang)},
-	{Name: "fail-after-effect", Doc: "The sink performs the effect and answers 500; the same worker retries.", run: single(ModeFail)},
+	{Name: "crash-b2", Doc: "SIGKILL after the guarded call returned (commit and release done), before the agent reported; a successor retries.", run: crashAt(barrierB2)},
+	{Name: "lost-response", Doc: "The sink performs the effect and closes the connection without an answer; the same worker retries.", run: single(modeDrop)},
+	{Name: "timeout", Doc: "The sink performs the effect and hangs past the client's timeout; the same worker retries.", run: single(modeHang)},
+	{Name: "fail-after-effect", Doc: "The sink performs the effect and answers 500; the same worker retries.", run: single(modeFail)},
 	{Name: "queued-202", Doc: "The sink answers 202 with a job that completes later (or, in half the trials, fails with no effect); the worker follows up.", run: queued},
 	{Name: "zombie", Doc: "SIGSTOP the worker while the sink holds its answer, past the lease; a successor takes over; then the answer is released and the zombie continued (SIGCONT): its late commit must be refused. A last successor checks the final state.", run: zombie},
 	{Name: "concurrent", Doc: "4 agents run the same task at once (badger: 4 goroutines in one process, the store is locked to one process; otherwise 4 processes).", run: concurrent},
 	{Name: "payload-drift", Doc: "SIGKILL at b1, then the successor re-words the arguments (same target, different text).", run: crashB1(true)},
 	{Name: "ledger-down", Doc: "The ledger / idempotency store is unreachable for the first worker; it comes back for the successor.", run: ledgerDown},
-	{Name: StressScenario, Doc: "At-least-once redelivery under load: N messages (default 500, full run 10,000), 30 % of them delivered twice, shuffled, consumed by 50 concurrent consumers (goroutines of one process per subject). Counted per message, not per trial."},
+	{Name: stressScenario, Doc: "At-least-once redelivery under load: N messages (default 500, full run 10,000), 30 % of them delivered twice, shuffled, consumed by 50 concurrent consumers (goroutines of one process per subject). Counted per message, not per trial."},
 }
 
-// StressScenario names the redelivery stress test (N messages, 30 % of them delivered
+// stressScenario names the redelivery stress test (N messages, 30 % of them delivered
 // twice, consumed concurrently), whose cells count messages, not trials.
-const StressScenario = "stress-redelivery"
+const stressScenario = "stress-redelivery"
 
 // trial is one run of one scenario against one subject: the unit of grading. It has its
 // own task, intent, payload and agents; it shares its worker processes with the other
@@ -112,19 +112,19 @@ func (b *batch) timeout() time.Duration {
 
 // spec returns the worker spec of a process named name carrying every trial of the batch;
 // each, when set, adjusts a trial's part of it.
-func (b *batch) spec(name string, each func(t *trial, ts *TrialSpec)) WorkerSpec {
+func (b *batch) spec(name string, each func(t *trial, ts *trialSpec)) workerSpec {
 	lease := b.r.cfg.LeaseTTL
-	s := WorkerSpec{
+	s := workerSpec{
 		Name: name, Subject: b.Subject, Store: b.store, Sink: b.r.sink.base,
 		LeaseMS: int(lease / time.Millisecond), TimeoutMS: int(lease / 2 / time.Millisecond),
 		// Every trial of the batch starts at once: the budget grows with the batch.
 		BudgetMS: int((8*lease + time.Duration(len(b.trials))*10*time.Millisecond) / time.Millisecond),
 	}
-	if b.Subject == SubjectToolfencePostgres {
+	if b.Subject == subjectToolfencePostgres {
 		s.Store, s.Schema = b.r.cfg.PostgresDSN, b.r.schema
 	}
 	for _, t := range b.trials {
-		ts := TrialSpec{Task: t.Task, Intent: t.Intent, Text: t.text()}
+		ts := trialSpec{Task: t.Task, Intent: t.Intent, Text: t.text()}
 		if each != nil {
 			each(t, &ts)
 		}
@@ -135,7 +135,7 @@ func (b *batch) spec(name string, each func(t *trial, ts *TrialSpec)) WorkerSpec
 
 // start starts a worker process of the batch (the spec goes through a file: a batch's spec
 // is larger than one argument may be).
-func (b *batch) start(s WorkerSpec) (*proc, error) {
+func (b *batch) start(s workerSpec) (*proc, error) {
 	js, err := jsonMarshal(s)
 	if err != nil {
 		return nil, err
@@ -165,7 +165,7 @@ func (b *batch) wait(p *proc) error {
 }
 
 // runToEnd runs one worker process to completion and collects its beliefs.
-func (b *batch) runToEnd(s WorkerSpec) error {
+func (b *batch) runToEnd(s workerSpec) error {
 	p, err := b.start(s)
 	if err != nil {
 		return err
@@ -256,7 +256,7 @@ func crashAt(barrier string) func(ctx context.Context, b *batch) error {
 
 func crashB1(drift bool) func(ctx context.Context, b *batch) error {
 	return func(ctx context.Context, b *batch) error {
-		p, err := b.start(b.spec("w1", func(_ *trial, ts *TrialSpec) { ts.Hold = true }))
+		p, err := b.start(b.spec("w1", func(_ *trial, ts *trialSpec) { ts.Hold = true }))
 		if err != nil {
 			return err
 		}
@@ -268,7 +268,7 @@ func crashB1(drift bool) func(ctx context.Context, b *batch) error {
 		p.kill()
 		_ = b.r.sink.releaseAll(ctx, b.prefix(), "drop")
 		b.collect(p.beliefs())
-		return b.runToEnd(b.spec("w2", func(t *trial, ts *TrialSpec) {
+		return b.runToEnd(b.spec("w2", func(t *trial, ts *trialSpec) {
 			if drift {
 				ts.Text = "Please bill 42 EUR for invoice " + t.Intent + " (re-worded)"
 			}
@@ -278,22 +278,22 @@ func crashB1(drift bool) func(ctx context.Context, b *batch) error {
 
 func single(mode string) func(ctx context.Context, b *batch) error {
 	return func(ctx context.Context, b *batch) error {
-		return b.runToEnd(b.spec("w1", func(_ *trial, ts *TrialSpec) { ts.Mode = mode }))
+		return b.runToEnd(b.spec("w1", func(_ *trial, ts *trialSpec) { ts.Mode = mode }))
 	}
 }
 
 func queued(ctx context.Context, b *batch) error {
-	return b.runToEnd(b.spec("w1", func(t *trial, ts *TrialSpec) {
-		ts.Mode = ModeQueued
+	return b.runToEnd(b.spec("w1", func(t *trial, ts *trialSpec) {
+		ts.Mode = modeQueued
 		if b.r.rngFor(b.Scenario, b.Subject, t.Index).Intn(2) == 1 {
-			ts.Mode = ModeQueuedFail
+			ts.Mode = modeQueuedFail
 		}
 		t.note("mode %s", ts.Mode)
 	}))
 }
 
 func zombie(ctx context.Context, b *batch) error {
-	p, err := b.start(b.spec("w1", func(_ *trial, ts *TrialSpec) { ts.Hold = true }))
+	p, err := b.start(b.spec("w1", func(_ *trial, ts *trialSpec) { ts.Hold = true }))
 	if err != nil {
 		return err
 	}
@@ -320,7 +320,7 @@ func zombie(ctx context.Context, b *batch) error {
 
 func concurrent(ctx context.Context, b *batch) error {
 	const n = 4
-	if b.Subject == SubjectToolfenceBadger || b.Subject == SubjectToolfenceNoProbe {
+	if b.Subject == subjectToolfenceBadger || b.Subject == subjectToolfenceNoProbe {
 		s := b.spec("w", nil)
 		s.Agents = n
 		return b.runToEnd(s)
@@ -348,7 +348,7 @@ func concurrent(ctx context.Context, b *batch) error {
 func ledgerDown(ctx context.Context, b *batch) error {
 	s := b.spec("w1", nil)
 	switch b.Subject {
-	case SubjectToolfencePostgres:
+	case subjectToolfencePostgres:
 		s.Store = "postgres://postgres@127.0.0.1:1/down?sslmode=disable&connect_timeout=1"
 	default:
 		down := b.store + ".down"

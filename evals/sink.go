@@ -26,16 +26,16 @@ import (
 // to the first request of an intent; later requests of the same intent are answered 200, so
 // a retry can succeed and a duplicate shows up as a second effect.
 const (
-	ModeOK         = "ok"          // effect, then 200
-	ModeQueued     = "queued"      // 202 with a job; the job completes later with the effect
-	ModeQueuedFail = "queued_fail" // 202 with a job; the job later fails with no effect
-	ModeFail       = "fail"        // effect, then 500
-	ModeHang       = "hang"        // effect, then no answer until the client gives up
-	ModeDrop       = "drop"        // effect, then the connection is closed without an answer
+	modeOK         = "ok"          // effect, then 200
+	modeQueued     = "queued"      // 202 with a job; the job completes later with the effect
+	modeQueuedFail = "queued_fail" // 202 with a job; the job later fails with no effect
+	modeFail       = "fail"        // effect, then 500
+	modeHang       = "hang"        // effect, then no answer until the client gives up
+	modeDrop       = "drop"        // effect, then the connection is closed without an answer
 )
 
-// SinkConfig configures a Sink.
-type SinkConfig struct {
+// sinkConfig configures a sink.
+type sinkConfig struct {
 	// LogPath is the append-only log file. Required.
 	LogPath string
 	// HonorIdempotency makes the sink answer a repeated Idempotency-Key with the stored
@@ -45,12 +45,12 @@ type SinkConfig struct {
 	CompleteAfter time.Duration
 }
 
-// Sink is the effect sink: an HTTP API that performs the "side effect" by appending a record
+// sink is the effect sink: an HTTP API that performs the "side effect" by appending a record
 // to its own fsync'd log before answering. Concurrent requests share fsyncs (group commit):
 // a request is answered only after an fsync that started after its record was written.
 // It is safe for concurrent use.
-type Sink struct {
-	cfg SinkConfig
+type sink struct {
+	cfg sinkConfig
 	f   *os.File
 
 	// written is the Seq of the last record written to the file (not necessarily synced).
@@ -68,6 +68,11 @@ type Sink struct {
 	held    map[string]*heldResponse // by intent
 	changed chan struct{}            // closed and replaced whenever held changes
 	honor   bool
+	// draining is set by Drain: effect requests are refused from then on.
+	draining bool
+	// work counts effect requests in flight and queued jobs not yet recorded; Add happens
+	// under mu while draining is false, or from work already counted, so never after Wait.
+	work sync.WaitGroup
 }
 
 // lookupRec is what the sink keeps in memory of a record, for /lookup.
@@ -100,9 +105,9 @@ type heldResponse struct {
 	action chan string
 }
 
-// NewSink opens (creating or appending to) the log and returns a Sink. It returns an error
+// newSink opens (creating or appending to) the log and returns a sink. It returns an error
 // when the log cannot be opened.
-func NewSink(cfg SinkConfig) (*Sink, error) {
+func newSink(cfg sinkConfig) (*sink, error) {
 	if cfg.LogPath == "" {
 		return nil, errors.New("evals: sink: log path is required")
 	}
@@ -113,7 +118,7 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("evals: sink: %w", err)
 	}
-	s := &Sink{
+	s := &sink{
 		cfg: cfg, f: f, seen: map[string]int{}, byKey: map[string][]lookupRec{},
 		answers: map[string]storedAnswer{}, jobs: map[string]*job{}, held: map[string]*heldResponse{},
 		changed: make(chan struct{}), honor: cfg.HonorIdempotency,
@@ -122,12 +127,35 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 	return s, nil
 }
 
-// Close closes the log.
-func (s *Sink) Close() error { return s.f.Close() }
+// Close closes the log. Call Drain first unless the sink is being abandoned: a queued
+// job that completes after Close cannot record its effect.
+func (s *sink) Close() error { return s.f.Close() }
+
+// Drain refuses new effect requests (503) and returns once every effect request in flight
+// has answered and every queued job has written and synced its final record: after Drain
+// the log holds everything the sink will ever do. Stop the HTTP server (so held and
+// hanging requests end) before calling it. It may be called more than once.
+func (s *sink) Drain() {
+	s.mu.Lock()
+	s.draining = true
+	s.mu.Unlock()
+	s.work.Wait()
+}
+
+// enter counts an effect request as in flight; false when the sink is draining.
+func (s *sink) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.work.Add(1)
+	return true
+}
 
 // writeLocked numbers rec and writes it to the log, without syncing; s.mu must be held (so
 // records reach the file in Seq order). Call syncTo(rec.Seq) before acting on it.
-func (s *Sink) writeLocked(rec *Record) error {
+func (s *sink) writeLocked(rec *record) error {
 	s.seq++
 	rec.Seq = s.seq
 	rec.At = time.Now().UTC()
@@ -146,7 +174,7 @@ func (s *Sink) writeLocked(rec *Record) error {
 // already written. One fsync covers every record written before it started; callers that
 // arrive while one runs wait for it and, if it does not cover them, share the next one.
 // It must be called without s.mu.
-func (s *Sink) syncTo(seq int64) error {
+func (s *sink) syncTo(seq int64) error {
 	g := &s.gc
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -173,7 +201,7 @@ func (s *Sink) syncTo(seq int64) error {
 
 // Syncs returns how many fsyncs the sink's log took so far (group commit makes it fewer
 // than the records under concurrency).
-func (s *Sink) Syncs() int64 {
+func (s *sink) Syncs() int64 {
 	s.gc.mu.Lock()
 	defer s.gc.mu.Unlock()
 	return s.gc.syncs
@@ -188,7 +216,7 @@ func (s *Sink) Syncs() int64 {
 //	GET  /control/held?prefix=P&n=N   … until N are held for intents starting with P
 //	POST /control/release?intent=I|prefix=P&action=respond|drop
 //	POST /control/idempotency?on=1|0
-func (s *Sink) Handler() http.Handler {
+func (s *sink) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /effect", s.effect)
 	mux.HandleFunc("GET /status/{job}", s.status)
@@ -209,7 +237,12 @@ type effectBody struct {
 	Intent string `json:"intent"`
 }
 
-func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
+func (s *sink) effect(w http.ResponseWriter, r *http.Request) {
+	if !s.enter() {
+		http.Error(w, "sink is draining", http.StatusServiceUnavailable)
+		return
+	}
+	defer s.work.Done()
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -238,22 +271,22 @@ func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
 	}
 	s.seen[eb.Intent]++
 	first := s.seen[eb.Intent] == 1
-	mode := ModeOK
+	mode := modeOK
 	if first && q.Get("mode") != "" {
 		mode = q.Get("mode")
 	}
-	rec := &Record{Intent: eb.Intent, Key: key, Digest: digest, Holder: r.Header.Get("X-Holder")}
+	rec := &record{Intent: eb.Intent, Key: key, Digest: digest, Holder: r.Header.Get("X-Holder")}
 	var status int
 	var answer []byte
 	switch mode {
-	case ModeQueued, ModeQueuedFail:
+	case modeQueued, modeQueuedFail:
 		s.nJob++
-		rec.Kind, rec.Job = KindAccepted, fmt.Sprintf("j-%d", s.nJob)
+		rec.Kind, rec.Job = kindAccepted, fmt.Sprintf("j-%d", s.nJob)
 		status = http.StatusAccepted
 		answer, _ = json.Marshal(map[string]string{"status": "queued", "job": rec.Job})
-	case ModeOK, ModeFail, ModeHang, ModeDrop:
+	case modeOK, modeFail, modeHang, modeDrop:
 		s.nEffect++
-		rec.Kind, rec.ID = KindEffect, fmt.Sprintf("e-%d", s.nEffect)
+		rec.Kind, rec.ID = kindEffect, fmt.Sprintf("e-%d", s.nEffect)
 		status = http.StatusOK
 		answer, _ = json.Marshal(map[string]string{"status": "done", "effect_id": rec.ID})
 	default:
@@ -275,14 +308,15 @@ func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	if key != "" {
 		s.byKey[key] = append(s.byKey[key], lookupRec{seq: rec.Seq, kind: rec.Kind, intent: rec.Intent, id: rec.ID, job: rec.Job})
-		if _, ok := s.answers[key]; !ok && mode != ModeFail {
+		if _, ok := s.answers[key]; !ok && mode != modeFail {
 			s.answers[key] = storedAnswer{status, answer}
 		}
 	}
-	if rec.Kind == KindAccepted {
+	if rec.Kind == kindAccepted {
 		j := &job{intent: eb.Intent, key: key, digest: digest, id: rec.Job, status: "queued"}
 		s.jobs[j.id] = j
-		go s.complete(j, mode == ModeQueuedFail)
+		s.work.Add(1) // this request is counted: the counter is not zero
+		go s.complete(j, mode == modeQueuedFail)
 	}
 	var h *heldResponse
 	if first && q.Get("hold") == "1" {
@@ -307,18 +341,18 @@ func (s *Sink) effect(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 		if action == "drop" || action == "gone" {
-			mode = ModeDrop
+			mode = modeDrop
 		}
 	}
 	switch mode {
-	case ModeFail:
+	case modeFail:
 		http.Error(w, `{"status":"error","error":"internal error after the effect"}`, http.StatusInternalServerError)
-	case ModeHang:
+	case modeHang:
 		select {
 		case <-r.Context().Done():
 		case <-time.After(30 * time.Second):
 		}
-	case ModeDrop:
+	case modeDrop:
 		dropConn(w)
 	default:
 		writeJSON(w, status, answer)
@@ -336,15 +370,18 @@ func dropConn(w http.ResponseWriter) {
 	panic(http.ErrAbortHandler)
 }
 
-func (s *Sink) complete(j *job, fail bool) {
+// complete finishes a queued job after CompleteAfter (the upstream's own processing time)
+// and records its outcome.
+func (s *sink) complete(j *job, fail bool) {
+	defer s.work.Done()
 	time.Sleep(s.cfg.CompleteAfter)
 	s.mu.Lock()
-	rec := &Record{Intent: j.intent, Key: j.key, Digest: j.digest, Job: j.id}
+	rec := &record{Intent: j.intent, Key: j.key, Digest: j.digest, Job: j.id}
 	if fail {
-		rec.Kind = KindJobFailed
+		rec.Kind = kindJobFailed
 	} else {
 		s.nEffect++
-		rec.Kind, rec.ID = KindEffect, fmt.Sprintf("e-%d", s.nEffect)
+		rec.Kind, rec.ID = kindEffect, fmt.Sprintf("e-%d", s.nEffect)
 	}
 	err := s.writeLocked(rec)
 	s.mu.Unlock()
@@ -366,7 +403,7 @@ func (s *Sink) complete(j *job, fail bool) {
 	}
 }
 
-func (s *Sink) status(w http.ResponseWriter, r *http.Request) {
+func (s *sink) status(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	j, ok := s.jobs[r.PathValue("job")]
 	var b []byte
@@ -381,28 +418,28 @@ func (s *Sink) status(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, b)
 }
 
-// LookupAnswer is what GET /lookup returns.
-type LookupAnswer struct {
-	Effects []LookupEffect `json:"effects"`
-	Jobs    []LookupJob    `json:"jobs"`
+// lookupAnswer is what GET /lookup returns.
+type lookupAnswer struct {
+	Effects []lookupEffect `json:"effects"`
+	Jobs    []lookupJob    `json:"jobs"`
 }
 
-// LookupEffect is one effect in a LookupAnswer.
-type LookupEffect struct {
+// lookupEffect is one effect in a lookupAnswer.
+type lookupEffect struct {
 	ID  string `json:"id"`
 	Job string `json:"job,omitempty"`
 }
 
-// LookupJob is one queued job in a LookupAnswer.
-type LookupJob struct {
+// lookupJob is one queued job in a lookupAnswer.
+type lookupJob struct {
 	Job    string `json:"job"`
 	Status string `json:"status"`
 	Effect string `json:"effect_id,omitempty"`
 }
 
-func (s *Sink) lookup(w http.ResponseWriter, r *http.Request) {
+func (s *sink) lookup(w http.ResponseWriter, r *http.Request) {
 	key, intent := r.URL.Query().Get("key"), r.URL.Query().Get("intent")
-	ans := LookupAnswer{Effects: []LookupEffect{}, Jobs: []LookupJob{}}
+	ans := lookupAnswer{Effects: []lookupEffect{}, Jobs: []lookupJob{}}
 	s.mu.Lock()
 	var recs []lookupRec
 	if key != "" {
@@ -420,11 +457,11 @@ func (s *Sink) lookup(w http.ResponseWriter, r *http.Request) {
 	slices.SortFunc(recs, func(a, b lookupRec) int { return int(a.seq - b.seq) })
 	for _, rec := range recs {
 		switch rec.kind {
-		case KindEffect:
-			ans.Effects = append(ans.Effects, LookupEffect{ID: rec.id, Job: rec.job})
-		case KindAccepted:
+		case kindEffect:
+			ans.Effects = append(ans.Effects, lookupEffect{ID: rec.id, Job: rec.job})
+		case kindAccepted:
 			j := s.jobs[rec.job]
-			ans.Jobs = append(ans.Jobs, LookupJob{Job: j.id, Status: j.status, Effect: j.effect})
+			ans.Jobs = append(ans.Jobs, lookupJob{Job: j.id, Status: j.status, Effect: j.effect})
 		}
 	}
 	s.mu.Unlock()
@@ -434,7 +471,7 @@ func (s *Sink) lookup(w http.ResponseWriter, r *http.Request) {
 
 // heldLocked counts the held answers of intent, or (prefix set) of every intent starting
 // with prefix; s.mu must be held.
-func (s *Sink) heldLocked(intent, prefix string) int {
+func (s *sink) heldLocked(intent, prefix string) int {
 	if prefix == "" {
 		if s.held[intent] != nil {
 			return 1
@@ -453,7 +490,7 @@ func (s *Sink) heldLocked(intent, prefix string) int {
 // waitHeld long-polls until the answer of intent is held, or (prefix set) until n answers
 // of intents starting with prefix are; it answers {"held": count, "intents": [...]} (the
 // intents with prefix only), with 408 when the timeout passed first.
-func (s *Sink) waitHeld(w http.ResponseWriter, r *http.Request) {
+func (s *sink) waitHeld(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	intent, prefix := q.Get("intent"), q.Get("prefix")
 	want := 1
@@ -505,7 +542,7 @@ func (s *Sink) waitHeld(w http.ResponseWriter, r *http.Request) {
 
 // release lets the held answer of intent (or of every intent starting with prefix) go
 // ("respond") or drops its connection ("drop"); 404 when nothing matched.
-func (s *Sink) release(w http.ResponseWriter, r *http.Request) {
+func (s *sink) release(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	intent, prefix, action := q.Get("intent"), q.Get("prefix"), q.Get("action")
 	if action != "drop" {
@@ -540,8 +577,9 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 
 // SinkMain runs a sink process: it listens on --addr, prints its base URL on stdout and
 // serves until SIGTERM/SIGINT, or until stdin closes with --exit-on-stdin-eof (so a sink
-// never outlives the parent that started it).
-// It returns the process exit code.
+// never outlives the parent that started it). Then it stops the server and drains (see
+// sink.Drain) before it exits: once the process has exited, its log is complete, which is
+// what Run waits for before grading. It returns the process exit code.
 func SinkMain(args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("eval-sink", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
@@ -552,7 +590,7 @@ func SinkMain(args []string, stdout io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	s, err := NewSink(SinkConfig{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
+	s, err := newSink(sinkConfig{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -573,16 +611,21 @@ func SinkMain(args []string, stdout io.Writer) int {
 			stop()
 		}()
 	}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		_ = srv.Close()
-	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-served:
 		fmt.Fprintln(os.Stderr, "evals: sink:", err)
-		return 1
+		code = 1
 	}
-	return 0
+	// Held and hanging answers end when Close drops their connections; the grace period
+	// lets finished answers reach their clients first.
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = srv.Shutdown(sctx)
+	cancel()
+	_ = srv.Close()
+	s.Drain()
+	return code
 }

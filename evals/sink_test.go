@@ -15,10 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func newTestSink(t *testing.T, honor bool) (*Sink, *httptest.Server, string) {
+func newTestSink(t *testing.T, honor bool) (*sink, *httptest.Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sink.log")
-	s, err := NewSink(SinkConfig{LogPath: path, HonorIdempotency: honor, CompleteAfter: 20 * time.Millisecond})
+	s, err := newSink(sinkConfig{LogPath: path, HonorIdempotency: honor, CompleteAfter: 20 * time.Millisecond})
 	require.NoError(t, err)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(func() { srv.Close(); _ = s.Close() })
@@ -58,12 +58,12 @@ func TestSinkFaultsApplyToTheFirstRequestOnly(t *testing.T) {
 	_, _, err = postEffect(t, srv.URL, "mode=drop", "b", "")
 	require.Error(t, err, "a dropped answer is a transport error")
 
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	require.Len(t, recs, 3, "every request performed an effect, Idempotency-Key is not honoured by default")
 	for i, r := range recs {
 		require.Equal(t, int64(i+1), r.Seq)
-		require.Equal(t, KindEffect, r.Kind)
+		require.Equal(t, kindEffect, r.Kind)
 	}
 	require.Equal(t, recs[0].Digest, recs[1].Digest)
 }
@@ -77,7 +77,7 @@ func TestSinkHonoursIdempotencyWhenSwitchedOn(t *testing.T) {
 		require.Equal(t, http.StatusOK, status)
 		require.Equal(t, "e-1", body["effect_id"])
 	}
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	require.Len(t, recs, 1)
 }
@@ -94,11 +94,11 @@ func TestSinkQueuedJobsAndLookup(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, status)
 	require.Equal(t, "j-2", body["job"])
 
-	lookup := func(key string) LookupAnswer {
+	lookup := func(key string) lookupAnswer {
 		resp, err := http.Get(srv.URL + "/lookup?key=" + key)
 		require.NoError(t, err)
 		defer resp.Body.Close()
-		var a LookupAnswer
+		var a lookupAnswer
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&a))
 		return a
 	}
@@ -115,13 +115,13 @@ func TestSinkQueuedJobsAndLookup(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, "done", st["status"])
 
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	kinds := map[string]int{}
 	for _, r := range recs {
 		kinds[r.Kind]++
 	}
-	require.Equal(t, map[string]int{KindAccepted: 2, KindEffect: 1, KindJobFailed: 1}, kinds)
+	require.Equal(t, map[string]int{kindAccepted: 2, kindEffect: 1, kindJobFailed: 1}, kinds)
 }
 
 func TestSinkHoldsTheAnswerUntilReleased(t *testing.T) {
@@ -138,7 +138,7 @@ func TestSinkHoldsTheAnswerUntilReleased(t *testing.T) {
 	}()
 	c := sinkClient{base: srv.URL, hc: http.DefaultClient}
 	require.NoError(t, c.waitHeld(t.Context(), "a", 5*time.Second))
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	require.Len(t, recs, 1, "the effect is durable before the answer is released")
 	select {
@@ -184,7 +184,7 @@ func TestSinkGroupCommitKeepsOneRecordPerEffect(t *testing.T) {
 		seen[<-ids] = true
 	}
 	require.Len(t, seen, n, "every request got its own effect")
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	require.Len(t, recs, n, "one record per effect")
 	intents := map[string]bool{}
@@ -227,7 +227,7 @@ func TestSinkHoldsAndReleasesABatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, held, 1, "the other batch is still held")
 	require.NoError(t, c.releaseAll(t.Context(), "inv-y.b0.", "respond"))
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	require.Len(t, recs, n+1, "every effect was logged before its answer was held")
 }
@@ -238,15 +238,67 @@ func TestSinkHoldsAndReleasesABatch(t *testing.T) {
 func TestWorkerPostNeverResendsOnItsOwn(t *testing.T) {
 	t.Parallel()
 	_, srv, path := newTestSink(t, false)
-	warm := &worker{spec: WorkerSpec{Sink: srv.URL, Intent: "warm", Text: "x", TimeoutMS: 5000}}
+	warm := &worker{spec: workerSpec{Sink: srv.URL, Intent: "warm", Text: "x", TimeoutMS: 5000}}
 	status, _, err := warm.post(t.Context(), "k0", "h", false)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, status)
 	// The keep-alive connection is idle in the pool: the dropped request goes over it.
-	w := &worker{spec: WorkerSpec{Sink: srv.URL, Intent: "a", Text: "x", Mode: ModeDrop, TimeoutMS: 5000}}
+	w := &worker{spec: workerSpec{Sink: srv.URL, Intent: "a", Text: "x", Mode: modeDrop, TimeoutMS: 5000}}
 	_, _, err = w.post(t.Context(), "k1", "h", true)
 	require.Error(t, err, "the answer was dropped")
-	recs, err := ReadLogFile(path)
+	recs, err := readLogFile(path)
 	require.NoError(t, err)
 	require.Len(t, recs, 2, "the warm-up and the dropped request, each once")
+}
+
+// Drain returns only once a queued job has recorded its outcome, and refuses new effects.
+func TestSinkDrainWaitsForQueuedJobs(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "sink.log")
+	s, err := newSink(sinkConfig{LogPath: path, CompleteAfter: 300 * time.Millisecond})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); _ = s.Close() })
+	status, body, err := postEffect(t, srv.URL, "mode=queued", "a", "k")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status)
+
+	s.Drain()
+	recs, err := readLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2, "the queued job's effect is in the log once Drain returns")
+	require.Equal(t, kindAccepted, recs[0].Kind)
+	require.Equal(t, kindEffect, recs[1].Kind)
+	require.Equal(t, body["job"], recs[1].Job)
+
+	status, _, err = postEffect(t, srv.URL, "", "b", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, status, "a draining sink performs no new effect")
+	recs, err = readLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2)
+}
+
+// The sink process drains before it exits, so Run can grade as soon as it has exited (no
+// sleep): a job still queued when the parent closes the sink's stdin is in the log.
+func TestSinkProcessDrainsBeforeExit(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "sink.log")
+	p, err := startProc(testCommand("sink", "--addr", "127.0.0.1:0", "--log", path, "--complete-after", "500ms", "--exit-on-stdin-eof"))
+	require.NoError(t, err)
+	defer p.kill()
+	<-p.gotLine
+	p.mu.Lock()
+	base := p.first
+	p.mu.Unlock()
+	require.True(t, strings.HasPrefix(base, "http://"), base)
+	status, _, err := postEffect(t, base, "mode=queued", "a", "k")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status)
+
+	require.NoError(t, stopSink(p, time.Minute))
+	recs, err := readLogFile(path)
+	require.NoError(t, err)
+	require.Len(t, recs, 2, "the job queued at shutdown recorded its effect before the sink exited")
+	require.Equal(t, kindEffect, recs[1].Kind)
 }

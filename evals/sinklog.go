@@ -11,20 +11,20 @@ import (
 
 // Kinds of sink log records.
 const (
-	// KindEffect: the sink performed the side effect (once per record).
-	KindEffect = "effect"
-	// KindAccepted: the sink answered 202 and queued a job; no effect yet.
-	KindAccepted = "accepted"
-	// KindJobFailed: a queued job ended without an effect.
-	KindJobFailed = "job_failed"
+	// kindEffect: the sink performed the side effect (once per record).
+	kindEffect = "effect"
+	// kindAccepted: the sink answered 202 and queued a job; no effect yet.
+	kindAccepted = "accepted"
+	// kindJobFailed: a queued job ended without an effect.
+	kindJobFailed = "job_failed"
 )
 
-// Record is one line of the sink's append-only log. The sink writes and fsyncs it before it
+// record is one line of the sink's append-only log. The sink writes and fsyncs it before it
 // answers the request that caused it, so the log is the ground truth of what was done.
-type Record struct {
+type record struct {
 	// Seq numbers records in the order the sink wrote them, from 1.
 	Seq int64 `json:"seq"`
-	// Kind is KindEffect, KindAccepted or KindJobFailed.
+	// Kind is kindEffect, kindAccepted or kindJobFailed.
 	Kind string `json:"kind"`
 	// Intent is the business identity of the request (the invoice, the message id).
 	Intent string `json:"intent"`
@@ -41,11 +41,11 @@ type Record struct {
 	At     time.Time `json:"at"`
 }
 
-// ReadLog parses a sink log. It returns an error naming the line of a malformed record;
+// readLog parses a sink log. It returns an error naming the line of a malformed record;
 // a torn last line (a sink killed mid-write) is ignored.
-func ReadLog(r io.Reader) ([]Record, error) {
-	var out []Record
-	err := ScanLog(r, func(rec Record) error {
+func readLog(r io.Reader) ([]record, error) {
+	var out []record
+	err := scanLog(r, func(rec record) error {
 		out = append(out, rec)
 		return nil
 	})
@@ -55,10 +55,10 @@ func ReadLog(r io.Reader) ([]Record, error) {
 	return out, nil
 }
 
-// ScanLog parses a sink log record by record, calling fn for each in log order, so a log
+// scanLog parses a sink log record by record, calling fn for each in log order, so a log
 // of millions of records is never held in memory at once. It returns fn's first error, or
 // an error naming the line of a malformed record; a torn last line is ignored.
-func ScanLog(r io.Reader, fn func(Record) error) error {
+func scanLog(r io.Reader, fn func(record) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	line := 0
@@ -72,7 +72,7 @@ func ScanLog(r io.Reader, fn func(Record) error) error {
 		if len(b) == 0 {
 			continue
 		}
-		var rec Record
+		var rec record
 		if err := json.Unmarshal(b, &rec); err != nil {
 			// Only the last line may be torn.
 			pendingErr = fmt.Errorf("evals: sink log line %d: %w", line, err)
@@ -88,22 +88,22 @@ func ScanLog(r io.Reader, fn func(Record) error) error {
 	return nil
 }
 
-// ReadLogFile reads the sink log at path (see ReadLog).
-func ReadLogFile(path string) ([]Record, error) {
+// readLogFile reads the sink log at path (see readLog).
+func readLogFile(path string) ([]record, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("evals: %w", err)
 	}
 	defer f.Close()
-	return ReadLog(f)
+	return readLog(f)
 }
 
-// ScanLogFile scans the sink log at path (see ScanLog).
-func ScanLogFile(path string, fn func(Record) error) error {
+// scanLogFile scans the sink log at path (see scanLog).
+func scanLogFile(path string, fn func(record) error) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("evals: %w", err)
 	}
 	defer f.Close()
-	return ScanLog(f, fn)
+	return scanLog(f, fn)
 }

@@ -27,24 +27,24 @@ import (
 
 // Barrier names, in the order a guarded call passes them.
 const (
-	// BarrierB0 is before the guard reserves anything.
-	BarrierB0 = "b0"
-	// BarrierReserved is inside the tool, after the reservation, before the dispatch.
-	BarrierReserved = "reserved"
-	// BarrierB1 is after the sink performed the effect, before the answer reaches the
+	// barrierB0 is before the guard reserves anything.
+	barrierB0 = "b0"
+	// barrierReserved is inside the tool, after the reservation, before the dispatch.
+	barrierReserved = "reserved"
+	// barrierB1 is after the sink performed the effect, before the answer reaches the
 	// worker; the sink holds the answer (it is driven by the sink, not printed here).
-	BarrierB1 = "b1"
-	// BarrierB2 is after the guarded call returned: the terminal commit and the release
+	barrierB1 = "b1"
+	// barrierB2 is after the guarded call returned: the terminal commit and the release
 	// are done, the agent has not reported yet.
-	BarrierB2 = "b2"
+	barrierB2 = "b2"
 	// barrierDone is announced when a trial's agent 0 finished (it passes no barrier after).
 	barrierDone = "done"
 )
 
-// WorkerSpec is what one worker process runs: the guarded call of one subject for each
+// workerSpec is what one worker process runs: the guarded call of one subject for each
 // trial of its batch (or for its single trial), each by one or more agents (goroutines) of
 // the process, all at once.
-type WorkerSpec struct {
+type workerSpec struct {
 	Name    string `json:"name"`
 	Subject string `json:"subject"`
 	// Store is the badger directory, the baseline file-store directory, or a PostgreSQL DSN.
@@ -71,12 +71,12 @@ type WorkerSpec struct {
 	// BudgetMS is how long an agent keeps retrying before it gives up.
 	BudgetMS int `json:"budget_ms"`
 	// Stress, when set, replaces the single call by the redelivery stress test.
-	Stress *StressSpec `json:"stress,omitempty"`
+	Stress *stressSpec `json:"stress,omitempty"`
 	// Batch, when set, replaces the single trial of Task, Intent, Text, Mode and Hold: the
 	// process runs every trial of the batch at once, each with its own task, intent, wording,
 	// sink mode and agents (with their own interceptor and holder). The trials share the
 	// process (and so its kill), the store and StopAt.
-	Batch []TrialSpec `json:"batch,omitempty"`
+	Batch []trialSpec `json:"batch,omitempty"`
 	// Active bounds how many agents of the process do guarded work at once (reserving,
 	// calling the sink, committing, probing); an agent sleeping, stopped at a barrier or
 	// waiting for an answer the sink holds or hangs on does not count. It keeps a batch of
@@ -84,8 +84,8 @@ type WorkerSpec struct {
 	Active int `json:"active,omitempty"`
 }
 
-// TrialSpec is one trial of a batch: the identity of its call and its sink mode.
-type TrialSpec struct {
+// trialSpec is one trial of a batch: the identity of its call and its sink mode.
+type trialSpec struct {
 	Task   string `json:"task"`
 	Intent string `json:"intent"`
 	Text   string `json:"text"`
@@ -93,10 +93,10 @@ type TrialSpec struct {
 	Hold   bool   `json:"hold,omitempty"`
 }
 
-// StressSpec is the redelivery stress test: Messages messages, DupRate of them delivered
+// stressSpec is the redelivery stress test: Messages messages, DupRate of them delivered
 // twice, spread over Consumers concurrent consumers in this process; the deliveries are
-// shuffled with Seed. Every message is its own intent, StressIntent(Prefix, i).
-type StressSpec struct {
+// shuffled with Seed. Every message is its own intent, stressIntent(Prefix, i).
+type stressSpec struct {
 	Prefix    string  `json:"prefix"`
 	Messages  int     `json:"messages"`
 	DupRate   float64 `json:"dup_rate"`
@@ -104,11 +104,11 @@ type StressSpec struct {
 	Seed      int64   `json:"seed"`
 }
 
-// StressIntent names message i of a stress run.
-func StressIntent(prefix string, i int) string { return fmt.Sprintf("%s.msg-%05d", prefix, i) }
+// stressIntent names message i of a stress run.
+func stressIntent(prefix string, i int) string { return fmt.Sprintf("%s.msg-%05d", prefix, i) }
 
 // deliveries returns the shuffled message indexes to deliver, duplicates included.
-func (s StressSpec) deliveries() []int {
+func (s stressSpec) deliveries() []int {
 	rng := rand.New(rand.NewSource(s.Seed))
 	out := make([]int, 0, s.Messages+int(float64(s.Messages)*s.DupRate)+1)
 	for i := range s.Messages {
@@ -123,43 +123,43 @@ func (s StressSpec) deliveries() []int {
 
 // Subject names.
 const (
-	SubjectToolfenceBadger   = "toolfence-badger"
-	SubjectToolfencePostgres = "toolfence-postgres"
-	// SubjectToolfenceNoProbe is toolfence on badger with no probe registered: unknown
+	subjectToolfenceBadger   = "toolfence-badger"
+	subjectToolfencePostgres = "toolfence-postgres"
+	// subjectToolfenceNoProbe is toolfence on badger with no probe registered: unknown
 	// outcomes stay blocked for a person, which is what BLOCKED costs.
-	SubjectToolfenceNoProbe = "toolfence-badger-noprobe"
-	SubjectNone             = "none"
-	SubjectRecordAfter      = "record-after"
-	SubjectCheckThenInsert  = "check-then-insert"
-	SubjectExpiring         = "expiring-in-progress"
-	SubjectMarkBefore       = "mark-before"
+	subjectToolfenceNoProbe = "toolfence-badger-noprobe"
+	subjectNone             = "none"
+	subjectRecordAfter      = "record-after"
+	subjectCheckThenInsert  = "check-then-insert"
+	subjectExpiring         = "expiring-in-progress"
+	subjectMarkBefore       = "mark-before"
 )
 
 // subjectDocs says in one sentence what each subject is, for readers of the report.
 var subjectDocs = map[string]string{
-	SubjectToolfenceBadger: "toolfence's interceptor on its embedded badger ledger, with a probe that asks the upstream " +
+	subjectToolfenceBadger: "toolfence's interceptor on its embedded badger ledger, with a probe that asks the upstream " +
 		"whether a call with the same Idempotency-Key reached it.",
-	SubjectToolfencePostgres: "the same on the PostgreSQL ledger (run only when a PostgreSQL DSN is given and answers).",
-	SubjectToolfenceNoProbe: "toolfence on badger with no probe registered: every unknown outcome stays blocked for a " +
+	subjectToolfencePostgres: "the same on the PostgreSQL ledger (run only when a PostgreSQL DSN is given and answers).",
+	subjectToolfenceNoProbe: "toolfence on badger with no probe registered: every unknown outcome stays blocked for a " +
 		"person, which shows what BLOCKED costs.",
-	SubjectNone: "no guard at all: every retry calls the upstream again.",
-	SubjectRecordAfter: "a guard that writes its record only after the call returns and replays a completed record: " +
+	subjectNone: "no guard at all: every retry calls the upstream again.",
+	subjectRecordAfter: "a guard that writes its record only after the call returns and replays a completed record: " +
 		"a crash between the effect and the record leaves no trace, so the retry runs again.",
-	SubjectCheckThenInsert: "the common idempotency middleware: a key over the method, path and raw body, a read, then " +
+	subjectCheckThenInsert: "the common idempotency middleware: a key over the method, path and raw body, a read, then " +
 		"a pending insert with no unique constraint; errors reset the record and a pending record expires after " +
 		"the lease and runs again.",
-	SubjectExpiring: "a key from the intent and an in-progress record that expires after the lease and runs the call " +
+	subjectExpiring: "a key from the intent and an in-progress record that expires after the lease and runs the call " +
 		"again; errors delete the record; no fencing tokens.",
-	SubjectMarkBefore: "a deduplicator that marks the key done before it runs the call: a retry after a crash or an " +
+	subjectMarkBefore: "a deduplicator that marks the key done before it runs the call: a retry after a crash or an " +
 		"error is dropped as already processed and reported as a success with no result.",
 }
 
-// SubjectDoc says in one sentence what subject is ("" for an unknown subject).
-func SubjectDoc(subject string) string { return subjectDocs[subject] }
+// subjectDoc says in one sentence what subject is ("" for an unknown subject).
+func subjectDoc(subject string) string { return subjectDocs[subject] }
 
-// IsToolfence reports whether subject is a toolfence subject (whose failures fail the eval).
-func IsToolfence(subject string) bool {
-	return subject == SubjectToolfenceBadger || subject == SubjectToolfencePostgres || subject == SubjectToolfenceNoProbe
+// isToolfence reports whether subject is a toolfence subject (whose failures fail the eval).
+func isToolfence(subject string) bool {
+	return subject == subjectToolfenceBadger || subject == subjectToolfencePostgres || subject == subjectToolfenceNoProbe
 }
 
 // operation is the tool name every eval call uses.
@@ -187,7 +187,7 @@ func WorkerMain(ctx context.Context, args []string, stdout io.Writer) int {
 		}
 		raw = b
 	}
-	var spec WorkerSpec
+	var spec workerSpec
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		fmt.Fprintln(os.Stderr, "evals: worker: bad --spec:", err)
 		return 2
@@ -202,7 +202,7 @@ func WorkerMain(ctx context.Context, args []string, stdout io.Writer) int {
 }
 
 type worker struct {
-	spec  WorkerSpec
+	spec  workerSpec
 	mu    *sync.Mutex
 	out   io.Writer
 	quiet bool
@@ -326,7 +326,7 @@ func (w *worker) forMessage(intent string) *worker {
 }
 
 // forTrial returns a worker for trial k of the batch: same process, the trial's identity.
-func (w *worker) forTrial(k int, t TrialSpec) *worker {
+func (w *worker) forTrial(k int, t trialSpec) *worker {
 	c := *w
 	c.spec.Task, c.spec.Intent, c.spec.Text, c.spec.Mode, c.spec.Hold = t.Task, t.Intent, t.Text, t.Mode, t.Hold
 	c.spec.Batch, c.trial = nil, k
@@ -334,11 +334,11 @@ func (w *worker) forTrial(k int, t TrialSpec) *worker {
 }
 
 // trials returns the trials this process runs: the batch, or the spec's single trial.
-func (w *worker) trials() []TrialSpec {
+func (w *worker) trials() []trialSpec {
 	if len(w.spec.Batch) > 0 {
 		return w.spec.Batch
 	}
-	return []TrialSpec{{Task: w.spec.Task, Intent: w.spec.Intent, Text: w.spec.Text, Mode: w.spec.Mode, Hold: w.spec.Hold}}
+	return []trialSpec{{Task: w.spec.Task, Intent: w.spec.Intent, Text: w.spec.Text, Mode: w.spec.Mode, Hold: w.spec.Hold}}
 }
 
 func (w *worker) print(line string) {
@@ -388,7 +388,7 @@ func (w *worker) run(ctx context.Context, emit func(Belief)) {
 	}
 	var runAgent func(ctx context.Context, w *worker, i int) Belief
 	switch w.spec.Subject {
-	case SubjectToolfenceBadger, SubjectToolfencePostgres, SubjectToolfenceNoProbe:
+	case subjectToolfenceBadger, subjectToolfencePostgres, subjectToolfenceNoProbe:
 		l, err := w.openLedger(ctx)
 		if err != nil {
 			failAll("ledger unavailable, not dispatched: " + err.Error())
@@ -438,7 +438,7 @@ func (w *worker) stress(ctx context.Context, runAgent func(ctx context.Context, 
 	for range max(st.Consumers, 1) {
 		wg.Go(func() {
 			for k := range next {
-				intent := StressIntent(st.Prefix, ds[k])
+				intent := stressIntent(st.Prefix, ds[k])
 				b := runAgent(ctx, w.forMessage(intent), k)
 				b.Worker, b.Intent = fmt.Sprintf("delivery-%d", k), intent
 				out[k] = b
@@ -454,7 +454,7 @@ func (w *worker) stress(ctx context.Context, runAgent func(ctx context.Context, 
 }
 
 func (w *worker) openLedger(ctx context.Context) (ledger.Ledger, error) {
-	if w.spec.Subject == SubjectToolfencePostgres {
+	if w.spec.Subject == subjectToolfencePostgres {
 		conns := min(w.agents()*len(w.trials())+1, 8)
 		if w.spec.Stress != nil {
 			conns = min(w.spec.Stress.Consumers, 20)
@@ -471,15 +471,15 @@ func (w *worker) lease() time.Duration {
 func (w *worker) baseline() (baselines.Guard, error) {
 	store := baselines.FileStore{Dir: w.spec.Store}
 	switch w.spec.Subject {
-	case SubjectNone:
+	case subjectNone:
 		return baselines.None{}, nil
-	case SubjectRecordAfter:
+	case subjectRecordAfter:
 		return baselines.RecordAfter{Store: store}, nil
-	case SubjectCheckThenInsert:
+	case subjectCheckThenInsert:
 		return baselines.CheckThenInsert{Store: store, TTL: w.lease()}, nil
-	case SubjectExpiring:
+	case subjectExpiring:
 		return baselines.ExpiringInProgress{Store: store, TTL: w.lease()}, nil
-	case SubjectMarkBefore:
+	case subjectMarkBefore:
 		return baselines.MarkBefore{Store: store}, nil
 	}
 	return nil, fmt.Errorf("evals: unknown subject %q", w.spec.Subject)
@@ -507,7 +507,7 @@ func (w *worker) post(ctx context.Context, key, holder string, first bool) (int,
 		q.Set("hold", "1")
 	}
 	var cancel context.CancelFunc
-	if first && w.spec.Hold && w.spec.Mode != ModeHang {
+	if first && w.spec.Hold && w.spec.Mode != modeHang {
 		// A held answer outlives the client timeout and the call's own deadline: the parent,
 		// not the clock, decides what becomes of it (a kill, or a late answer to a zombie).
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
@@ -541,7 +541,7 @@ func (w *worker) post(ctx context.Context, key, holder string, first bool) (int,
 // leaves the gate while it waits, any other keeps its place (so a batch does not flood the
 // sink with hundreds of requests at once and push them past the client timeout).
 func (w *worker) postGated(ctx context.Context, tk *ticket, key, holder string, first bool) (int, []byte, error) {
-	if first && (w.spec.Hold || w.spec.Mode == ModeHang) {
+	if first && (w.spec.Hold || w.spec.Mode == modeHang) {
 		tk.leave()
 		defer tk.enter()
 		defer tk.leaveHang()
@@ -582,7 +582,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // result on PayloadMismatch, and gives up (blocked) when nothing settles within its budget.
 func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int) Belief {
 	holder := fmt.Sprintf("%s/%d/%d", w.spec.Name, os.Getpid(), agent)
-	noProbe := w.spec.Subject == SubjectToolfenceNoProbe
+	noProbe := w.spec.Subject == subjectToolfenceNoProbe
 	op := interceptor.Operation{Probe: w.probe}
 	if noProbe {
 		op.Probe = nil
@@ -597,13 +597,13 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 	tk := &ticket{gate: w.gate}
 	defer tk.leave()
 	defer tk.leaveHang()
-	if w.spec.Mode == ModeHang {
+	if w.spec.Mode == modeHang {
 		tk.enterHang(w.hangs)
 	}
 	first := true
 	var firstMu sync.Mutex
 	tool := func(ctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
-		w.barrier(agent, BarrierReserved, tk)
+		w.barrier(agent, barrierReserved, tk)
 		firstMu.Lock()
 		f := first
 		first = false
@@ -621,7 +621,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 	ctx = interceptor.WithTask(ctx, w.spec.Task)
 	call := interceptor.Call{Operation: operation, Target: w.spec.Intent, Args: w.payload()}
 	deadline := w.deadline()
-	w.barrier(agent, BarrierB0, tk)
+	w.barrier(agent, barrierB0, tk)
 	reconciled := 0
 	var last error
 	for time.Now().Before(deadline) {
@@ -629,7 +629,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 		res, err := ic.Do(ctx, call, tool)
 		tk.leave()
 		if err == nil {
-			w.barrier(agent, BarrierB2, tk)
+			w.barrier(agent, barrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(res.Output), Reconciled: reconciled}
 		}
 		last = err
@@ -639,7 +639,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 			sleepCtx(ctx, min(v.RetryAfter+20*time.Millisecond, time.Until(deadline)))
 		case errors.As(err, &v) && v.Kind == interceptor.PayloadMismatch:
 			// The first call stands; its result is the answer.
-			w.barrier(agent, BarrierB2, tk)
+			w.barrier(agent, barrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(v.Result), Reconciled: reconciled, Reason: "payload_mismatch: first result stands"}
 		case errors.As(err, &v) && v.Kind == interceptor.LeasePreempted:
 			return Belief{State: BeliefBlocked, Reason: "lease_preempted: the key belongs to a successor", Reconciled: reconciled}
@@ -677,7 +677,7 @@ func (w *worker) probe(ctx context.Context, r *residual.Residual) (interceptor.P
 		return interceptor.ProbeResult{}, err
 	}
 	defer resp.Body.Close()
-	var ans LookupAnswer
+	var ans lookupAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
 		return interceptor.ProbeResult{}, fmt.Errorf("sink lookup: %w", err)
 	}
@@ -701,13 +701,13 @@ func (w *worker) baselineAgent(ctx context.Context, g baselines.Guard, agent int
 	tk := &ticket{gate: w.gate}
 	defer tk.leave()
 	defer tk.leaveHang()
-	if w.spec.Mode == ModeHang {
+	if w.spec.Mode == modeHang {
 		tk.enterHang(w.hangs)
 	}
 	first := true
 	var firstMu sync.Mutex
 	call := func(ctx context.Context, key string) ([]byte, error) {
-		w.barrier(agent, BarrierReserved, tk)
+		w.barrier(agent, barrierReserved, tk)
 		firstMu.Lock()
 		f := first
 		first = false
@@ -723,14 +723,14 @@ func (w *worker) baselineAgent(ctx context.Context, g baselines.Guard, agent int
 	}
 	req := baselines.Request{Task: w.spec.Task, Operation: operation, Target: w.spec.Intent, Args: w.payload()}
 	deadline := w.deadline()
-	w.barrier(agent, BarrierB0, tk)
+	w.barrier(agent, barrierB0, tk)
 	var last error
 	for errs := 0; errs < 4 && time.Now().Before(deadline); {
 		tk.enter()
 		res, err := g.Do(ctx, req, call)
 		tk.leave()
 		if err == nil {
-			w.barrier(agent, BarrierB2, tk)
+			w.barrier(agent, barrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(res)}
 		}
 		last = err

@@ -1,17 +1,11 @@
 package httpguard_test
 
 import (
-	"bufio"
-	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +13,7 @@ import (
 
 	"github.com/toolfence/toolfence/httpguard"
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/residual"
@@ -26,29 +21,26 @@ import (
 
 const crashDirEnv = "TOOLFENCE_HTTPGUARD_CRASH_DIR"
 
-// TestCrashHelper is the child of TestProcessDiesMidRequest: a guarded server on a real
-// listener whose handler announces itself and blocks until the process is killed. It
-// returns at once in a normal test run.
-func TestCrashHelper(t *testing.T) {
-	dir := os.Getenv(crashDirEnv)
-	if dir == "" {
-		return
-	}
-	store, err := badger.Open(dir, badger.Options{})
-	require.NoError(t, err)
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-api", LeaseTTL: 2 * time.Second})
-	require.NoError(t, err)
-	g, err := httpguard.New(ic, httpguard.Options{Principal: bearer, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Println("in-handler")
-		_, _ = io.Copy(io.Discard, os.Stdin) // block until killed (or the parent goes away)
-		os.Exit(3)
-	}))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	fmt.Println("listening", ln.Addr())
-	_ = http.Serve(ln, h)
+// TestCrashChild is the child of TestProcessDiesMidRequest (see internal/crashtest): a
+// guarded server on a real listener (it marks "listening <addr>") whose handler marks
+// "in-handler" and hangs until the process is killed. It returns at once in a normal run.
+func TestCrashChild(t *testing.T) {
+	crashtest.Run(t, map[string]func(t *testing.T){"mid-request": func(t *testing.T) {
+		store, err := badger.Open(os.Getenv(crashDirEnv), badger.Options{})
+		require.NoError(t, err)
+		ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-api", LeaseTTL: 2 * time.Second})
+		require.NoError(t, err)
+		g, err := httpguard.New(ic, httpguard.Options{Principal: bearer, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			crashtest.Mark("in-handler", "")
+			crashtest.Hang()
+		}))
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		crashtest.Mark("listening", ln.Addr().String())
+		_ = http.Serve(ln, h)
+	}})
 }
 
 // The process dies (SIGKILL) while the handler runs: the reservation was durable before the
@@ -57,21 +49,8 @@ func TestCrashHelper(t *testing.T) {
 func TestProcessDiesMidRequest(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashDirEnv+"="+dir)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := bufio.NewScanner(stdout)
-
-	require.True(t, lines.Scan(), "child did not start")
-	addr, ok := strings.CutPrefix(lines.Text(), "listening ")
-	require.True(t, ok, lines.Text())
+	child := crashtest.Start(t, "mid-request", crashDirEnv+"="+dir)
+	addr := child.Await("listening")
 	failed := make(chan error, 1)
 	go func() {
 		res, err := http.DefaultClient.Do(post("/charges", keyA, `{"amount":50}`).build("http://" + addr))
@@ -81,10 +60,8 @@ func TestProcessDiesMidRequest(t *testing.T) {
 		}
 		failed <- err
 	}()
-	require.True(t, lines.Scan())
-	require.Equal(t, "in-handler", lines.Text())
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+	child.Await("in-handler")
+	child.Kill()
 	require.Error(t, <-failed, "the client saw the connection die")
 
 	// Restart on the same store an hour later (the dead process's lease has expired).

@@ -17,6 +17,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -94,6 +98,13 @@ type Options struct {
 	Challenge string
 	// Logger receives handler panics and unrecorded outcomes. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Propagator reads the caller's trace context (W3C traceparent and tracestate with
+	// propagation.TraceContext) from the request headers, so the guarded call's
+	// execute_tool span is a child of the caller's span. It is used only when the request's
+	// context carries no span yet (otelhttp or another middleware already extracted it).
+	// Defaults to otel.GetTextMapPropagator(), the program's global propagator (a no-op
+	// until the program sets one; toolfence serve sets W3C trace context and baggage).
+	Propagator propagation.TextMapPropagator
 }
 
 // DefaultClassify is the classification of a guarded handler's status. The handler runs in
@@ -218,12 +229,25 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	args := fingerprint(r, body)
 
 	run := &dispatchState{rec: newRecorder()}
-	ctx := interceptor.WithTask(context.WithoutCancel(r.Context()), principal)
+	ctx := interceptor.WithTask(g.traceContext(context.WithoutCancel(r.Context()), r.Header), principal)
 	res, err := g.ic.Do(ctx, interceptor.Call{Operation: g.opts.Operation, Target: key, Args: args},
 		func(dctx context.Context, d interceptor.Dispatch) (interceptor.Response, error) {
 			return g.dispatch(dctx, d, r, body, next, run)
 		})
 	g.respond(w, r, res, err, run)
+}
+
+// traceContext returns ctx with the trace context of the request headers, when ctx carries
+// no span of its own.
+func (g *Guard) traceContext(ctx context.Context, h http.Header) context.Context {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
+	}
+	p := g.opts.Propagator
+	if p == nil {
+		p = otel.GetTextMapPropagator()
+	}
+	return p.Extract(ctx, propagation.HeaderCarrier(h))
 }
 
 // dispatch runs the handler into the recorder and turns its answer into a Response whose

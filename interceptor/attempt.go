@@ -91,8 +91,30 @@ func (a *Attempt) TTL() time.Duration { return a.ttl }
 // Begin uses ctx for the reservation; a ctx that has ended by then gets ErrNotDispatched
 // and the attempt is recorded failed. Callers whose client may go away mid-request (MCP)
 // pass context.WithoutCancel.
+//
+// Begin sets the call's attributes (gen_ai.*, toolfence.*) on the span in ctx, makes a
+// child span for the reservation, and counts a call it refuses or replays in
+// toolfence.calls.
 func (ic *Interceptor) Begin(ctx context.Context, call Call, opts BeginOptions) (*Attempt, *Result, error) {
+	a, res, err := ic.begin(ctx, call, opts)
+	switch {
+	case a != nil:
+	case res != nil:
+		ic.tel.settle(ctx, call.Operation, resultReplayed, res, nil)
+	default:
+		result := resultError
+		var v *Violation
+		if errors.As(err, &v) {
+			result = resultRefused
+		}
+		ic.tel.settle(ctx, call.Operation, result, nil, err)
+	}
+	return a, res, err
+}
+
+func (ic *Interceptor) begin(ctx context.Context, call Call, opts BeginOptions) (*Attempt, *Result, error) {
 	task, ok := TaskFrom(ctx)
+	annotateCall(ctx, ic.cfg.Namespace, task, call)
 	if !ok {
 		return nil, nil, ErrNoTask
 	}
@@ -111,16 +133,24 @@ func (ic *Interceptor) Begin(ctx context.Context, call Call, opts BeginOptions) 
 	// 1. Reserve. The local deadline is measured from before the request was sent, so it is
 	// never later than the ledger's expiry, whatever the ledger's clock says.
 	started := ic.cfg.Clock.Now()
-	res, err := ic.ledger.Reserve(ctx, ledger.ReserveParams{
+	sctx, end := ic.tel.step(ctx, "reserve")
+	res, err := ic.ledger.Reserve(sctx, ledger.ReserveParams{
 		Namespace: ic.cfg.Namespace, Key: key, Task: task, Operation: call.Operation,
 		Target: call.Target, Holder: holder, RequestDigest: digest, TTL: ttl,
 		Redispatch: op.UpstreamIdempotent,
 	})
+	end(err)
 	if err != nil {
+		annotateAttempt(ctx, key, 0, 0, "")
 		if errors.Is(err, ledger.ErrInvalidParams) {
 			return nil, nil, fmt.Errorf("%w: %s: %w", ErrInvalidCall, call.Operation, err)
 		}
 		return nil, nil, fmt.Errorf("%w: %s %s: reserve failed: %w", ErrNotDispatched, call.Operation, key, err)
+	}
+	if cur := res.Residual.Current(); cur != nil {
+		annotateAttempt(ctx, key, cur.N, cur.Token, res.Decision.String())
+	} else {
+		annotateAttempt(ctx, key, 0, 0, res.Decision.String())
 	}
 	switch res.Decision {
 	case ledger.Acquired:
@@ -188,9 +218,12 @@ func (ic *Interceptor) Resume(ctx context.Context, p ResumeParams) (*Attempt, er
 			at = &r.Attempts[i]
 		}
 	}
+	annotateCall(ctx, ic.cfg.Namespace, r.Task, Call{Operation: r.Operation})
 	if at == nil {
 		v := ic.violation(LeaseLost, r, nil, fmt.Errorf("token %d was never issued for key %s (its highest token is %d)", p.Token, r.Key, r.Token))
 		v.Token = p.Token
+		ic.tel.refused(ctx, "resume")
+		spanError(ctx, v)
 		return nil, v
 	}
 	proof := p.Authorize
@@ -202,8 +235,12 @@ func (ic *Interceptor) Resume(ctx context.Context, p ResumeParams) (*Attempt, er
 			return nil
 		}
 	}
+	annotateAttempt(ctx, r.Key, at.N, at.Token, "")
 	if err := proof(at.Holder); err != nil {
-		return nil, ic.violation(LeaseLost, r, at, err)
+		v := ic.violation(LeaseLost, r, at, err)
+		ic.tel.refused(ctx, "resume")
+		spanError(ctx, v)
+		return nil, v
 	}
 	op := ic.operation(r.Operation)
 	return &Attempt{
@@ -223,9 +260,12 @@ func (a *Attempt) Renew(ctx context.Context, ttl time.Duration) (lease.Lease, er
 		return lease.Lease{}, fmt.Errorf("%w: lease %v is not longer than the safety margin %v", ErrInvalidCall, ttl, a.ic.cfg.Margin)
 	}
 	before := a.ic.cfg.Clock.Now()
-	l, err := a.ic.ledger.Renew(ctx, ledger.RenewParams{
+	sctx, end := a.ic.tel.step(ctx, "renew")
+	l, err := a.ic.ledger.Renew(sctx, ledger.RenewParams{
 		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, TTL: ttl,
 	})
+	end(err)
+	a.ic.tel.renewed(ctx, err)
 	if errors.Is(err, residual.ErrLeaseLost) {
 		v := a.ic.violation(LeaseLost, a.snapshot(), a.self(), err)
 		v.Recovery = recoveryRenewLost
@@ -245,10 +285,12 @@ func (a *Attempt) Renew(ctx context.Context, ttl time.Duration) (lease.Lease, er
 // left the process. It returns the ledger's error, if any (the attempt then expires into
 // unknown). It writes even when ctx has ended.
 func (a *Attempt) Abandon(ctx context.Context, why error) error {
-	_, err := a.ic.ledger.Commit(context.WithoutCancel(ctx), ledger.CommitParams{
+	sctx, end := a.ic.tel.step(context.WithoutCancel(ctx), "commit")
+	_, err := a.ic.ledger.Commit(sctx, ledger.CommitParams{
 		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token,
 		Outcome: residual.Failed, Error: "not dispatched: " + why.Error(),
 	})
+	end(err)
 	return err
 }
 
@@ -263,7 +305,16 @@ func (a *Attempt) Abandon(ctx context.Context, why error) error {
 // *Violation: AwaitingUpstream (202 / queued), UnknownOutcome (an ambiguous answer, or an
 // outcome the ledger could not record), or LeaseLost (the fence was lost: the outcome is
 // kept as evidence only). Violations after a dispatch carry what the tool returned.
+//
+// Commit sets the outcome on the span in ctx, makes a child span for the ledger's commit
+// and counts the call as executed in toolfence.calls.
 func (a *Attempt) Commit(ctx context.Context, resp Response, callErr error) (*Result, error) {
+	res, err := a.commit(ctx, resp, callErr)
+	a.ic.tel.settle(ctx, a.Dispatch.Operation, resultExecuted, res, err)
+	return res, err
+}
+
+func (a *Attempt) commit(ctx context.Context, resp Response, callErr error) (*Result, error) {
 	classifier := a.ic.cfg.Classifier
 	if a.op.Classify != nil {
 		classifier = a.op.Classify
@@ -279,6 +330,7 @@ func (a *Attempt) Commit(ctx context.Context, resp Response, callErr error) (*Re
 		v.Result, v.Handle = resp.Body, cmp.Or(v.Handle, resp.Handle)
 		return nil, v
 	}
+	ranViolation := func(v *Violation) *Violation { v.ran = true; return v }
 	switch outcome {
 	case residual.Succeeded:
 		return result, nil
@@ -286,11 +338,11 @@ func (a *Attempt) Commit(ctx context.Context, resp Response, callErr error) (*Re
 		return result, fmt.Errorf("%w: %s on %q (attempt %d): %w", ErrCallFailed, a.Dispatch.Operation, a.Dispatch.Target,
 			a.Dispatch.Attempt, cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
 	case residual.Accepted:
-		v := a.ic.violation(AwaitingUpstream, stored, a.self(), callErr)
+		v := ranViolation(a.ic.violation(AwaitingUpstream, stored, a.self(), callErr))
 		v.Result = resp.Body
 		return nil, v
 	default: // Unknown
-		v := a.ic.violation(UnknownOutcome, stored, a.self(), cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
+		v := ranViolation(a.ic.violation(UnknownOutcome, stored, a.self(), cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status))))
 		v.Result = resp.Body
 		return nil, v
 	}
@@ -326,7 +378,22 @@ type Report struct {
 // kept as evidence only); an error wrapping ErrInvalidCall for an outcome that is not one
 // of the four; otherwise the ledger's error (the outcome was not recorded: report again
 // while the lease lasts).
+//
+// Report sets the outcome on the span in ctx, makes a child span for the ledger's commit
+// and counts a recorded (or fenced-off) outcome as an executed call in toolfence.calls.
 func (a *Attempt) Report(ctx context.Context, rep Report) (*Result, error) {
+	res, err := a.report(ctx, rep)
+	var v *Violation
+	switch {
+	case err == nil, errors.As(err, &v):
+		a.ic.tel.settle(ctx, a.Dispatch.Operation, resultExecuted, res, err)
+	default:
+		spanError(ctx, err)
+	}
+	return res, err
+}
+
+func (a *Attempt) report(ctx context.Context, rep Report) (*Result, error) {
 	switch rep.Outcome {
 	case residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown:
 	default:
@@ -352,11 +419,16 @@ func (a *Attempt) Report(ctx context.Context, rep Report) (*Result, error) {
 // record stores body as the attempt's result and commits outcome under the fence.
 func (a *Attempt) record(ctx context.Context, outcome residual.State, body []byte, handle, errText string) (*Result, *residual.Residual, error) {
 	s := a.ic.storable(a.Dispatch.Operation, body)
-	stored, err := a.ic.ledger.Commit(context.WithoutCancel(ctx), ledger.CommitParams{
+	sctx, end := a.ic.tel.step(context.WithoutCancel(ctx), "commit")
+	stored, err := a.ic.ledger.Commit(sctx, ledger.CommitParams{
 		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token,
 		Outcome: outcome, ResponseDigest: s.digest, Result: s.bytes, ResultDigest: s.digest,
 		ResultTruncated: s.truncated, Handle: handle, Error: errText, Margin: a.ic.cfg.Margin,
 	})
+	end(err)
+	if errors.Is(err, residual.ErrLeaseLost) {
+		a.ic.tel.refused(ctx, "commit")
+	}
 	if err != nil {
 		return nil, stored, err
 	}
@@ -379,7 +451,9 @@ func (a *Attempt) lost(stored *residual.Residual, err error, outcome residual.St
 	if !errors.Is(err, residual.ErrLeaseLost) {
 		kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but its outcome could not be recorded: %w", outcome, err)
 	}
-	return a.ic.violation(kind, stored, a.self(), errors.Join(cause, callErr))
+	v := a.ic.violation(kind, stored, a.self(), errors.Join(cause, callErr))
+	v.ran = true
+	return v
 }
 
 // snapshot is the residual as the attempt last saw it.

@@ -8,6 +8,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sys/unix"
 
 	"github.com/toolfence/toolfence/interceptor"
@@ -76,17 +83,7 @@ func BenchmarkFsyncFloor(b *testing.B) {
 
 // BenchmarkGuardedCall runs one guarded call after another (no-op tool, distinct keys) on
 // the embedded ledger with group commit: reserve and commit, each durable.
-func BenchmarkGuardedCall(b *testing.B) {
-	ic := benchInterceptor(b, badger.GroupCommit)
-	ctx := interceptor.WithTask(context.Background(), "bench")
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		res, err := ic.Do(ctx, interceptor.Call{Operation: "noop", Target: strconv.Itoa(i)}, noopTool)
-		if err != nil || res.Replayed {
-			b.Fatalf("call %d: %v %+v", i, err, res)
-		}
-	}
-}
+func BenchmarkGuardedCall(b *testing.B) { benchTelemetry(b, nil, nil) }
 
 func benchParallel(b *testing.B, mode badger.SyncMode) {
 	ic := benchInterceptor(b, mode)
@@ -130,4 +127,53 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatalf("%v %+v", err, res)
 		}
 	}
+}
+
+// benchTelemetry runs guarded calls one after another (no-op tool, distinct keys) with the
+// given telemetry providers on the interceptor (nil: the global ones, no-op by default).
+func benchTelemetry(b *testing.B, tp trace.TracerProvider, mp metric.MeterProvider) {
+	l, _ := benchStore(b, badger.GroupCommit)
+	ic, err := interceptor.New(l, interceptor.Config{Holder: "bench", TracerProvider: tp, MeterProvider: mp})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := interceptor.WithTask(context.Background(), "bench")
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		res, err := ic.Do(ctx, interceptor.Call{Operation: "noop", Target: strconv.Itoa(i)}, noopTool)
+		if err != nil || res.Replayed {
+			b.Fatalf("call %d: %v %+v", i, err, res)
+		}
+	}
+}
+
+// BenchmarkGuardedCallNoopTelemetry is BenchmarkGuardedCall with the OpenTelemetry no-op
+// providers set explicitly (BenchmarkGuardedCall uses the global ones, no-op too).
+func BenchmarkGuardedCallNoopTelemetry(b *testing.B) {
+	benchTelemetry(b, tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider())
+}
+
+// BenchmarkGuardedCallSDKTelemetry is BenchmarkGuardedCall with the OpenTelemetry SDK: every
+// span recorded into an in-memory exporter (reset every 4096 calls), metrics aggregated by a
+// manual reader.
+func BenchmarkGuardedCallSDKTelemetry(b *testing.B) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(&resetting{InMemoryExporter: exp}))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	benchTelemetry(b, tp, mp)
+}
+
+// resetting keeps the in-memory exporter from growing without bound over a long benchmark.
+// It counts spans itself: GetSpans copies every span held.
+type resetting struct {
+	*tracetest.InMemoryExporter
+	n atomic.Int64
+}
+
+func (r *resetting) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	if r.n.Add(int64(len(spans))) > 4096 {
+		r.Reset()
+		r.n.Store(int64(len(spans)))
+	}
+	return r.InMemoryExporter.ExportSpans(ctx, spans)
 }

@@ -5,8 +5,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/lease"
 )
@@ -47,6 +51,16 @@ type Config struct {
 	Redact func(operation string, result []byte) []byte
 	// Operations holds per-operation policies by operation name.
 	Operations map[string]Operation
+	// TracerProvider makes the spans of guarded calls (execute_tool {operation}) and their
+	// ledger steps. Defaults to otel.GetTracerProvider(): no spans unless the program
+	// installs an OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes toolfence's metrics (see docs/observability.md). Defaults to
+	// otel.GetMeterProvider(): nothing is recorded unless the program installs an SDK.
+	MeterProvider metric.MeterProvider
+	// Logger, when set, gets one line per refused or ambiguous call (kind, key, operation,
+	// attempt, recovery; never arguments, results or lease secrets). Defaults to nil: no logs.
+	Logger *slog.Logger
 }
 
 // Operation is the per-operation policy.

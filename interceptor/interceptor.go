@@ -12,6 +12,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
@@ -23,6 +26,7 @@ type Interceptor struct {
 	ledger ledger.Ledger
 	cfg    Config
 	ops    *registry
+	tel    *telemetry
 }
 
 // registry holds the operation policies; interceptors made by ForNamespace share one.
@@ -57,7 +61,11 @@ func New(l ledger.Ledger, cfg Config) (*Interceptor, error) {
 		ops.m = map[string]Operation{}
 	}
 	cfg.Operations = nil // the registry is the one copy
-	return &Interceptor{ledger: l, cfg: cfg, ops: ops}, nil
+	tel, err := newTelemetry(cfg, l)
+	if err != nil {
+		return nil, fmt.Errorf("%w: telemetry: %w", ErrInvalidConfig, err)
+	}
+	return &Interceptor{ledger: l, cfg: cfg, ops: ops, tel: tel}, nil
 }
 
 // ForNamespace returns an interceptor on the same ledger with the same settings in
@@ -69,7 +77,7 @@ func (ic *Interceptor) ForNamespace(ns string) (*Interceptor, error) {
 	}
 	cfg := ic.cfg
 	cfg.Namespace = ns
-	return &Interceptor{ledger: ic.ledger, cfg: cfg, ops: ic.ops}, nil
+	return &Interceptor{ledger: ic.ledger, cfg: cfg, ops: ic.ops, tel: ic.tel}, nil
 }
 
 // Register adds or replaces the policy of one operation, for every surface that calls
@@ -124,6 +132,9 @@ type Call struct {
 	// Args are the call's arguments as JSON; the request digest is over their canonical
 	// form. Empty means {}.
 	Args json.RawMessage
+	// CallID is the model's id of this tool call, when the surface knows it; it goes into the
+	// span (gen_ai.tool.call.id) only, never into the key.
+	CallID string
 }
 
 // Dispatch is what the tool receives: the key to forward upstream as Idempotency-Key and
@@ -199,9 +210,43 @@ var (
 // answers 202 / queued), PayloadMismatch, LeaseLost or MarginTooSmall. Malformed calls get
 // errors wrapping ErrNoTask, ErrInvalidCall or ErrArgsTooLarge, and nothing is written; a
 // reservation that could not be recorded gets ErrNotDispatched, and fn is not run.
+//
+// Do makes the span "execute_tool {operation}" (see Config.TracerProvider) and records the
+// call in the metrics toolfence.calls and toolfence.call.duration.
 func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result, error) {
+	start := time.Now()
+	ctx, span := ic.tel.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
+	res, err := ic.do(ctx, call, fn)
+	span.End()
+	result := resultExecuted
+	switch {
+	case res != nil && res.Replayed:
+		result = resultReplayed
+	case res == nil && !dispatched(err):
+		result = resultRefused
+		var v *Violation
+		if !errors.As(err, &v) {
+			result = resultError
+		}
+	}
+	ic.tel.callDuration.Record(ctx, time.Since(start).Seconds(), ic.tel.attrs(labels{"dur", ic.tel.opLabel(call.Operation), result, ""},
+		func() []attribute.KeyValue {
+			return []attribute.KeyValue{attribute.String("operation", ic.tel.opLabel(call.Operation)), attribute.String("result", result)}
+		}))
+	return res, err
+}
+
+// dispatched says an error of Do came after the tool ran: a violation that Commit returned.
+func dispatched(err error) bool {
+	var v *Violation
+	return errors.As(err, &v) && v.ran
+}
+
+func (ic *Interceptor) do(ctx context.Context, call Call, fn ToolFunc) (*Result, error) {
 	if fn == nil {
-		return nil, fmt.Errorf("%w: nil tool function", ErrInvalidCall)
+		err := fmt.Errorf("%w: nil tool function", ErrInvalidCall)
+		ic.tel.settle(ctx, call.Operation, resultError, nil, err)
+		return nil, err
 	}
 	a, replay, err := ic.Begin(ctx, call, BeginOptions{})
 	if a == nil {

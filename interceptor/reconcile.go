@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -62,7 +64,30 @@ type Unsettled struct {
 // fencing token, so a zombie holder's late commit is refused); everything else is listed as
 // open with the reason. Pending residuals under a live lease are left alone. It returns an
 // error only when the ledger cannot be read; probe errors are reported per residual.
+//
+// Reconcile makes the span "toolfence.reconcile" (each resolution a child span) and counts
+// every residual it looked at in toolfence.reconcile.residuals.
 func (ic *Interceptor) Reconcile(ctx context.Context, p ReconcileParams) (*ReconcileReport, error) {
+	ctx, span := ic.tel.tracer.Start(ctx, "toolfence.reconcile")
+	defer span.End()
+	rep, err := ic.reconcile(ctx, p)
+	if err != nil {
+		spanError(ctx, err)
+		return nil, err
+	}
+	for _, s := range rep.Resolved {
+		ic.tel.reconciledOne(ctx, s.To.String())
+	}
+	for range rep.Open {
+		ic.tel.reconciledOne(ctx, "open")
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attribute.Int("toolfence.reconcile.resolved", len(rep.Resolved)), attribute.Int("toolfence.reconcile.open", len(rep.Open)))
+	}
+	return rep, nil
+}
+
+func (ic *Interceptor) reconcile(ctx context.Context, p ReconcileParams) (*ReconcileReport, error) {
 	by := p.By
 	if by == "" {
 		by = "reconciler:" + ic.cfg.Holder

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -59,5 +61,11 @@ func (ic *Interceptor) Resolve(ctx context.Context, p ResolveParams) (*residual.
 			lp.Result = []byte{} // a redactor that dropped everything still replaces the cache
 		}
 	}
-	return ic.ledger.Resolve(ctx, lp)
+	sctx, end := ic.tel.step(ctx, "resolve")
+	r, err := ic.ledger.Resolve(sctx, lp)
+	end(err)
+	if err == nil && trace.SpanFromContext(ctx).IsRecording() {
+		trace.SpanFromContext(ctx).SetAttributes(AttrKey.String(r.Key), AttrOutcome.String(r.State.String()), AttrToken.Int64(int64(r.Token)))
+	}
+	return r, err
 }

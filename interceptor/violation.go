@@ -86,6 +86,10 @@ type Violation struct {
 	Recovery string
 	// Cause is the underlying error, if any (the tool's error, the ledger's refusal).
 	Cause error
+
+	// ran says the call was dispatched before the violation (Commit, Report): telemetry
+	// counts it as executed.
+	ran bool
 }
 
 // Error describes the violation in one line: kind, key, prior attempt, cause and recovery.

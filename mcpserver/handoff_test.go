@@ -1,12 +1,9 @@
 package mcpserver_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/crashtest"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// agentEnv makes the test binary act as agent A: it connects to the server named in the
-// variable (JSON agentJob), calls begin_call, prints the result as one JSON line and then
-// hangs, as an agent does in the middle of its side effect, until it is killed.
+// agentEnv carries agent A's job (JSON agentJob) to the child that plays it: it connects to
+// the server named there, calls begin_call, marks "began <result JSON>" and then hangs, as
+// an agent does in the middle of its side effect, until it is killed.
 const agentEnv = "TOOLFENCE_MCPSERVER_TEST_AGENT"
 
 type agentJob struct {
@@ -29,28 +27,23 @@ type agentJob struct {
 	Begin map[string]any `json:"begin"`
 }
 
-func runAgent() int {
-	var job agentJob
-	if err := json.Unmarshal([]byte(os.Getenv(agentEnv)), &job); err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		return 3
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := mcpserver.Dial(ctx, job.URL, job.Token)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		return 3
-	}
-	var out mcpserver.BeginResult
-	if err := c.Call(ctx, "begin_call", job.Begin, &out); err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		return 3
-	}
-	line, _ := json.Marshal(out)
-	fmt.Println(string(line))
-	time.Sleep(time.Hour) // "performing the side effect" until SIGKILLed
-	return 0
+// TestCrashChild is the child of the hand-off tests (see internal/crashtest); it returns at
+// once in a normal test run.
+func TestCrashChild(t *testing.T) {
+	crashtest.Run(t, map[string]func(t *testing.T){"agent-a": func(t *testing.T) {
+		var job agentJob
+		require.NoError(t, json.Unmarshal([]byte(os.Getenv(agentEnv)), &job))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := mcpserver.Dial(ctx, job.URL, job.Token)
+		require.NoError(t, err)
+		var out mcpserver.BeginResult
+		require.NoError(t, c.Call(ctx, "begin_call", job.Begin, &out))
+		line, err := json.Marshal(out)
+		require.NoError(t, err)
+		crashtest.Mark("began", string(line))
+		crashtest.Hang() // "performing the side effect" until SIGKILLed
+	}})
 }
 
 // startAgentA runs agent A as a child process, waits for its begin_call result, then
@@ -59,33 +52,9 @@ func startAgentA(t *testing.T, e *env, begin map[string]any) mcpserver.BeginResu
 	t.Helper()
 	job, err := json.Marshal(agentJob{URL: e.ts.URL, Token: tokA, Begin: begin})
 	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), agentEnv+"="+string(job))
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("agent A did not report its begin_call")
-	}
-	require.NotEmpty(t, line, "agent A exited without a begin_call result")
-	// Crash mid-call: no commit, no cleanup.
-	require.NoError(t, cmd.Process.Kill())
-	err = cmd.Wait()
-	require.Error(t, err)
-	require.Contains(t, err.Error(), "killed")
+	child := crashtest.Start(t, "agent-a", agentEnv+"="+string(job))
+	line := child.Await("began")
+	child.Kill() // crash mid-call: no commit, no cleanup
 	var out mcpserver.BeginResult
 	require.NoError(t, json.Unmarshal([]byte(line), &out))
 	require.Equal(t, mcpserver.DecisionProceed, out.Decision)

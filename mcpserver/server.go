@@ -151,7 +151,7 @@ func (s *Server) ServeStdio(ctx context.Context, namespace string, in io.Reader,
 	}
 	stdio := server.NewStdioServer(sp.mcp)
 	stdio.SetErrorLogger(slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelError))
-	err = stdio.Listen(ctx, in, out)
+	err = stdio.Listen(withStdio(ctx), in, out)
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 		return nil
 	}

@@ -51,6 +51,7 @@ func newSpace(s *Server, ns string, ic *interceptor.Interceptor) *space {
 		server.WithResourceCapabilities(true, true),
 		server.WithPromptCapabilities(false),
 		server.WithHooks(hooks),
+		sp.withTracing(hooks),
 		server.WithToolHandlerMiddleware(sp.recoverTool),
 		server.WithResourceRecovery(),
 		server.WithInstructions(instructions),

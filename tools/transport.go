@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -146,9 +149,16 @@ type Transport struct {
 	// probe looks it up. Defaults to false: the key is sent quoted, which httpguard and every
 	// server following the draft read as the bare key.
 	BareKey bool
+	// Propagator writes the trace context of the request's context into its headers (W3C
+	// traceparent and tracestate with propagation.TraceContext), so the upstream's spans
+	// join the guarded call's trace. Defaults to otel.GetTextMapPropagator(), the program's
+	// global propagator (a no-op until the program sets one; toolfence serve sets W3C trace
+	// context and baggage).
+	Propagator propagation.TextMapPropagator
 }
 
-// RoundTrip sends req with the key and token headers and records the exchange. It returns
+// RoundTrip sends req with the key and token headers and the trace context of its context
+// (see Propagator), and records the exchange; req itself is never modified. It returns
 // the response with its body fully read and replaced by an in-memory copy, or the base
 // transport's error (recorded as an unknown outcome), or, without sending anything, an error
 // wrapping both ErrNoDispatch and interceptor.ErrNoEffect.
@@ -163,11 +173,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			"(http.NewRequestWithContext(ctx, …) with the tool's ctx; Interceptor.Do gives every ToolFunc such a context)",
 			ErrNoDispatch, req.Method, req.URL.Redacted()))
 	}
+	cloned := false
 	if guarded {
-		req = req.Clone(req.Context())
+		req, cloned = req.Clone(req.Context()), true
 		req.Header.Set(HeaderIdempotencyKey, t.keyValue(d.Key))
 		req.Header.Set(HeaderFencingToken, strconv.FormatUint(d.Token, 10))
 	}
+	req = t.injectTrace(req, cloned)
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport
@@ -207,6 +219,27 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// injectTrace returns req with the trace context of its context in its headers, cloning
+// it first unless cloned says it is already a copy.
+func (t *Transport) injectTrace(req *http.Request, cloned bool) *http.Request {
+	p := t.Propagator
+	if p == nil {
+		p = otel.GetTextMapPropagator()
+	}
+	fields := propagation.HeaderCarrier{}
+	p.Inject(req.Context(), fields)
+	if len(fields) == 0 {
+		return req
+	}
+	if !cloned {
+		req = req.Clone(req.Context())
+	}
+	for k, v := range fields {
+		req.Header[k] = v
+	}
+	return req
 }
 
 // keyValue is the Idempotency-Key field value for key: an RFC 8941 sf-string (only '"' and

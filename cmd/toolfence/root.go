@@ -43,6 +43,8 @@ type app struct {
 	tokenFile string
 	stdout    io.Writer
 	stderr    io.Writer
+	// log is --log-format and --log-level of the commands that log (serve).
+	log logFlags
 }
 
 // commands holds the constructors of subcommands defined in other files of this package.

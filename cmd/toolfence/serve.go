@@ -1,9 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -28,6 +28,7 @@ type serveFlags struct {
 	stateless bool
 	lease     time.Duration
 	maxArgs   int
+	metrics   string
 }
 
 func newServeCmd(a *app) *cobra.Command {
@@ -52,9 +53,15 @@ token the server refuses to listen on anything but a loopback address.
 While serve holds an embedded (badger) store, other toolfence commands cannot open it:
 use their --server URL flag to act through the server instead.
 
+Telemetry (nothing is exported by default): --metrics 127.0.0.1:9464 serves Prometheus
+metrics at http://127.0.0.1:9464/metrics, without authentication (keep it on loopback or a
+private network); with OTEL_EXPORTER_OTLP_ENDPOINT set, traces and metrics are exported over
+OTLP/HTTP. An MCP request's span joins the agent's trace when the request carries W3C
+traceparent/tracestate in params._meta. Reference: docs/observability.md.
+
 Example:
   toolfence serve --stdio --store ./.toolfence
-  toolfence serve --http 127.0.0.1:7777 --token-file ./tokens`,
+  toolfence serve --http 127.0.0.1:7777 --token-file ./tokens --metrics 127.0.0.1:9464`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd, f) },
 	}
@@ -65,6 +72,8 @@ Example:
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
+	fl.StringVar(&f.metrics, "metrics", "", metricsFlagHelp)
+	addLogFlags(fl, &a.log)
 	return cmd
 }
 
@@ -78,10 +87,11 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.lease <= 0 || f.maxArgs <= 0 {
 		return usagef("--lease and --max-args must be positive")
 	}
-	opts := mcpserver.Options{
-		HTTPStateless: f.stateless, Version: buildVersion(),
-		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	log, err := a.log.logger(a.stderr)
+	if err != nil {
+		return usagef("%v", err)
 	}
+	opts := mcpserver.Options{HTTPStateless: f.stateless, Version: buildVersion(), Logger: log}
 	if f.http != "" {
 		tokens, err := loadServeTokens(f.tokenFile, a.namespace)
 		if err != nil {
@@ -98,7 +108,13 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs})
+	tel, err := startTelemetry(ctx, f.metrics, l, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
+	metricsServing(a.stderr, tel)
+	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs, Logger: log})
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -60,6 +60,14 @@ func (None) Do(ctx context.Context, req Request, call Call) ([]byte, error) {
 	return call(ctx, "")
 }
 
+// clock returns now, or time.Now when it is nil.
+func clock(now func() time.Time) func() time.Time {
+	if now == nil {
+		return time.Now
+	}
+	return now
+}
+
 // intentKey is the key a careful runtime derives from the intent (task, tool, target).
 func intentKey(req Request) string {
 	sum := sha256.Sum256([]byte(req.Task + "\x00" + req.Operation + "\x00" + req.Target))
@@ -99,6 +107,8 @@ type CheckThenInsert struct {
 	Store FileStore
 	// TTL of a pending record. Required.
 	TTL time.Duration
+	// Now reads the clock that stamps and expires pending records. Defaults to time.Now.
+	Now func() time.Time
 }
 
 // Name returns "check-then-insert".
@@ -109,6 +119,7 @@ func (g CheckThenInsert) Do(ctx context.Context, req Request, call Call) ([]byte
 	body := sha256.Sum256(req.Args)
 	sum := sha256.Sum256([]byte("POST:" + req.Operation + ":" + req.Task + ":" + hex.EncodeToString(body[:8])))
 	key := "idem_" + hex.EncodeToString(sum[:16])
+	now := clock(g.Now)
 	existing, err := g.Store.Get(key)
 	if err != nil {
 		existing = nil // the store is an optimisation: fail open
@@ -119,13 +130,13 @@ func (g CheckThenInsert) Do(ctx context.Context, req Request, call Call) ([]byte
 			return existing.Result, nil
 		case existing.Status == StatusFailed:
 			existing = nil // "allow retry on previous failure"
-		case time.Now().After(existing.Expires):
+		case now().After(existing.Expires):
 			existing = nil // a stale pending must not block forever
 		default:
-			return nil, &ConflictError{Key: key, RetryAfter: time.Until(existing.Expires)}
+			return nil, &ConflictError{Key: key, RetryAfter: existing.Expires.Sub(now())}
 		}
 	}
-	_ = g.Store.Put(Record{Key: key, Status: StatusPending, Expires: time.Now().Add(g.TTL)})
+	_ = g.Store.Put(Record{Key: key, Status: StatusPending, Expires: now().Add(g.TTL)})
 	res, err := call(ctx, key)
 	if err != nil {
 		_ = g.Store.Put(Record{Key: key, Status: StatusFailed})
@@ -143,6 +154,8 @@ type ExpiringInProgress struct {
 	Store FileStore
 	// TTL of the in-progress record. Required.
 	TTL time.Duration
+	// Now reads the clock that stamps and expires in-progress records. Defaults to time.Now.
+	Now func() time.Time
 }
 
 // Name returns "expiring-in-progress".
@@ -151,6 +164,7 @@ func (ExpiringInProgress) Name() string { return "expiring-in-progress" }
 // Do runs call under the rule.
 func (g ExpiringInProgress) Do(ctx context.Context, req Request, call Call) ([]byte, error) {
 	key := intentKey(req)
+	now := clock(g.Now)
 	r, err := g.Store.Get(key)
 	if err != nil {
 		return nil, err // this one fails closed on a store it cannot read
@@ -159,11 +173,11 @@ func (g ExpiringInProgress) Do(ctx context.Context, req Request, call Call) ([]b
 		switch {
 		case r.Status == StatusCompleted:
 			return r.Result, nil
-		case r.Status == StatusPending && time.Now().Before(r.Expires):
-			return nil, &ConflictError{Key: key, RetryAfter: time.Until(r.Expires)}
+		case r.Status == StatusPending && now().Before(r.Expires):
+			return nil, &ConflictError{Key: key, RetryAfter: r.Expires.Sub(now())}
 		}
 	}
-	if err := g.Store.Put(Record{Key: key, Status: StatusPending, Expires: time.Now().Add(g.TTL)}); err != nil {
+	if err := g.Store.Put(Record{Key: key, Status: StatusPending, Expires: now().Add(g.TTL)}); err != nil {
 		return nil, err
 	}
 	res, err := call(ctx, key)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,22 +69,47 @@ func TestCheckThenInsertKeysOnTheBody(t *testing.T) {
 	require.Equal(t, 2, c.n, "re-worded args make a new key (seed 003's str(body) hash)")
 }
 
+// fakeClock is a clock that moves only when the test says so.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// A pending record blocks the key with a ConflictError for exactly its TTL, by the guard's
+// clock, and the call runs again once it has expired. The clock is a fake: a slow machine
+// (fsyncs, -race) cannot let the record expire before the second call looks at it.
 func TestPendingBlocksUntilItExpires(t *testing.T) {
 	t.Parallel()
-	for _, mk := range []func(FileStore) Guard{
-		func(s FileStore) Guard { return CheckThenInsert{Store: s, TTL: 50 * time.Millisecond} },
-		func(s FileStore) Guard { return ExpiringInProgress{Store: s, TTL: 50 * time.Millisecond} },
+	const ttl = 50 * time.Millisecond
+	for _, mk := range []func(FileStore, func() time.Time) Guard{
+		func(s FileStore, now func() time.Time) Guard { return CheckThenInsert{Store: s, TTL: ttl, Now: now} },
+		func(s FileStore, now func() time.Time) Guard { return ExpiringInProgress{Store: s, TTL: ttl, Now: now} },
 	} {
-		g := mk(FileStore{Dir: t.TempDir()})
+		clock := &fakeClock{now: time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)}
+		g := mk(FileStore{Dir: t.TempDir()}, clock.Now)
 		t.Run(g.Name(), func(t *testing.T) {
 			hold := make(chan struct{})
 			inside := make(chan struct{})
+			first := make(chan error, 1)
 			go func() {
-				_, _ = g.Do(context.Background(), req(`{}`), func(context.Context, string) ([]byte, error) {
+				_, err := g.Do(context.Background(), req(`{}`), func(context.Context, string) ([]byte, error) {
 					close(inside)
 					<-hold
 					return []byte("late"), nil
 				})
+				first <- err
 			}()
 			<-inside
 			var c counter
@@ -91,12 +117,21 @@ func TestPendingBlocksUntilItExpires(t *testing.T) {
 			var ce *ConflictError
 			require.ErrorAs(t, err, &ce)
 			require.ErrorIs(t, err, ErrConflict)
-			require.Eventually(t, func() bool {
-				_, err := g.Do(t.Context(), req(`{}`), c.call(nil))
-				return err == nil
-			}, 5*time.Second, 10*time.Millisecond, "an expired pending record lets the call run again")
+			require.Equal(t, ttl, ce.RetryAfter, "the clock has not moved: the whole TTL is left")
+
+			clock.advance(ttl - time.Nanosecond)
+			_, err = g.Do(t.Context(), req(`{}`), c.call(nil))
+			require.ErrorAs(t, err, &ce, "one nanosecond before expiry the record still blocks")
+			require.Equal(t, time.Nanosecond, ce.RetryAfter)
+			require.Zero(t, c.n)
+
+			clock.advance(2 * time.Nanosecond) // past the expiry (the guards differ on the instant itself)
+			res, err := g.Do(t.Context(), req(`{}`), c.call(nil))
+			require.NoError(t, err, "an expired pending record lets the call run again")
+			require.Equal(t, "r1", string(res))
 			require.Equal(t, 1, c.n)
 			close(hold)
+			require.NoError(t, <-first)
 		})
 	}
 }

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/consumer"
+	"github.com/toolfence/toolfence/internal/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
@@ -31,32 +27,29 @@ type crashConfig struct {
 	AckWait                              time.Duration
 }
 
-// TestCrashHelper is the child of TestKilledConsumerIsNotAcked: a JetStream consumer whose
-// handler announces the delivery and blocks until the process is killed. It returns at once
-// in a normal test run.
-func TestCrashHelper(t *testing.T) {
-	raw := os.Getenv(crashEnv)
-	if raw == "" {
-		return
-	}
-	var cc crashConfig
-	require.NoError(t, json.Unmarshal([]byte(raw), &cc))
-	c := config{url: cc.URL, stream: cc.Stream, subject: cc.Subject, durable: cc.Durable, store: cc.Store, ackWait: cc.AckWait}
-	nc, _, cons, err := setup(context.Background(), c)
-	require.NoError(t, err)
-	defer nc.Close()
-	_, ic := openLedger(t, c.store, lease.Real{})
-	guard, err := consumer.Guard(ic, func(ctx context.Context, m consumer.Message) error {
-		fmt.Println("in-handler", m.ID)
-		_, _ = io.Copy(io.Discard, os.Stdin) // block until killed (or the parent goes away)
-		os.Exit(3)
-		return nil
-	}, consumer.Options{Group: c.durable, Key: orderKey})
-	require.NoError(t, err)
-	a := &adapter{guard: guard, hold: time.Minute, log: slog.New(slog.DiscardHandler)}
-	_, err = cons.Consume(a.handle)
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, os.Stdin)
+// TestCrashChild is the child of TestKilledConsumerIsNotAcked (see internal/crashtest): a
+// JetStream consumer whose handler marks "in-handler <message id>" and hangs until the
+// process is killed. It returns at once in a normal test run.
+func TestCrashChild(t *testing.T) {
+	crashtest.Run(t, map[string]func(t *testing.T){"mid-handler": func(t *testing.T) {
+		var cc crashConfig
+		require.NoError(t, json.Unmarshal([]byte(os.Getenv(crashEnv)), &cc))
+		c := config{url: cc.URL, stream: cc.Stream, subject: cc.Subject, durable: cc.Durable, store: cc.Store, ackWait: cc.AckWait}
+		nc, _, cons, err := setup(context.Background(), c)
+		require.NoError(t, err)
+		defer nc.Close()
+		_, ic := openLedger(t, c.store, lease.Real{})
+		guard, err := consumer.Guard(ic, func(ctx context.Context, m consumer.Message) error {
+			crashtest.Mark("in-handler", m.ID)
+			crashtest.Hang()
+			return nil
+		}, consumer.Options{Group: c.durable, Key: orderKey})
+		require.NoError(t, err)
+		a := &adapter{guard: guard, hold: time.Minute, log: slog.New(slog.DiscardHandler)}
+		_, err = cons.Consume(a.handle)
+		require.NoError(t, err)
+		crashtest.Hang()
+	}})
 }
 
 // A consumer SIGKILLed while its handler runs leaves an unknown residual and no
@@ -76,20 +69,11 @@ func TestKilledConsumerIsNotAcked(t *testing.T) {
 		Header: nats.Header{jetstream.MsgIDHeader: {"o-1#0"}}})
 	require.NoError(t, err)
 
-	raw, _ := json.Marshal(crashConfig{URL: c.url, Stream: c.stream, Subject: c.subject, Durable: c.durable, Store: c.store, AckWait: c.ackWait})
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashEnv+"="+string(raw))
-	stdin, err := cmd.StdinPipe()
+	raw, err := json.Marshal(crashConfig{URL: c.url, Stream: c.stream, Subject: c.subject, Durable: c.durable, Store: c.store, AckWait: c.ackWait})
 	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := bufio.NewScanner(stdout)
-	require.True(t, lines.Scan(), "the child never reached the handler")
-	require.Equal(t, "in-handler o-1#0", lines.Text())
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+	child := crashtest.Start(t, "mid-handler", crashEnv+"="+string(raw))
+	require.Equal(t, "o-1#0", child.Await("in-handler"))
+	child.Kill()
 
 	// A new consumer an hour later by the ledger's clock: the dead one's lease has expired.
 	store, ic := openLedger(t, c.store, lease.NewFake(time.Now().Add(time.Hour)))

@@ -1,29 +1,25 @@
 package badger
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/crashtest"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// The crash tests re-execute this test binary as a child that runs TestCrashHelper with a
-// role. The child acknowledges a step on stdout only after the step returned, then blocks
-// until it is killed; the parent SIGKILLs it and reopens the store, so whatever the child
-// acknowledged must be there.
+// The crash tests re-execute this test binary as a child (internal/crashtest) that runs
+// TestCrashChild in a role. The child marks a step only after the step returned, then
+// hangs until it is killed; the parent SIGKILLs it and reopens the store, so whatever the
+// child marked must be there.
 const (
-	crashRoleEnv = "TOOLFENCE_CRASH_ROLE"
+	// crashRoleEnv is set in the child only (TestMain skips its leak check there).
+	crashRoleEnv = crashtest.RoleEnv
 	crashDirEnv  = "TOOLFENCE_CRASH_DIR"
 	crashModeEnv = "TOOLFENCE_CRASH_MODE"
 )
@@ -37,12 +33,17 @@ func crashParams() ledger.ReserveParams {
 	return p
 }
 
-// TestCrashHelper is the child's side; it returns at once in a normal test run.
-func TestCrashHelper(t *testing.T) {
-	role := os.Getenv(crashRoleEnv)
-	if role == "" {
-		return
-	}
+// TestCrashChild is the child's side; it returns at once in a normal test run.
+func TestCrashChild(t *testing.T) {
+	crashtest.Run(t, map[string]func(t *testing.T){
+		"reserve": func(t *testing.T) { crashChild(t, false) },
+		"commit":  func(t *testing.T) { crashChild(t, true) },
+	})
+}
+
+// crashChild reserves the crash key (and, with commit, commits it), marks "reserved" or
+// "committed" once that returned, and hangs until it is killed.
+func crashChild(t *testing.T, commit bool) {
 	mode := GroupCommit
 	if os.Getenv(crashModeEnv) == SyncWrites.String() {
 		mode = SyncWrites
@@ -54,61 +55,27 @@ func TestCrashHelper(t *testing.T) {
 	res, err := l.Reserve(ctx, p)
 	require.NoError(t, err)
 	require.Equal(t, ledger.Acquired, res.Decision)
-	if role == "commit" {
-		_, err := l.Commit(ctx, ledger.CommitParams{
-			Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
-			Outcome: residual.Succeeded, Result: crashResult, Margin: time.Second,
-		})
-		require.NoError(t, err)
-		fmt.Println("committed")
-	} else {
-		fmt.Println("reserved")
+	if !commit {
+		crashtest.Mark("reserved", "")
+		crashtest.Hang()
 	}
-	// Block until killed. If the parent dies instead, stdin closes and the child exits.
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	os.Exit(3)
+	_, err = l.Commit(ctx, ledger.CommitParams{
+		Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
+		Outcome: residual.Succeeded, Result: crashResult, Margin: time.Second,
+	})
+	require.NoError(t, err)
+	crashtest.Mark("committed", "")
+	crashtest.Hang()
 }
 
-// runCrashChild starts the child for role, waits for its acknowledgement line, checks that
-// the store is locked by it, and kills it with SIGKILL.
-func runCrashChild(t *testing.T, dir, role string, mode SyncMode, ack string) {
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashRoleEnv+"="+role, crashDirEnv+"="+dir, crashModeEnv+"="+mode.String())
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-
-	lines := bufio.NewScanner(stdout)
-	var seen []string
-	acked := false
-	for !acked && lines.Scan() {
-		acked = lines.Text() == ack
-		seen = append(seen, lines.Text())
-	}
-	if !acked {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("child never acknowledged %q; stdout %q, stderr %s", ack, seen, stderr.String())
-	}
-
-	_, err = Open(dir, Options{})
+// runCrashChild starts the child for role, waits for its mark, checks that the store is
+// locked by it, and kills it with SIGKILL.
+func runCrashChild(t *testing.T, dir, role string, mode SyncMode, mark string) {
+	child := crashtest.Start(t, role, crashDirEnv+"="+dir, crashModeEnv+"="+mode.String())
+	child.Await(mark)
+	_, err := Open(dir, Options{})
 	require.ErrorIs(t, err, ErrLocked, "the child holds the store")
-
-	require.NoError(t, syscall.Kill(cmd.Process.Pid, syscall.SIGKILL))
-	err = cmd.Wait()
-	var exit *exec.ExitError
-	require.ErrorAs(t, err, &exit)
-	status, ok := exit.Sys().(syscall.WaitStatus)
-	require.True(t, ok)
-	require.True(t, status.Signaled(), "child was killed, not exited: %v; stderr %s", err, stderr.String())
-	require.Equal(t, syscall.SIGKILL, status.Signal())
+	child.Kill()
 }
 
 func TestCrashAfterReserve(t *testing.T) {

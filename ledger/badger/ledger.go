@@ -14,6 +14,8 @@ import (
 	"time"
 
 	dbadger "github.com/dgraph-io/badger/v4"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
@@ -55,6 +57,10 @@ type Options struct {
 	// replays without a transaction (approximate bytes, counted as stored JSON). Defaults
 	// to 8 MiB; a negative value turns the cache off.
 	ReplayCacheBytes int64
+	// MeterProvider records the group-commit batch sizes (toolfence.badger.sync.batch_size:
+	// commits made durable by one sync round). Defaults to otel.GetMeterProvider(), which
+	// records nothing unless the program installs an OpenTelemetry SDK.
+	MeterProvider metric.MeterProvider
 
 	// tiny shrinks memtables, value threshold and value-log files to badger's minimums, so
 	// tests exercise memtable and value-log rotation with little data.
@@ -112,6 +118,8 @@ type Ledger struct {
 
 	mu     sync.RWMutex // held shared by every step, exclusively by Close
 	closed bool
+
+	open openIndex // open residuals, for OpenResiduals
 }
 
 var (
@@ -163,6 +171,15 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		valueThreshold: bo.ValueThreshold,
 	}
 	l.gs = newGroupSync(l.syncRound)
+	mp := opts.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	if h, err := mp.Meter("github.com/toolfence/toolfence").Int64Histogram("toolfence.badger.sync.batch_size",
+		metric.WithUnit("{commit}"), metric.WithDescription("Commits made durable by one group-commit sync round of the badger ledger."),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256)); err == nil {
+		l.gs.batch = func(n uint64) { h.Record(context.Background(), int64(n)) }
+	}
 	// Make everything badger wrote while opening durable before the first step relies on it.
 	if err := l.gs.wait(l.gs.committed()); err != nil {
 		l.logs.close()
@@ -259,6 +276,8 @@ type tx struct {
 	touched []string // residual store keys written or deleted
 	read    uint64   // highest badger version read
 	big     bool     // a value goes to the value log
+	// puts holds the residuals written (nil: deleted) by store key, for the open index.
+	puts map[string]*openEntry
 }
 
 // set stages key = value, noting a value that badger will put in the value log, so update
@@ -274,6 +293,7 @@ func (t *tx) set(key, value []byte) error {
 // del stages the deletion of key.
 func (t *tx) del(key []byte) error {
 	t.touch(key)
+	t.noteWrite(key, nil)
 	return t.txn.Delete(key)
 }
 
@@ -281,6 +301,17 @@ func (t *tx) touch(key []byte) {
 	if len(key) >= len(residualPrefix) && string(key[:len(residualPrefix)]) == residualPrefix {
 		t.touched = append(t.touched, string(key))
 	}
+}
+
+// noteWrite records a residual written (nil: deleted) under a residual store key.
+func (t *tx) noteWrite(key []byte, e *openEntry) {
+	if len(key) < len(residualPrefix) || string(key[:len(residualPrefix)]) != residualPrefix {
+		return
+	}
+	if t.puts == nil {
+		t.puts = map[string]*openEntry{}
+	}
+	t.puts[string(key)] = e
 }
 
 // noteRead records that the step's answer depends on an item of this version.
@@ -330,6 +361,7 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 		if err != nil {
 			return fmt.Errorf("ledger/badger: %s: commit: %w", op, err)
 		}
+		l.open.note(t.puts)
 		if err := l.gs.wait(l.gs.committed()); err != nil {
 			return fmt.Errorf("ledger/badger: %s: %w", op, err)
 		}
@@ -434,9 +466,12 @@ func putResidual(t *tx, r *residual.Residual) error {
 	if err != nil {
 		return fmt.Errorf("ledger/badger: encode residual %s: %w", r.Key, err)
 	}
-	if err := t.set(storeKey(residualPrefix, r.Namespace, r.Key), v); err != nil {
+	k := storeKey(residualPrefix, r.Namespace, r.Key)
+	if err := t.set(k, v); err != nil {
 		return fmt.Errorf("ledger/badger: write residual %s: %w", r.Key, err)
 	}
+	e := entryOf(r)
+	t.noteWrite(k, &e)
 	return nil
 }
 

@@ -115,6 +115,8 @@ import (
 // that round's waiters and every later call get an error wrapping ErrSyncFailed.
 type groupSync struct {
 	sync func() error
+	// batch, when set, is told how many commits each successful round made durable.
+	batch func(n uint64)
 
 	mu      sync.Mutex
 	cond    sync.Cond
@@ -167,6 +169,9 @@ func (g *groupSync) wait(seq uint64) error {
 		if err != nil {
 			g.err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
 		} else {
+			if g.batch != nil && target > g.durable {
+				g.batch(target - g.durable)
+			}
 			g.durable = max(g.durable, target)
 		}
 		g.cond.Broadcast()

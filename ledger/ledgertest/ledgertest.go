@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 	all = append(all, resolveCases...)
 	all = append(all, listCases...)
 	all = append(all, miscCases...)
+	all = append(all, openCases...)
 	for _, c := range all {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
