@@ -88,9 +88,6 @@ func (s keyState) effective(lo, hi int64) []residual.State {
 	return out
 }
 
-// learn would record that the ledger's clock passed t; see times for why it does not.
-func (s keyState) learn(int64) keyState { return s }
-
 // matches reports whether o describes s read as eff.
 func (s keyState) matches(o *Output, eff residual.State) bool {
 	return o.HasRes && o.State == eff && o.Token == s.Token && o.Attempts == s.Attempts &&
@@ -171,12 +168,12 @@ func step(s keyState, in stepIn) []keyState {
 	case KEvidence:
 		switch {
 		case o.Result == RNotFound && !s.Exists:
-			return []keyState{s.learn(lo)}
+			return []keyState{s}
 		case o.Result == ROK && s.Exists:
 			n := s.withEvidence()
 			for _, eff := range s.effective(lo, hi) {
 				if n.matches(o, eff) {
-					return []keyState{n.learn(lo)}
+					return []keyState{n}
 				}
 			}
 		}
@@ -184,20 +181,17 @@ func step(s keyState, in stepIn) []keyState {
 	case KGet:
 		switch {
 		case o.Result == RNotFound && !s.Exists:
-			return []keyState{s.learn(lo)}
+			return []keyState{s}
 		case o.Result == ROK && s.Exists:
 			for _, eff := range s.effective(lo, hi) {
 				if s.matches(o, eff) {
-					if eff == residual.Unknown && s.State == residual.Pending {
-						return []keyState{s.learn(max(lo, s.ExpLo))}
-					}
-					return []keyState{s.learn(lo)}
+					return []keyState{s}
 				}
 			}
 		}
 		return nil
 	case KGC:
-		return gc(s.learn(lo))
+		return gc(s)
 	}
 	return nil
 }
@@ -220,30 +214,30 @@ func happened(s keyState, i Input, lo, hi int64) []keyState {
 	case KReserve:
 		for _, eff := range s.effective(lo, hi) {
 			if s.decide(eff, i.Digest, i.Redispatch) == ledger.Acquired {
-				out = append(out, s.acquire(i, lo+int64(i.TTL), never).learn(lo))
+				out = append(out, s.acquire(i, lo+int64(i.TTL), never))
 				break
 			}
 		}
 	case KCommit:
 		if fenceMayHold(s, i, lo) {
-			out = append(out, s.settle(i.Outcome).learn(lo))
+			out = append(out, s.settle(i.Outcome))
 		}
 		if s.Exists && fenceMayFail(s, i, hi) {
-			out = append(out, s.withEvidence().learn(lo))
+			out = append(out, s.withEvidence())
 		}
 	case KRenew:
 		if fenceMayHold(s, Input{Holder: i.Holder, Token: i.Token}, lo) {
 			n := s
 			n.ExpLo, n.ExpHi = lo+int64(i.TTL), never
-			out = append(out, n.learn(lo))
+			out = append(out, n)
 		}
 	case KResolve:
 		if mayResolve(s, lo, hi) {
-			out = append(out, resolved(s, i.As).learn(lo))
+			out = append(out, resolved(s, i.As))
 		}
 	case KEvidence:
 		if s.Exists {
-			out = append(out, s.withEvidence().learn(lo))
+			out = append(out, s.withEvidence())
 		}
 	case KGC:
 		return gc(s)
@@ -291,7 +285,7 @@ func stepReserve(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 			if s.decide(eff, i.Digest, i.Redispatch) != ledger.Acquired {
 				continue
 			}
-			n := s.acquire(i, o.Expires, o.Expires).learn(t)
+			n := s.acquire(i, o.Expires, o.Expires)
 			if o.Token != n.Token || o.Attempts != n.Attempts || o.Holder != i.Holder || o.Expires != t+int64(i.TTL) {
 				return nil
 			}
@@ -300,13 +294,9 @@ func stepReserve(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 		return nil
 	}
 	for _, eff := range s.effective(lo, hi) {
-		if eff == residual.None || s.decide(eff, i.Digest, i.Redispatch).String() != o.Decision || !s.matches(o, eff) {
-			continue
+		if eff != residual.None && s.decide(eff, i.Digest, i.Redispatch).String() == o.Decision && s.matches(o, eff) {
+			return []keyState{s}
 		}
-		if eff == residual.Unknown && s.State == residual.Pending {
-			return []keyState{s.learn(max(lo, s.ExpLo))}
-		}
-		return []keyState{s.learn(lo)}
 	}
 	return nil
 }
@@ -317,7 +307,7 @@ func stepCommit(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 		if !fenceMayHold(s, i, lo) {
 			return nil
 		}
-		n := s.settle(i.Outcome).learn(lo)
+		n := s.settle(i.Outcome)
 		if !n.matches(o, i.Outcome) {
 			return nil
 		}
@@ -327,14 +317,9 @@ func stepCommit(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 			return nil
 		}
 		if !s.Exists {
-			return []keyState{s.learn(lo)}
+			return []keyState{s}
 		}
 		n := s.withEvidence()
-		if s.State == residual.Pending && s.Token == i.Token && s.Holder == i.Holder {
-			n = n.learn(max(lo, s.ExpLo-int64(i.Margin))) // refused for its margin only
-		} else {
-			n = n.learn(lo)
-		}
 		if o.HasRes {
 			ok := false
 			for _, eff := range n.effective(lo, hi) {
@@ -358,15 +343,12 @@ func stepRenew(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 		}
 		n := s
 		n.ExpLo, n.ExpHi = o.Expires, o.Expires
-		return []keyState{n.learn(max(lo, o.Expires-int64(i.TTL)))}
+		return []keyState{n}
 	case RLeaseLost:
 		if !fenceMayFail(s, f, hi) {
 			return nil
 		}
-		if s.Exists && s.State == residual.Pending && s.Token == i.Token && s.Holder == i.Holder {
-			return []keyState{s.learn(max(lo, s.ExpLo))}
-		}
-		return []keyState{s.learn(lo)}
+		return []keyState{s}
 	}
 	return nil
 }
@@ -378,11 +360,6 @@ func stepResolve(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 			return nil
 		}
 		n := resolved(s, i.As)
-		if s.State == residual.Pending {
-			n = n.learn(max(lo, s.ExpLo))
-		} else {
-			n = n.learn(lo)
-		}
 		if !n.matches(o, i.As) {
 			return nil
 		}
@@ -391,14 +368,14 @@ func stepResolve(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 		if s.Exists {
 			return nil
 		}
-		return []keyState{s.learn(lo)}
+		return []keyState{s}
 	case RInProgress:
 		if s.Exists && s.State == residual.Pending && s.canLive(lo, 0) {
-			return []keyState{s.learn(lo)}
+			return []keyState{s}
 		}
 	case RInvalidTransition:
 		if s.Exists && s.State.Terminal() {
-			return []keyState{s.learn(lo)}
+			return []keyState{s}
 		}
 	}
 	return nil
