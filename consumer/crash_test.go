@@ -26,7 +26,7 @@ func TestCrashChild(t *testing.T) {
 	crashtest.Run(t, map[string]func(t *testing.T){"mid-handler": func(t *testing.T) {
 		store, err := badger.Open(os.Getenv(crashDirEnv), badger.Options{})
 		require.NoError(t, err)
-		ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-worker", LeaseTTL: 2 * time.Second})
+		ic, err := interceptor.New(store, interceptor.Options{Holder: "doomed-worker", LeaseTTL: 2 * time.Second})
 		require.NoError(t, err)
 		g, err := consumer.Guard(ic, func(ctx context.Context, m consumer.Message) error {
 			crashtest.Mark("in-handler", m.ID)

@@ -25,7 +25,7 @@ func ExampleGuard() {
 		log.Fatal(err)
 	}
 	defer store.Close()
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "worker-1"})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "worker-1"})
 	if err != nil {
 		log.Fatal(err)
 	}

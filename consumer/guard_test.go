@@ -46,7 +46,7 @@ func setup(t *testing.T, clock lease.Clock, dir string) *fixture {
 	store, err := badger.Open(dir, badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "worker", LeaseTTL: 30 * time.Second, Clock: clock})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "worker", LeaseTTL: 30 * time.Second, Clock: clock})
 	require.NoError(t, err)
 	return &fixture{t: t, clock: clock, store: store, ic: ic}
 }

@@ -14,7 +14,7 @@ func TestEvalShort(t *testing.T) {
 	if dir := os.Getenv("TOOLFENCE_EVAL_KEEP"); dir != "" {
 		out = dir
 	}
-	rep, err := Run(t.Context(), Config{
+	rep, err := Run(t.Context(), Options{
 		Trials: 2, Seed: 7, Out: out, Command: testCommand, WorkDir: t.TempDir(), StressMessages: 100, Parallel: 3,
 		PostgresDSN: os.Getenv("TOOLFENCE_TEST_PG"),
 	})
@@ -48,7 +48,7 @@ func TestEvalShort(t *testing.T) {
 // which is correct but not what this test is about; a longer lease widens every such
 // margin (the client timeout, lease/2, and the agents' budget, 8 leases) fourfold.
 func TestEvalBatchedCrashB1(t *testing.T) {
-	rep, err := Run(t.Context(), Config{
+	rep, err := Run(t.Context(), Options{
 		Trials: 8, Batch: 8, Seed: 3, Command: testCommand, WorkDir: t.TempDir(), LeaseTTL: 2 * time.Second,
 		Scenarios: []string{"crash-b1"}, Subjects: []string{subjectToolfenceBadger, subjectNone},
 	})
@@ -79,7 +79,7 @@ func TestEvalBatchedCrashB1(t *testing.T) {
 // TestEvalBatchedBarrierKill kills a batch of 6 at the reserved barrier: every trial's first
 // worker dies there, and each successor finishes its own trial.
 func TestEvalBatchedBarrierKill(t *testing.T) {
-	rep, err := Run(t.Context(), Config{
+	rep, err := Run(t.Context(), Options{
 		Trials: 6, Batch: 3, Seed: 5, Command: testCommand, WorkDir: t.TempDir(),
 		Scenarios: []string{"crash-reserved", "queued-202"}, Subjects: []string{subjectToolfenceBadger, subjectRecordAfter},
 	})
@@ -94,7 +94,7 @@ func TestEvalBatchedBarrierKill(t *testing.T) {
 		}
 	}
 	// The queued-202 mode of a trial depends on the seed and the trial, not on the batch.
-	again, err := Run(t.Context(), Config{
+	again, err := Run(t.Context(), Options{
 		Trials: 6, Batch: 2, Seed: 5, Command: testCommand, WorkDir: t.TempDir(),
 		Scenarios: []string{"queued-202"}, Subjects: []string{subjectRecordAfter},
 	})

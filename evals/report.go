@@ -52,7 +52,7 @@ type Report struct {
 
 // newReport returns the report of graded cells (in scenario × subject order) and the
 // trials kept for listing.
-func newReport(cfg Config, scens []Scenario, subs []string, cells []Cell, kept []TrialResult, omitted int, d time.Duration) *Report {
+func newReport(cfg Options, scens []Scenario, subs []string, cells []Cell, kept []TrialResult, omitted int, d time.Duration) *Report {
 	return &Report{Seed: cfg.Seed, Trials: cfg.Trials, LeaseTTL: cfg.LeaseTTL.String(), Batch: cfg.Batch,
 		Started: time.Now().Add(-d).UTC(), Duration: d, Scenarios: scens, Subjects: subs,
 		Cells: cells, Results: kept, Omitted: omitted}

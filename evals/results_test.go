@@ -13,7 +13,7 @@ import (
 
 // fillCell stores n trials of scenario × subject, each with one effect its worker names,
 // except those in dup (two effects) and herr (a harness error).
-func fillCell(st *store, cfg Config, scenario, subject string, n int, dup, herr map[int]bool) {
+func fillCell(st *store, cfg Options, scenario, subject string, n int, dup, herr map[int]bool) {
 	st.addCell(scenario, subject, n)
 	for i := range n {
 		intent := newBatch(&runner{cfg: cfg}, scenario, subject, i/cfg.Batch, []int{i}).trials[0].Intent
@@ -37,7 +37,7 @@ func jsonInt(n int) string { return strconv.Itoa(n) }
 
 func TestReportKeepsEveryTrialOfASmallRun(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Trials: 10, Batch: 4, Seed: 1, LeaseTTL: time.Second, WorkDir: t.TempDir()}
+	cfg := Options{Trials: 10, Batch: 4, Seed: 1, LeaseTTL: time.Second, WorkDir: t.TempDir()}
 	st := newStore()
 	fillCell(st, cfg, "crash-b1", subjectNone, 10, map[int]bool{3: true}, nil)
 	rep := gradeAll(cfg, scenarios[2:3], []string{subjectNone}, st, time.Second)
@@ -50,7 +50,7 @@ func TestReportKeepsEveryTrialOfASmallRun(t *testing.T) {
 func TestReportOmitsCleanTrialsOfALargeRun(t *testing.T) {
 	t.Parallel()
 	const n = keepAllTrials/2 + 1 // two cells: one trial more than keepAllTrials
-	cfg := Config{Trials: n, Batch: 500, Seed: 1, LeaseTTL: time.Second, WorkDir: t.TempDir()}
+	cfg := Options{Trials: n, Batch: 500, Seed: 1, LeaseTTL: time.Second, WorkDir: t.TempDir()}
 	st := newStore()
 	dups := func(lo, hi int) map[int]bool {
 		m := map[int]bool{}

@@ -17,8 +17,8 @@ import (
 	"time"
 )
 
-// Config configures Run. Command is required; every other field has a default.
-type Config struct {
+// Options configure Run. Command is required; every other field has a default.
+type Options struct {
 	// Trials per scenario × subject cell. Defaults to 4.
 	Trials int
 	// Seed makes the trial order and the random choices of scenarios reproducible (the
@@ -58,7 +58,7 @@ var allSubjects = []string{
 }
 
 type runner struct {
-	cfg    Config
+	cfg    Options
 	sink   sinkClient
 	schema string
 }
@@ -127,9 +127,9 @@ type TrialResult struct {
 // Run runs every selected cell Trials times, grades each trial from the sink's log and
 // returns the report (also written to cfg.Out when set). It returns an error when the
 // sink cannot run or the configuration is unusable; failing trials are in the report.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Options) (*Report, error) {
 	if cfg.Command == nil {
-		return nil, fmt.Errorf("%w: Command is required", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: Command is required", ErrInvalidOptions)
 	}
 	cfg.Trials = cmp.Or(cfg.Trials, 4)
 	cfg.Seed = cmp.Or(cfg.Seed, 1)
@@ -138,7 +138,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.StressMessages = cmp.Or(cfg.StressMessages, 500)
 	cfg.Batch = cmp.Or(cfg.Batch, min(cfg.Trials, 500))
 	if cfg.Trials < 0 || cfg.Batch < 0 || cfg.Parallel < 0 {
-		return nil, fmt.Errorf("%w: Trials, Batch and Parallel must not be negative", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: Trials, Batch and Parallel must not be negative", ErrInvalidOptions)
 	}
 	scens, subs, err := selectCells(cfg)
 	if err != nil {
@@ -302,7 +302,7 @@ func boolInt(b bool) int {
 // keeps the trials the report lists: all of them up to keepAllTrials trials; beyond, every
 // toolfence trial that is not EXACTLY_ONCE, every trial with a harness error or a note, and
 // the first keepPerBaselineCell trials of each baseline cell that are not EXACTLY_ONCE.
-func gradeAll(cfg Config, scens []Scenario, subs []string, st *store, d time.Duration) *Report {
+func gradeAll(cfg Options, scens []Scenario, subs []string, st *store, d time.Duration) *Report {
 	total := 0 // trials, not stress messages
 	for c, slots := range st.slots {
 		if st.names[c][0] != stressScenario {
@@ -366,11 +366,24 @@ func onlyModeNote(notes []string) bool {
 	return len(notes) == 1 && strings.HasPrefix(notes[0], "mode ")
 }
 
-// ErrInvalidConfig is wrapped by Run's errors for an unusable Config (unknown scenario or
+// ErrInvalidOptions is wrapped by Run's errors for unusable Options (unknown scenario or
 // subject names, nothing selected, no Command).
-var ErrInvalidConfig = errors.New("evals: invalid config")
+var ErrInvalidOptions = errors.New("evals: invalid options")
 
-func selectCells(cfg Config) ([]Scenario, []string, error) {
+// Former names, kept so that code written against them still compiles.
+type (
+	// Config is the former name of Options.
+	//
+	// Deprecated: use Options.
+	Config = Options
+)
+
+// ErrInvalidConfig is the former name of ErrInvalidOptions.
+//
+// Deprecated: use ErrInvalidOptions.
+var ErrInvalidConfig = ErrInvalidOptions
+
+func selectCells(cfg Options) ([]Scenario, []string, error) {
 	var scens []Scenario
 	for _, sc := range scenarios {
 		if len(cfg.Scenarios) == 0 || slices.Contains(cfg.Scenarios, sc.Name) {
@@ -379,7 +392,7 @@ func selectCells(cfg Config) ([]Scenario, []string, error) {
 	}
 	for _, name := range cfg.Scenarios {
 		if !slices.ContainsFunc(scenarios, func(s Scenario) bool { return s.Name == name }) {
-			return nil, nil, fmt.Errorf("%w: unknown scenario %q", ErrInvalidConfig, name)
+			return nil, nil, fmt.Errorf("%w: unknown scenario %q", ErrInvalidOptions, name)
 		}
 	}
 	var subs []string
@@ -389,7 +402,7 @@ func selectCells(cfg Config) ([]Scenario, []string, error) {
 		}
 		if s == subjectToolfencePostgres && cfg.PostgresDSN == "" {
 			if len(cfg.Subjects) > 0 {
-				return nil, nil, fmt.Errorf("%w: toolfence-postgres needs a PostgreSQL DSN that answers", ErrInvalidConfig)
+				return nil, nil, fmt.Errorf("%w: toolfence-postgres needs a PostgreSQL DSN that answers", ErrInvalidOptions)
 			}
 			continue
 		}
@@ -397,11 +410,11 @@ func selectCells(cfg Config) ([]Scenario, []string, error) {
 	}
 	for _, name := range cfg.Subjects {
 		if !slices.Contains(allSubjects, name) {
-			return nil, nil, fmt.Errorf("%w: unknown subject %q", ErrInvalidConfig, name)
+			return nil, nil, fmt.Errorf("%w: unknown subject %q", ErrInvalidOptions, name)
 		}
 	}
 	if len(scens) == 0 || len(subs) == 0 {
-		return nil, nil, fmt.Errorf("%w: no cell selected", ErrInvalidConfig)
+		return nil, nil, fmt.Errorf("%w: no cell selected", ErrInvalidOptions)
 	}
 	return scens, subs, nil
 }

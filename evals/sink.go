@@ -34,8 +34,8 @@ const (
 	modeDrop       = "drop"        // effect, then the connection is closed without an answer
 )
 
-// sinkConfig configures a sink.
-type sinkConfig struct {
+// sinkOptions configures a sink.
+type sinkOptions struct {
 	// LogPath is the append-only log file. Required.
 	LogPath string
 	// HonorIdempotency makes the sink answer a repeated Idempotency-Key with the stored
@@ -50,7 +50,7 @@ type sinkConfig struct {
 // a request is answered only after an fsync that started after its record was written.
 // It is safe for concurrent use.
 type sink struct {
-	cfg sinkConfig
+	cfg sinkOptions
 	f   *os.File
 
 	// written is the Seq of the last record written to the file (not necessarily synced).
@@ -107,7 +107,7 @@ type heldResponse struct {
 
 // newSink opens (creating or appending to) the log and returns a sink. It returns an error
 // when the log cannot be opened.
-func newSink(cfg sinkConfig) (*sink, error) {
+func newSink(cfg sinkOptions) (*sink, error) {
 	if cfg.LogPath == "" {
 		return nil, errors.New("evals: sink: log path is required")
 	}
@@ -590,7 +590,7 @@ func SinkMain(args []string, stdout io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	s, err := newSink(sinkConfig{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
+	s, err := newSink(sinkOptions{LogPath: *logPath, HonorIdempotency: *honor, CompleteAfter: *completeAfter})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -18,7 +18,7 @@ import (
 func newTestSink(t *testing.T, honor bool) (*sink, *httptest.Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sink.log")
-	s, err := newSink(sinkConfig{LogPath: path, HonorIdempotency: honor, CompleteAfter: 20 * time.Millisecond})
+	s, err := newSink(sinkOptions{LogPath: path, HonorIdempotency: honor, CompleteAfter: 20 * time.Millisecond})
 	require.NoError(t, err)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(func() { srv.Close(); _ = s.Close() })
@@ -255,7 +255,7 @@ func TestWorkerPostNeverResendsOnItsOwn(t *testing.T) {
 func TestSinkDrainWaitsForQueuedJobs(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "sink.log")
-	s, err := newSink(sinkConfig{LogPath: path, CompleteAfter: 300 * time.Millisecond})
+	s, err := newSink(sinkOptions{LogPath: path, CompleteAfter: 300 * time.Millisecond})
 	require.NoError(t, err)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(func() { srv.Close(); _ = s.Close() })

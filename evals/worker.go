@@ -587,7 +587,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 	if noProbe {
 		op.Probe = nil
 	}
-	ic, err := interceptor.New(l, interceptor.Config{
+	ic, err := interceptor.New(l, interceptor.Options{
 		Namespace: "evals", Holder: holder, LeaseTTL: w.lease(),
 		Operations: map[string]interceptor.Operation{operation: op},
 	})

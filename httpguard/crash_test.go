@@ -28,7 +28,7 @@ func TestCrashChild(t *testing.T) {
 	crashtest.Run(t, map[string]func(t *testing.T){"mid-request": func(t *testing.T) {
 		store, err := badger.Open(os.Getenv(crashDirEnv), badger.Options{})
 		require.NoError(t, err)
-		ic, err := interceptor.New(store, interceptor.Config{Holder: "doomed-api", LeaseTTL: 2 * time.Second})
+		ic, err := interceptor.New(store, interceptor.Options{Holder: "doomed-api", LeaseTTL: 2 * time.Second})
 		require.NoError(t, err)
 		g, err := httpguard.New(ic, httpguard.Options{Principal: bearer, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)

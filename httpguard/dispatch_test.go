@@ -29,7 +29,7 @@ func TestTransportInsideAGuardedHandlerSendsTheKey(t *testing.T) {
 	l, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	ic, err := interceptor.New(l, interceptor.Config{})
+	ic, err := interceptor.New(l, interceptor.Options{})
 	require.NoError(t, err)
 	g, err := httpguard.New(ic, httpguard.Options{Principal: func(*http.Request) (string, error) { return "tenant-1", nil }})
 	require.NoError(t, err)

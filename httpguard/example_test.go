@@ -26,7 +26,7 @@ func ExampleGuard_Wrap() {
 		log.Fatal(err)
 	}
 	defer store.Close()
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "api-1"})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "api-1"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -393,7 +393,7 @@ func (g *Guard) replay(w http.ResponseWriter, stored []byte, truncated bool, key
 	if truncated {
 		writeProblem(w, Problem{
 			Type: ProblemNotReplayable, Title: "The recorded response cannot be replayed", Status: http.StatusInternalServerError,
-			Detail:   "the request was processed, but its recorded response was cut at the ledger's result cap (interceptor Config.MaxResult)",
+			Detail:   "the request was processed, but its recorded response was cut at the ledger's result cap (interceptor Options.MaxResult)",
 			Residual: key, Recovery: "do not resend the operation; fetch the resource it created instead",
 		}, 0)
 		return

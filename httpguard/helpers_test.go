@@ -146,7 +146,7 @@ func setup(t *testing.T, mods ...func(*setupOpts)) *fixture {
 	store, err := badger.Open(o.dir, badger.Options{Clock: o.clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "api-1", LeaseTTL: testTTL, Clock: o.clock})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "api-1", LeaseTTL: testTTL, Clock: o.clock})
 	require.NoError(t, err)
 	opts := httpguard.Options{Principal: bearer, Logger: slog.New(slog.DiscardHandler)}
 	if o.guard != nil {

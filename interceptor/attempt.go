@@ -18,10 +18,10 @@ import (
 // BeginOptions are the per-call settings of Begin. The zero value uses the interceptor's.
 type BeginOptions struct {
 	// Holder names the holder of the attempt in its lease and audit. Defaults to
-	// Config.Holder. Surfaces whose callers are other processes (MCP) name each caller.
+	// Options.Holder. Surfaces whose callers are other processes (MCP) name each caller.
 	Holder string
 	// LeaseTTL is the lease of this attempt. Defaults to the operation's LeaseTTL, then
-	// Config.LeaseTTL. It must be longer than the margin.
+	// Options.LeaseTTL. It must be longer than the margin.
 	LeaseTTL time.Duration
 }
 
@@ -86,7 +86,9 @@ func (a *Attempt) TTL() time.Duration { return a.ttl }
 // Report. A *Result means the key already succeeded with these arguments: replay it,
 // dispatch nothing. An error means dispatch nothing: a *Violation (InProgress,
 // UnknownOutcome, AwaitingUpstream, PayloadMismatch, MarginTooSmall), or an error wrapping
-// ErrNoTask, ErrInvalidCall or ErrArgsTooLarge (nothing written) or ErrNotDispatched.
+// ErrNoTask, ErrInvalidCall or ErrArgsTooLarge (nothing written) or ErrNotDispatched. An
+// ErrNotDispatched that also wraps ledger.ErrOutcomeUnknown means the reservation may have
+// landed: nothing was dispatched, but the key then reads unknown once its lease expires.
 //
 // Begin uses ctx for the reservation; a ctx that has ended by then gets ErrNotDispatched
 // and the attempt is recorded failed. Callers whose client may go away mid-request (MCP)
@@ -373,7 +375,8 @@ type Report struct {
 // when ctx has ended.
 //
 // It returns the Result of the recorded outcome (State may be any of the four; nothing
-// maps to an error). Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
+// maps to an error). An identical report of an outcome already recorded for this attempt
+// (a retry whose answer was lost) returns that Result and writes nothing. Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
 // contradicted, nothing written; a LeaseLost *Violation when the fence was lost (the report
 // kept as evidence only); an error wrapping ErrInvalidCall for an outcome that is not one
 // of the four; otherwise the ledger's error (the outcome was not recorded: report again
@@ -409,6 +412,9 @@ func (a *Attempt) report(ctx context.Context, rep Report) (*Result, error) {
 	res, stored, err := a.record(ctx, rep.Outcome, result, rep.Handle, rep.Error)
 	if errors.Is(err, residual.ErrLeaseLost) {
 		return nil, a.lost(stored, err, rep.Outcome, nil)
+	}
+	if errors.Is(err, ledger.ErrOutcomeUnknown) {
+		return nil, fmt.Errorf("%s %s: the outcome may or may not have been recorded: %w", a.Dispatch.Operation, a.Dispatch.Key, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: the outcome was not recorded: %w", a.Dispatch.Operation, a.Dispatch.Key, err)
@@ -448,7 +454,10 @@ func (a *Attempt) lost(stored *residual.Residual, err error, outcome residual.St
 		stored = a.snapshot()
 	}
 	kind, cause := LeaseLost, err
-	if !errors.Is(err, residual.ErrLeaseLost) {
+	switch {
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but whether its outcome was recorded is unknown: %w", outcome, err)
+	case !errors.Is(err, residual.ErrLeaseLost):
 		kind, cause = UnknownOutcome, fmt.Errorf("call ran (%s) but its outcome could not be recorded: %w", outcome, err)
 	}
 	v := a.ic.violation(kind, stored, a.self(), errors.Join(cause, callErr))
@@ -476,8 +485,8 @@ type stored struct {
 	digest string
 }
 
-// storable is the one path from a result to what the ledger stores: redacted (Config.Redact),
-// then cut at Config.MaxResult; the digest is of the whole result. Every surface that stores
+// storable is the one path from a result to what the ledger stores: redacted (Options.Redact),
+// then cut at Options.MaxResult; the digest is of the whole result. Every surface that stores
 // a result (Commit, Report, Resolve, Reconcile's probes) goes through it.
 func (ic *Interceptor) storable(operation string, result []byte) stored {
 	sum := sha256.Sum256(result)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -183,7 +184,7 @@ func TestRegisteredPolicyAppliesEverywhere(t *testing.T) {
 	require.NoError(t, other.Register("email.send", interceptor.Operation{LeaseTTL: time.Minute}))
 	require.Equal(t, time.Minute, f.ic.Operation("email.send").LeaseTTL)
 	_, err = f.ic.ForNamespace("")
-	require.ErrorIs(t, err, interceptor.ErrInvalidConfig)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 }
 
 // TestInvalidUTF8KeyFieldsAreRefused: different invalid byte strings must not collapse onto
@@ -209,7 +210,7 @@ func TestInvalidUTF8KeyFieldsAreRefused(t *testing.T) {
 }
 
 // redactCap is a config with a redactor that masks card numbers and a small result cap.
-func redactCap(cfg *interceptor.Config) {
+func redactCap(cfg *interceptor.Options) {
 	cfg.MaxResult = 24
 	cfg.Redact = func(_ string, b []byte) []byte { return bytes.ReplaceAll(b, []byte("4242"), []byte("****")) }
 }
@@ -261,7 +262,7 @@ func TestOnePathToStoreAResult(t *testing.T) {
 	})
 	t.Run("Reconcile", func(t *testing.T) {
 		t.Parallel()
-		f := setup(t, withConfig(redactCap), withConfig(func(cfg *interceptor.Config) {
+		f := setup(t, withConfig(redactCap), withConfig(func(cfg *interceptor.Options) {
 			cfg.Operations = map[string]interceptor.Operation{"payments.charge": {
 				Probe: func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
 					return interceptor.ProbeResult{Outcome: residual.Succeeded, Result: []byte(secretResult), Evidence: "found"}, nil
@@ -296,4 +297,60 @@ func TestResolveRefusesBadParameters(t *testing.T) {
 		require.ErrorIs(t, err, interceptor.ErrInvalidCall, name)
 	}
 	require.Equal(t, before, f.get(key))
+}
+
+// TestCommitRetryAfterALostAnswer: a commit that landed but whose answer was lost reads as
+// "may or may not have been recorded"; the identical retry (Report over MCP-like surfaces,
+// Commit from Go) is answered with the recorded outcome and writes nothing, while a
+// different outcome under the same token is still refused as lease_lost.
+func TestCommitRetryAfterALostAnswer(t *testing.T) {
+	t.Parallel()
+	t.Run("Report", func(t *testing.T) {
+		t.Parallel()
+		fl := &flakyLedger{}
+		f := setup(t, withLedger(func(l ledger.Ledger) ledger.Ledger { fl.Ledger = l; return fl }))
+		a, _, err := f.ic.Begin(f.ctx, charge(chargeArgs), interceptor.BeginOptions{})
+		require.NoError(t, err)
+		rep := interceptor.Report{Outcome: residual.Succeeded, Status: 200, Body: []byte(`{"id":"ch_1"}`)}
+
+		fl.commitLost.Store(true)
+		_, err = a.Report(f.ctx, rep)
+		require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
+		require.ErrorContains(t, err, "may or may not have been recorded")
+		landed := f.get(a.Dispatch.Key)
+		require.Equal(t, residual.Succeeded, landed.State, "the first report had landed")
+
+		f.clock.Advance(time.Second)
+		res, err := a.Report(f.ctx, rep)
+		require.NoError(t, err, "the identical retry is answered with the recorded outcome")
+		require.Equal(t, residual.Succeeded, res.State)
+		got := f.get(a.Dispatch.Key)
+		require.Empty(t, got.Evidence, "no late-commit evidence")
+		require.Equal(t, landed.UpdatedAt, got.UpdatedAt, "the retry wrote nothing")
+
+		_, err = a.Report(f.ctx, interceptor.Report{Outcome: residual.Unknown})
+		requireViolation(t, err, interceptor.LeaseLost, a.Dispatch.Key)
+		require.Len(t, f.get(a.Dispatch.Key).Evidence, 1, "a different outcome is kept as evidence only")
+	})
+	t.Run("Commit", func(t *testing.T) {
+		t.Parallel()
+		fl := &flakyLedger{}
+		f := setup(t, withLedger(func(l ledger.Ledger) ledger.Ledger { fl.Ledger = l; return fl }))
+		a, _, err := f.ic.Begin(f.ctx, charge(chargeArgs), interceptor.BeginOptions{})
+		require.NoError(t, err)
+
+		fl.commitLost.Store(true)
+		_, err = a.Commit(f.ctx, ok(`{"id":"ch_1"}`), nil)
+		v := requireViolation(t, err, interceptor.UnknownOutcome, a.Dispatch.Key)
+		require.ErrorIs(t, v, ledger.ErrOutcomeUnknown)
+
+		res, err := a.Commit(f.ctx, ok(`{"id":"ch_1"}`), nil)
+		require.NoError(t, err)
+		require.Equal(t, residual.Succeeded, res.State)
+		require.JSONEq(t, `{"id":"ch_1"}`, string(res.Output))
+		require.Empty(t, f.get(a.Dispatch.Key).Evidence)
+
+		_, err = a.Commit(f.ctx, ok(`{"id":"ch_2"}`), nil)
+		requireViolation(t, err, interceptor.LeaseLost, a.Dispatch.Key)
+	})
 }

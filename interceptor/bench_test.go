@@ -42,7 +42,7 @@ func benchStore(b *testing.B, mode badger.SyncMode) (*badger.Ledger, string) {
 func benchInterceptor(b *testing.B, mode badger.SyncMode) *interceptor.Interceptor {
 	b.Helper()
 	l, _ := benchStore(b, mode)
-	ic, err := interceptor.New(l, interceptor.Config{Holder: "bench"})
+	ic, err := interceptor.New(l, interceptor.Options{Holder: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func BenchmarkReplay(b *testing.B) {
 // given telemetry providers on the interceptor (nil: the global ones, no-op by default).
 func benchTelemetry(b *testing.B, tp trace.TracerProvider, mp metric.MeterProvider) {
 	l, _ := benchStore(b, badger.GroupCommit)
-	ic, err := interceptor.New(l, interceptor.Config{Holder: "bench", TracerProvider: tp, MeterProvider: mp})
+	ic, err := interceptor.New(l, interceptor.Options{Holder: "bench", TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func TestOperationClassifier(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f := setup(t, withConfig(func(cfg *interceptor.Config) {
+			f := setup(t, withConfig(func(cfg *interceptor.Options) {
 				cfg.Operations = map[string]interceptor.Operation{op: {Classify: c.classify}}
 			}))
 			call := interceptor.Call{Operation: op, Target: "ticket:1"}
@@ -185,10 +185,10 @@ func TestOperationClassifier(t *testing.T) {
 	}
 }
 
-// Config.Classifier replaces the default for every operation without its own.
+// Options.Classifier replaces the default for every operation without its own.
 func TestConfigClassifier(t *testing.T) {
 	t.Parallel()
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Classifier = func(r interceptor.Response, err error) residual.State {
 			if r.Status == 503 {
 				return residual.Failed // this upstream sheds load before doing anything

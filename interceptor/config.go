@@ -15,7 +15,7 @@ import (
 	"github.com/toolfence/toolfence/lease"
 )
 
-// Defaults of Config.
+// Defaults of Options.
 const (
 	DefaultNamespace = "default"
 	DefaultLeaseTTL  = 30 * time.Second
@@ -23,8 +23,8 @@ const (
 	DefaultMaxResult = 256 << 10 // 256 KiB
 )
 
-// Config configures an Interceptor. Every field has a useful zero value.
-type Config struct {
+// Options configure an Interceptor. Every field has a useful zero value.
+type Options struct {
 	// Namespace scopes keys and residuals (a tenant, an environment). Defaults to "default".
 	Namespace string
 	// Holder names this process in leases and audits. Defaults to host:pid:random.
@@ -73,16 +73,29 @@ type Operation struct {
 	// UpstreamIdempotent declares that upstream deduplicates by our key (the key is sent as
 	// the Idempotency-Key), so an unknown attempt may be re-dispatched under the same key.
 	UpstreamIdempotent bool
-	// LeaseTTL overrides Config.LeaseTTL for this operation.
+	// LeaseTTL overrides Options.LeaseTTL for this operation.
 	LeaseTTL time.Duration
 }
 
-// ErrInvalidConfig is wrapped by New's errors for bad settings.
-var ErrInvalidConfig = errors.New("interceptor: invalid config")
+// ErrInvalidOptions is wrapped by New's errors for bad settings.
+var ErrInvalidOptions = errors.New("interceptor: invalid options")
 
-func (c *Config) validate() error {
+// Former names, kept so that code written against them still compiles.
+type (
+	// Config is the former name of Options.
+	//
+	// Deprecated: use Options.
+	Config = Options
+)
+
+// ErrInvalidConfig is the former name of ErrInvalidOptions.
+//
+// Deprecated: use ErrInvalidOptions.
+var ErrInvalidConfig = ErrInvalidOptions
+
+func (c *Options) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
 	switch {
 	case c.LeaseTTL < 0:
@@ -113,7 +126,7 @@ func (c *Config) validate() error {
 
 // checkOperation validates the lease of one operation (the defaults when name is empty)
 // against the margin and the renewal interval.
-func (c *Config) checkOperation(name string, op Operation) error {
+func (c *Options) checkOperation(name string, op Operation) error {
 	if name == "" {
 		name = "(default)"
 	}
@@ -123,10 +136,10 @@ func (c *Config) checkOperation(name string, op Operation) error {
 	}
 	switch {
 	case ttl <= c.Margin:
-		return fmt.Errorf("%w: operation %s: lease %v is not longer than the margin %v", ErrInvalidConfig, name, ttl, c.Margin)
+		return fmt.Errorf("%w: operation %s: lease %v is not longer than the margin %v", ErrInvalidOptions, name, ttl, c.Margin)
 	case c.RenewEvery > 0 && c.RenewEvery >= ttl-c.Margin:
 		return fmt.Errorf("%w: operation %s: RenewEvery %v must be shorter than the lease %v minus the margin %v, or every call is cut off",
-			ErrInvalidConfig, name, c.RenewEvery, ttl, c.Margin)
+			ErrInvalidOptions, name, c.RenewEvery, ttl, c.Margin)
 	}
 	return nil
 }

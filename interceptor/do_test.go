@@ -62,7 +62,7 @@ func TestDoRefusesMalformedCalls(t *testing.T) {
 // MaxArgs is a byte limit on the raw args: exactly the limit passes, one byte more does not.
 func TestDoMaxArgsBoundary(t *testing.T) {
 	t.Parallel()
-	f := setup(t, withConfig(func(c *interceptor.Config) { c.MaxArgs = 32 }))
+	f := setup(t, withConfig(func(c *interceptor.Options) { c.MaxArgs = 32 }))
 	exact := `{"pad":"` + strings.Repeat("x", 32-len(`{"pad":""}`)) + `"}`
 	require.Len(t, exact, 32)
 	tl := answering(ok(`{}`), nil)
@@ -335,14 +335,18 @@ func TestDoCommitFailureIsUnknownNeverSuccess(t *testing.T) {
 }
 
 // New rejects unusable settings loudly and fills defaults.
-func TestNewConfig(t *testing.T) {
+func TestNewOptions(t *testing.T) {
 	t.Parallel()
 	l := openBadger(t, nil)
 
-	_, err := interceptor.New(nil, interceptor.Config{})
-	require.ErrorIs(t, err, interceptor.ErrInvalidConfig)
+	_, err := interceptor.New(nil, interceptor.Options{})
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
+	// The former names still compile and mean the same.
+	var former interceptor.Config = interceptor.Options{LeaseTTL: -1} //nolint:staticcheck // deprecated alias on purpose
+	_, err = interceptor.New(l, former)
+	require.ErrorIs(t, err, interceptor.ErrInvalidConfig) //nolint:staticcheck // deprecated alias on purpose
 
-	for name, cfg := range map[string]interceptor.Config{
+	for name, cfg := range map[string]interceptor.Options{
 		"negative ttl":        {LeaseTTL: -1},
 		"negative margin":     {Margin: -1},
 		"negative max args":   {MaxArgs: -1},
@@ -354,27 +358,27 @@ func TestNewConfig(t *testing.T) {
 		"empty op name": {Operations: map[string]interceptor.Operation{"": {}}},
 	} {
 		_, err := interceptor.New(l, cfg)
-		require.ErrorIs(t, err, interceptor.ErrInvalidConfig, name)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions, name)
 	}
 
-	ic, err := interceptor.New(l, interceptor.Config{})
+	ic, err := interceptor.New(l, interceptor.Options{})
 	require.NoError(t, err)
 	require.Equal(t, interceptor.DefaultNamespace, ic.Namespace())
 	require.NotEmpty(t, ic.Holder())
 	require.Same(t, l, ic.Ledger())
-	other, err := interceptor.New(l, interceptor.Config{})
+	other, err := interceptor.New(l, interceptor.Options{})
 	require.NoError(t, err)
 	require.NotEqual(t, ic.Holder(), other.Holder(), "default holders are unique per interceptor")
 
-	require.ErrorIs(t, ic.Register("", interceptor.Operation{}), interceptor.ErrInvalidConfig)
-	require.ErrorIs(t, ic.Register("op", interceptor.Operation{LeaseTTL: testMargin}), interceptor.ErrInvalidConfig)
+	require.ErrorIs(t, ic.Register("", interceptor.Operation{}), interceptor.ErrInvalidOptions)
+	require.ErrorIs(t, ic.Register("op", interceptor.Operation{LeaseTTL: testMargin}), interceptor.ErrInvalidOptions)
 	require.NoError(t, ic.Register("op", interceptor.Operation{UpstreamIdempotent: true}))
 
 	// Keys: tf1_ + 64 hex, namespace-scoped.
 	k := ic.Key("t", "op", "x")
 	require.NoError(t, residual.ValidKey(k))
 	require.Equal(t, residual.Key(interceptor.DefaultNamespace, "t", "op", "x"), k)
-	ns, err := interceptor.New(l, interceptor.Config{Namespace: "tenant-2"})
+	ns, err := interceptor.New(l, interceptor.Options{Namespace: "tenant-2"})
 	require.NoError(t, err)
 	require.NotEqual(t, k, ns.Key("t", "op", "x"))
 }

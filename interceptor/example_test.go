@@ -34,7 +34,7 @@ func openExampleStore() (store *badger.Ledger, closeFn func()) {
 func ExampleInterceptor_Do() {
 	store, closeStore := openExampleStore()
 	defer closeStore()
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "agent-1"})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "agent-1"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func ExampleInterceptor_Do() {
 func Example_replay() {
 	store, closeStore := openExampleStore()
 	defer closeStore()
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "agent-1"})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "agent-1"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func Example_replay() {
 func Example_unknownOutcome() {
 	store, closeStore := openExampleStore()
 	defer closeStore()
-	ic, err := interceptor.New(store, interceptor.Config{Holder: "agent-1"})
+	ic, err := interceptor.New(store, interceptor.Options{Holder: "agent-1"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func Example_reconcile() {
 	store, closeStore := openExampleStore()
 	defer closeStore()
 	api := map[string]string{} // the payment API's charges by idempotency key
-	ic, err := interceptor.New(store, interceptor.Config{
+	ic, err := interceptor.New(store, interceptor.Options{
 		Holder: "agent-1",
 		Operations: map[string]interceptor.Operation{
 			"payments.charge": {Probe: func(ctx context.Context, r *residual.Residual) (interceptor.ProbeResult, error) {

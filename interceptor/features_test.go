@@ -26,7 +26,7 @@ func TestKeepAliveRenewsLongCall(t *testing.T) {
 	const ttl = 3 * time.Second
 	fl := &flakyLedger{}
 	f := setup(t,
-		withConfig(func(c *interceptor.Config) { c.LeaseTTL = ttl }),
+		withConfig(func(c *interceptor.Options) { c.LeaseTTL = ttl }),
 		withLedger(func(l ledger.Ledger) ledger.Ledger { fl.Ledger = l; return fl }))
 	key := f.key("deploy", "service:api")
 	before := goleak.IgnoreCurrent()
@@ -101,7 +101,7 @@ func TestKeepAliveCutsOffBeforeExpiry(t *testing.T) {
 	const ttl = time.Second
 	fl := &flakyLedger{renewErr: errors.New("ledger unavailable")}
 	f := setup(t,
-		withConfig(func(c *interceptor.Config) { c.LeaseTTL = ttl }),
+		withConfig(func(c *interceptor.Options) { c.LeaseTTL = ttl }),
 		withLedger(func(l ledger.Ledger) ledger.Ledger { fl.Ledger = l; return fl }))
 	key := f.key("deploy", "service:api")
 	var (
@@ -147,7 +147,7 @@ func TestResultCap(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f := setup(t, withConfig(func(cfg *interceptor.Config) { cfg.MaxResult = c.cap }))
+			f := setup(t, withConfig(func(cfg *interceptor.Options) { cfg.MaxResult = c.cap }))
 			limit := cmpOr(c.cap, interceptor.DefaultMaxResult)
 			body := bytes.Repeat([]byte("0123456789"), c.size/10+1)[:c.size]
 			tl := answering(interceptor.Response{Status: 200, Body: body}, nil)
@@ -197,7 +197,7 @@ func TestRedact(t *testing.T) {
 		mu.Unlock()
 		return bytes.ReplaceAll(b, secret, []byte("[redacted]"))
 	}
-	f := setup(t, withConfig(func(c *interceptor.Config) { c.Redact = redact }))
+	f := setup(t, withConfig(func(c *interceptor.Options) { c.Redact = redact }))
 	body := []byte(`{"charge":"ch_1","api_key":"sk_live_4242"}`)
 	tl := answering(interceptor.Response{Status: 200, Body: body}, nil)
 
@@ -235,7 +235,7 @@ func TestRedact(t *testing.T) {
 // block, since the upstream key would deduplicate a different request.
 func TestUpstreamIdempotentRedispatch(t *testing.T) {
 	t.Parallel()
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"webhook.fire": {UpstreamIdempotent: true}}
 	}))
 	timeout := errors.New("i/o timeout")
@@ -295,7 +295,7 @@ func TestUpstreamIdempotentRedispatch(t *testing.T) {
 // operation re-dispatches and a normal one gets UnknownOutcome.
 func TestCrashedHolder(t *testing.T) {
 	t.Parallel()
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"webhook.fire": {UpstreamIdempotent: true}}
 	}))
 	crash := func(call interceptor.Call) string {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,11 +49,11 @@ type fixture struct {
 type option func(*setupOpts)
 
 type setupOpts struct {
-	cfg  interceptor.Config
+	cfg  interceptor.Options
 	wrap func(ledger.Ledger) ledger.Ledger
 }
 
-func withConfig(f func(*interceptor.Config)) option {
+func withConfig(f func(*interceptor.Options)) option {
 	return func(o *setupOpts) { f(&o.cfg) }
 }
 
@@ -64,7 +65,7 @@ func setup(t *testing.T, opts ...option) *fixture {
 	t.Helper()
 	clock := lease.NewFake(epoch)
 	store := openBadger(t, clock)
-	o := setupOpts{cfg: interceptor.Config{
+	o := setupOpts{cfg: interceptor.Options{
 		Holder: holderA, LeaseTTL: testTTL, Margin: testMargin, Clock: clock,
 	}}
 	for _, opt := range opts {
@@ -92,9 +93,9 @@ func openBadger(t testing.TB, clock lease.Clock) ledger.Ledger {
 }
 
 // successor returns a second interceptor on the same store, as another agent (holder B).
-func (f *fixture) successor(mod ...func(*interceptor.Config)) *interceptor.Interceptor {
+func (f *fixture) successor(mod ...func(*interceptor.Options)) *interceptor.Interceptor {
 	f.t.Helper()
-	cfg := interceptor.Config{Holder: holderB, LeaseTTL: testTTL, Margin: testMargin, Clock: f.clock}
+	cfg := interceptor.Options{Holder: holderB, LeaseTTL: testTTL, Margin: testMargin, Clock: f.clock}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -236,6 +237,9 @@ type flakyLedger struct {
 	reserveErr error
 	commitErr  error
 	renewErr   error
+	// commitLost: the next commit lands in the real ledger but its answer is lost (the
+	// caller gets an error wrapping ledger.ErrOutcomeUnknown).
+	commitLost atomic.Bool
 	// afterReserve runs after a successful real Reserve.
 	afterReserve func()
 	renews       atomic.Int32
@@ -255,6 +259,10 @@ func (l *flakyLedger) Reserve(ctx context.Context, p ledger.ReserveParams) (*led
 func (l *flakyLedger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if l.commitErr != nil {
 		return nil, l.commitErr
+	}
+	if l.commitLost.Swap(false) {
+		_, err := l.Ledger.Commit(ctx, p)
+		return nil, errors.Join(fmt.Errorf("%w: the answer was lost", ledger.ErrOutcomeUnknown), err)
 	}
 	return l.Ledger.Commit(ctx, p)
 }

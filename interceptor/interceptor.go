@@ -24,7 +24,7 @@ import (
 // concurrent use.
 type Interceptor struct {
 	ledger ledger.Ledger
-	cfg    Config
+	cfg    Options
 	ops    *registry
 	tel    *telemetry
 }
@@ -35,11 +35,11 @@ type registry struct {
 	m  map[string]Operation
 }
 
-// New returns an Interceptor over l. It returns an error wrapping ErrInvalidConfig when a
+// New returns an Interceptor over l. It returns an error wrapping ErrInvalidOptions when a
 // setting is unusable.
-func New(l ledger.Ledger, cfg Config) (*Interceptor, error) {
+func New(l ledger.Ledger, cfg Options) (*Interceptor, error) {
 	if l == nil {
-		return nil, fmt.Errorf("%w: nil ledger", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: nil ledger", ErrInvalidOptions)
 	}
 	cfg.Namespace = cmp.Or(cfg.Namespace, DefaultNamespace)
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, DefaultLeaseTTL)
@@ -70,10 +70,10 @@ func New(l ledger.Ledger, cfg Config) (*Interceptor, error) {
 
 // ForNamespace returns an interceptor on the same ledger with the same settings in
 // namespace ns. Both share one set of operation policies: Register on either applies to
-// both. It returns an error wrapping ErrInvalidConfig for an empty namespace.
+// both. It returns an error wrapping ErrInvalidOptions for an empty namespace.
 func (ic *Interceptor) ForNamespace(ns string) (*Interceptor, error) {
 	if ns == "" {
-		return nil, fmt.Errorf("%w: empty namespace", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: empty namespace", ErrInvalidOptions)
 	}
 	cfg := ic.cfg
 	cfg.Namespace = ns
@@ -82,10 +82,10 @@ func (ic *Interceptor) ForNamespace(ns string) (*Interceptor, error) {
 
 // Register adds or replaces the policy of one operation, for every surface that calls
 // through this interceptor (and those made by ForNamespace). It returns an error wrapping
-// ErrInvalidConfig for an empty name or a lease not longer than the margin.
+// ErrInvalidOptions for an empty name or a lease not longer than the margin.
 func (ic *Interceptor) Register(name string, op Operation) error {
 	if name == "" {
-		return fmt.Errorf("%w: empty operation name", ErrInvalidConfig)
+		return fmt.Errorf("%w: empty operation name", ErrInvalidOptions)
 	}
 	if err := ic.cfg.checkOperation(name, op); err != nil {
 		return err
@@ -107,7 +107,7 @@ func (ic *Interceptor) operation(name string) Operation { return ic.Operation(na
 
 // Settings returns the interceptor's effective settings, defaults filled in. Operations is
 // nil in it: see Operation.
-func (ic *Interceptor) Settings() Config { return ic.cfg }
+func (ic *Interceptor) Settings() Options { return ic.cfg }
 
 // Ledger returns the ledger the interceptor writes to.
 func (ic *Interceptor) Ledger() ledger.Ledger { return ic.ledger }
@@ -185,7 +185,7 @@ var (
 	ErrNoTask = errors.New("interceptor: no task in context: wrap the context with interceptor.WithTask")
 	// ErrInvalidCall: the call is malformed (missing operation or target, non-JSON args).
 	ErrInvalidCall = errors.New("interceptor: invalid call")
-	// ErrArgsTooLarge: the arguments exceed Config.MaxArgs.
+	// ErrArgsTooLarge: the arguments exceed Options.MaxArgs.
 	ErrArgsTooLarge = errors.New("interceptor: arguments too large")
 	// ErrNotDispatched: the ledger could not record the reservation, or the caller's
 	// context ended before dispatch (the attempt is then recorded failed), so the call was
@@ -259,7 +259,7 @@ func (ic *Interceptor) do(ctx context.Context, call Call, fn ToolFunc) (*Result,
 			}
 			return lease.Lease{Resource: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token, Expires: a.Deadline()}, nil
 		},
-		lease.KeepAliveConfig{Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, a.TTL()/3)})
+		lease.KeepAliveOptions{Clock: ic.cfg.Clock, Margin: ic.cfg.Margin, Interval: cmp.Or(ic.cfg.RenewEvery, a.TTL()/3)})
 	resp, callErr := invoke(WithDispatch(sess.Ctx(), a.Dispatch), fn, a.Dispatch)
 	sess.Close()
 	return a.Commit(ctx, resp, callErr)
@@ -312,7 +312,7 @@ func invoke(ctx context.Context, fn ToolFunc, d Dispatch) (resp Response, err er
 }
 
 // Redact returns the form of an operation's result that may be stored: the result passed
-// through Config.Redact (on a copy, so the caller's bytes are untouched), or the result
+// through Options.Redact (on a copy, so the caller's bytes are untouched), or the result
 // itself when no redactor is set. A redactor that panics yields nil, so an unredacted secret
 // is never stored. Every surface that caches results (Do, the MCP server's commit_call)
 // stores what it returns.

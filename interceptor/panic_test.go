@@ -15,7 +15,7 @@ import (
 // (redactor).
 func TestPanickingClassifierAndRedactor(t *testing.T) {
 	t.Parallel()
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{
 			"classify_panics": {Classify: func(interceptor.Response, error) residual.State { panic("classifier bug") }},
 		}
@@ -46,7 +46,7 @@ func TestPanickingClassifierAndRedactor(t *testing.T) {
 // What a probe learned is cached the way a tool's result is: through the redactor.
 func TestReconcileRedactsProbeResult(t *testing.T) {
 	t.Parallel()
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Redact = func(op string, b []byte) []byte { return []byte(`{"secret":"[redacted]"}`) }
 		c.Operations = map[string]interceptor.Operation{
 			"charge": {Probe: func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {

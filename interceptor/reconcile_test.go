@@ -35,7 +35,7 @@ func TestReconcileProbeSucceeded(t *testing.T) {
 			Evidence: "GET /charges?idempotency_key=" + r.Key + " → ch_1",
 		}, nil
 	}
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"payments.charge": {Probe: probe}}
 	}))
 	key := leaveUnknown(t, f, charge(chargeArgs))
@@ -83,7 +83,7 @@ func TestReconcileProbeFailed(t *testing.T) {
 	probe := func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
 		return interceptor.ProbeResult{Outcome: residual.Failed, Evidence: "no such charge"}, nil
 	}
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"payments.charge": {Probe: probe}}
 	}))
 	key := leaveUnknown(t, f, charge(chargeArgs))
@@ -129,7 +129,7 @@ func TestReconcileLeavesOpen(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f := setup(t, withConfig(func(cfg *interceptor.Config) {
+			f := setup(t, withConfig(func(cfg *interceptor.Options) {
 				cfg.Operations = map[string]interceptor.Operation{"payments.charge": {Probe: c.probe}}
 			}))
 			key := leaveUnknown(t, f, charge(chargeArgs))
@@ -162,7 +162,7 @@ func TestReconcileAcceptedByHandle(t *testing.T) {
 		}
 		return interceptor.ProbeResult{Outcome: residual.Succeeded, Result: []byte(`{"status":"done"}`), Evidence: "job-1 done"}, nil
 	}
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"export.start": {Probe: probe}}
 	}))
 	call := interceptor.Call{Operation: "export.start", Target: "report:q3"}
@@ -193,7 +193,7 @@ func TestReconcileSelection(t *testing.T) {
 		probes++
 		return interceptor.ProbeResult{Outcome: residual.Failed, Evidence: "nothing upstream"}, nil
 	}
-	f := setup(t, withConfig(func(c *interceptor.Config) {
+	f := setup(t, withConfig(func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{
 			"payments.charge": {Probe: probe}, "email.send": {Probe: probe},
 		}
@@ -249,7 +249,7 @@ func TestReconcileFencesOutZombie(t *testing.T) {
 	probe := func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
 		return interceptor.ProbeResult{Outcome: residual.Succeeded, Result: []byte(`{"charge":"ch_1"}`), Evidence: "found ch_1"}, nil
 	}
-	withProbe := func(c *interceptor.Config) {
+	withProbe := func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"payments.charge": {Probe: probe}}
 	}
 	f := setup(t, withConfig(withProbe))

@@ -23,7 +23,7 @@ type ResolveParams struct {
 	// Evidence is what upstream answered, for the audit.
 	Evidence string
 	// Result, when resolving as succeeded, is the result later calls replay. It is stored
-	// the way every result is: redacted, then capped at Config.MaxResult (the digest is of
+	// the way every result is: redacted, then capped at Options.MaxResult (the digest is of
 	// the whole). Nil keeps what is cached.
 	Result []byte
 }

@@ -39,7 +39,7 @@ func setupTelemetry(t *testing.T, opts ...option) *telemetryFixture {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	var logs bytes.Buffer
-	opts = append(opts, withConfig(func(c *interceptor.Config) {
+	opts = append(opts, withConfig(func(c *interceptor.Options) {
 		c.TracerProvider, c.MeterProvider = tp, mp
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	}))
@@ -244,7 +244,7 @@ func TestSpansPerDecision(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := setupTelemetry(t, withConfig(func(c *interceptor.Config) { c.RenewEvery = -1 }))
+			f := setupTelemetry(t, withConfig(func(c *interceptor.Options) { c.RenewEvery = -1 }))
 			if tc.prepare != nil {
 				tc.prepare(f)
 			}
@@ -295,7 +295,7 @@ func TestSpansPerDecision(t *testing.T) {
 // fence refusals against the calls made, and that refused calls are logged with their key
 // and recovery.
 func TestMetricsCountCalls(t *testing.T) {
-	f := setupTelemetry(t, withConfig(func(c *interceptor.Config) { c.RenewEvery = -1 }))
+	f := setupTelemetry(t, withConfig(func(c *interceptor.Options) { c.RenewEvery = -1 }))
 	okTool := answering(ok(`{}`), nil)
 	_, err := f.ic.Do(f.ctx, charge(chargeArgs), okTool.fn)
 	require.NoError(t, err)

@@ -153,7 +153,7 @@ func TestViolationAwaitingUpstream(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f := setup(t, withConfig(func(cfg *interceptor.Config) {
+			f := setup(t, withConfig(func(cfg *interceptor.Options) {
 				cfg.Operations = map[string]interceptor.Operation{"payments.charge": {Classify: c.classify}}
 			}))
 			key := f.key("payments.charge", "invoice:INV-42")
@@ -257,7 +257,7 @@ func TestViolationLeasePreemptedByResolve(t *testing.T) {
 // the zombie's late commit under the old token is refused and the successor's result stands.
 func TestViolationLeasePreemptedBySuccessorRedispatch(t *testing.T) {
 	t.Parallel()
-	idem := func(c *interceptor.Config) {
+	idem := func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"payments.charge": {UpstreamIdempotent: true}}
 	}
 	f := setup(t, withConfig(idem))
@@ -330,7 +330,7 @@ func TestViolationMarginTooSmall(t *testing.T) {
 				}
 			}
 			fl.Ledger = openBadger(t, clock.Fake)
-			ic, err := interceptor.New(fl, interceptor.Config{
+			ic, err := interceptor.New(fl, interceptor.Options{
 				Holder: holderA, LeaseTTL: testTTL, Margin: testMargin, Clock: clock,
 			})
 			require.NoError(t, err)
@@ -397,7 +397,7 @@ func TestViolationCommitNeedsMargin(t *testing.T) {
 	t.Parallel()
 	fl := &flakyLedger{}
 	f := setup(t,
-		withConfig(func(c *interceptor.Config) { c.RenewEvery = -1 }),
+		withConfig(func(c *interceptor.Options) { c.RenewEvery = -1 }),
 		withLedger(func(l ledger.Ledger) ledger.Ledger { fl.Ledger = l; return fl }))
 	key := f.key("payments.charge", "invoice:INV-42")
 	tl := newTool(func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {

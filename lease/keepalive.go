@@ -16,8 +16,8 @@ import (
 // preempted, stale token); other errors are treated as transient and retried.
 type RenewFunc func(ctx context.Context, l Lease) (Lease, error)
 
-// KeepAliveConfig configures KeepAlive. The zero value of each field has a default.
-type KeepAliveConfig struct {
+// KeepAliveOptions configures KeepAlive. The zero value of each field has a default.
+type KeepAliveOptions struct {
 	// Clock drives the waits. Defaults to Real.
 	Clock Clock
 	// Margin: the session ends when less than this is left on the lease. Defaults to
@@ -27,6 +27,11 @@ type KeepAliveConfig struct {
 	// negative disables renewal, so the session only ends the call before the lease does.
 	Interval time.Duration
 }
+
+// KeepAliveConfig is the former name of KeepAliveOptions.
+//
+// Deprecated: use KeepAliveOptions.
+type KeepAliveConfig = KeepAliveOptions
 
 // Session keeps one lease alive for the length of a call, like etcd's concurrency.Session.
 // Its context ends before the lease does: when a renewal is refused, when the lease gets
@@ -48,7 +53,7 @@ var ErrSessionClosed = errors.New("lease: session closed")
 
 // KeepAlive starts a session for l that renews it with renew every interval. The session's
 // context derives from parent; its cause (context.Cause) says why it ended.
-func KeepAlive(parent context.Context, l Lease, renew RenewFunc, cfg KeepAliveConfig) *Session {
+func KeepAlive(parent context.Context, l Lease, renew RenewFunc, cfg KeepAliveOptions) *Session {
 	clock := cmp.Or[Clock](cfg.Clock, Real{})
 	margin := cmp.Or(cfg.Margin, DefaultMargin)
 	interval := cfg.Interval

@@ -74,7 +74,7 @@ type kaSetup struct {
 	clock *lease.Fake
 	lease lease.Lease
 	r     *renewer
-	cfg   lease.KeepAliveConfig
+	cfg   lease.KeepAliveOptions
 }
 
 func setupKA(t *testing.T) *kaSetup {
@@ -84,7 +84,7 @@ func setupKA(t *testing.T) *kaSetup {
 		clock: f,
 		lease: lease.Lease{Resource: "invoice:INV-42", Holder: "agent-a", Token: 9, Expires: t0.Add(kaLength)},
 		r:     &renewer{clock: f, ext: kaLength},
-		cfg:   lease.KeepAliveConfig{Clock: f, Margin: kaMargin, Interval: kaInterval},
+		cfg:   lease.KeepAliveOptions{Clock: f, Margin: kaMargin, Interval: kaInterval},
 	}
 }
 
@@ -441,7 +441,7 @@ func TestKeepAliveRealClockDefault(t *testing.T) {
 	l := lease.Lease{Resource: "r", Holder: "h", Token: 1, Expires: time.Now().Add(lease.DefaultMargin + 10*time.Millisecond)}
 	s := lease.KeepAlive(context.Background(), l, func(context.Context, lease.Lease) (lease.Lease, error) {
 		return lease.Lease{}, errors.New("not called")
-	}, lease.KeepAliveConfig{Interval: -1})
+	}, lease.KeepAliveOptions{Interval: -1})
 	defer s.Close()
 	waitDone(t, s)
 	require.ErrorIs(t, s.Err(), residual.ErrMarginTooSmall)

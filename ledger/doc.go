@@ -1,6 +1,7 @@
 // Package ledger defines the Ledger interface: the durable store of leases and residuals,
 // where every method is one atomic, durable step of the ordering barrier.
 //
-// It imports residual and lease only. Backends live in ledger/badger and ledger/postgres;
+// It imports residual and lease only; it holds the contract alone. Backends live in
+// ledger/badger and ledger/postgres and share the state rules of ledger/rules;
 // ledger/ledgertest is the conformance suite every backend passes.
 package ledger

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/toolfence/toolfence/lease"
@@ -16,8 +17,14 @@ import (
 // before the method returns nil) or not at all.
 //
 // Business outcomes (a key in progress, a replay, a stale fence) are reported in results or
-// as errors wrapping residual's sentinels; other errors mean the step did not happen and,
-// for Reserve, that nothing may be dispatched (fail closed).
+// as errors wrapping residual's sentinels. Malformed parameters get an error wrapping
+// ErrInvalidParams (and, for a malformed key, residual.ErrInvalidKey) from every method of
+// every backend, before anything is read or written. An error wrapping ErrOutcomeUnknown
+// means a write may or may not have landed: the caller must treat the step as unknown and
+// re-read (Get) or repeat it (an identical Commit is answered with what was recorded). Any
+// other error means the step did not happen. For Reserve, every error means nothing may be
+// dispatched (fail closed): a reservation that landed unseen blocks its key as unknown once
+// its lease expires.
 //
 // Lease expiry is decided by the ledger's clock: the injected clock for embedded backends,
 // the database server's clock for shared ones.
@@ -27,7 +34,9 @@ type Ledger interface {
 	// token, writes a lease and a pending residual with a new attempt, and returns
 	// Decision Acquired with the lease. Otherwise it writes nothing and returns the
 	// existing residual with the Decision that applies (Replay, InProgress,
-	// UnknownOutcome, AwaitingUpstream, PayloadMismatch).
+	// UnknownOutcome, AwaitingUpstream, PayloadMismatch). The residual keeps its first
+	// attempt and a bounded number of the latest ones (ledger/rules.KeepAttempts);
+	// Residual.AttemptCount counts every attempt ever made.
 	Reserve(ctx context.Context, p ReserveParams) (*ReserveResult, error)
 
 	// Commit writes the terminal outcome of the attempt holding p.Token and releases its
@@ -36,6 +45,11 @@ type Ledger interface {
 	// clock. Otherwise it appends what the caller observed as evidence and returns an
 	// error wrapping residual.ErrLeaseLost (and the stored residual); it releases nothing.
 	// Outcome may be Succeeded, Accepted, Failed or Unknown.
+	//
+	// A commit identical to one that already landed (same key, holder, token, outcome,
+	// response and result digests, handle: a retry whose first answer was lost) writes
+	// nothing and returns the stored residual with a nil error. A different commit under
+	// that token is refused as above.
 	Commit(ctx context.Context, p CommitParams) (*residual.Residual, error)
 
 	// Renew extends the lease of the attempt holding p.Token to now+p.TTL if it is still
@@ -119,32 +133,6 @@ func (d Decision) Err() error {
 	return nil
 }
 
-// Decide is the reservation rule every backend applies to an existing residual (r may be
-// nil when none exists), so backends agree on it exactly. now is the ledger's clock.
-func Decide(r *residual.Residual, requestDigest string, redispatch bool, now time.Time) Decision {
-	if r == nil {
-		return Acquired
-	}
-	switch r.EffectiveState(now) {
-	case residual.Pending:
-		return InProgress
-	case residual.Unknown:
-		if redispatch && r.RequestDigest == requestDigest {
-			return Acquired
-		}
-		return UnknownOutcome
-	case residual.Accepted:
-		return AwaitingUpstream
-	case residual.Succeeded:
-		if r.RequestDigest == requestDigest {
-			return Replay
-		}
-		return PayloadMismatch
-	default: // Failed
-		return Acquired
-	}
-}
-
 // ReserveParams are the inputs of Reserve.
 type ReserveParams struct {
 	Namespace     string
@@ -162,9 +150,10 @@ type ReserveParams struct {
 	Redispatch bool
 }
 
-// Validate returns an error naming the first missing or malformed field.
+// Validate returns an error wrapping ErrInvalidParams that names the first missing or
+// malformed field (for a malformed key it also wraps residual.ErrInvalidKey).
 func (p ReserveParams) Validate() error {
-	if err := residual.ValidKey(p.Key); err != nil {
+	if err := validTarget("reserve", p.Namespace, p.Key); err != nil {
 		return err
 	}
 	return firstMissing("reserve", map[string]string{
@@ -203,9 +192,10 @@ type CommitParams struct {
 	Margin time.Duration
 }
 
-// Validate returns an error naming the first missing or malformed field.
+// Validate returns an error wrapping ErrInvalidParams that names the first missing or
+// malformed field (for a malformed key it also wraps residual.ErrInvalidKey).
 func (p CommitParams) Validate() error {
-	if err := residual.ValidKey(p.Key); err != nil {
+	if err := validTarget("commit", p.Namespace, p.Key); err != nil {
 		return err
 	}
 	switch p.Outcome {
@@ -228,9 +218,10 @@ type RenewParams struct {
 	TTL       time.Duration
 }
 
-// Validate returns an error naming the first missing or malformed field.
+// Validate returns an error wrapping ErrInvalidParams that names the first missing or
+// malformed field (for a malformed key it also wraps residual.ErrInvalidKey).
 func (p RenewParams) Validate() error {
-	if err := residual.ValidKey(p.Key); err != nil {
+	if err := validTarget("renew", p.Namespace, p.Key); err != nil {
 		return err
 	}
 	if p.Token == 0 {
@@ -257,9 +248,10 @@ type ResolveParams struct {
 	ResultTruncated bool
 }
 
-// Validate returns an error naming the first missing or malformed field.
+// Validate returns an error wrapping ErrInvalidParams that names the first missing or
+// malformed field (for a malformed key it also wraps residual.ErrInvalidKey).
 func (p ResolveParams) Validate() error {
-	if err := residual.ValidKey(p.Key); err != nil {
+	if err := validTarget("resolve", p.Namespace, p.Key); err != nil {
 		return err
 	}
 	if p.As != residual.Succeeded && p.As != residual.Failed {
@@ -275,10 +267,22 @@ type EvidenceParams struct {
 	Evidence  residual.Evidence
 }
 
+// Validate returns an error wrapping ErrInvalidParams for an empty or malformed namespace
+// and a malformed key (then also wrapping residual.ErrInvalidKey).
+func (p EvidenceParams) Validate() error {
+	return validTarget("append evidence", p.Namespace, p.Key)
+}
+
 // GetParams are the inputs of Get.
 type GetParams struct {
 	Namespace string
 	Key       string
+}
+
+// Validate returns an error wrapping ErrInvalidParams for an empty or malformed namespace
+// and a malformed key (then also wrapping residual.ErrInvalidKey).
+func (p GetParams) Validate() error {
+	return validTarget("get", p.Namespace, p.Key)
 }
 
 // ListParams filter and page List. Empty filters match everything.
@@ -292,6 +296,20 @@ type ListParams struct {
 	Limit int
 	// Cursor is the NextCursor of the previous page; empty starts at the beginning.
 	Cursor string
+}
+
+// Validate returns an error wrapping ErrInvalidParams for an empty or malformed namespace
+// or a state that is not one of the five (then also wrapping residual.ErrInvalidState).
+func (p ListParams) Validate() error {
+	if err := validNamespace("list", p.Namespace); err != nil {
+		return err
+	}
+	for _, st := range p.States {
+		if !st.Valid() {
+			return fmt.Errorf("%w: list: %w: %q", ErrInvalidParams, residual.ErrInvalidState, st)
+		}
+	}
+	return nil
 }
 
 // Page is one page of List.
@@ -309,6 +327,15 @@ type GCParams struct {
 	Before time.Time
 }
 
+// Validate returns an error wrapping ErrInvalidParams for a malformed namespace (empty is
+// allowed: every namespace).
+func (p GCParams) Validate() error {
+	if p.Namespace == "" {
+		return nil
+	}
+	return validNamespace("gc", p.Namespace)
+}
+
 // GCResult says what GC did.
 type GCResult struct {
 	Deleted int
@@ -316,6 +343,14 @@ type GCResult struct {
 
 // ErrInvalidParams is wrapped by errors for malformed parameters; nothing was written.
 var ErrInvalidParams = errors.New("ledger: invalid parameters")
+
+// ErrOutcomeUnknown is wrapped by the error of a write whose outcome the backend cannot
+// tell (for a shared backend: the connection broke after the write was sent and what is
+// stored could not be re-read). The write may or may not have landed: the caller must treat
+// the step as unknown and re-read before acting on it. For Reserve nothing may be
+// dispatched; for Commit the residual stays pending until the lease expires (then unknown)
+// unless the commit landed, and repeating the identical Commit tells which.
+var ErrOutcomeUnknown = errors.New("ledger: outcome of the write is unknown")
 
 // ErrClosed is returned by calls on a closed ledger.
 var ErrClosed = errors.New("ledger: closed")
@@ -326,12 +361,24 @@ const (
 	MaxListLimit     = 1000
 )
 
-// PageLimit returns the effective page size for a requested limit.
-func PageLimit(n int) int {
-	if n <= 0 {
-		return DefaultListLimit
+// validTarget checks the namespace and key every keyed step names.
+func validTarget(op, namespace, key string) error {
+	if err := residual.ValidKey(key); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrInvalidParams, op, err)
 	}
-	return min(n, MaxListLimit)
+	return validNamespace(op, namespace)
+}
+
+// validNamespace refuses an empty namespace and one holding a NUL byte (which no backend
+// can store faithfully).
+func validNamespace(op, namespace string) error {
+	switch {
+	case namespace == "":
+		return fmt.Errorf("%w: %s: namespace is empty", ErrInvalidParams, op)
+	case strings.IndexByte(namespace, 0) >= 0:
+		return fmt.Errorf("%w: %s: namespace %q contains a NUL byte", ErrInvalidParams, op, namespace)
+	}
+	return nil
 }
 
 func firstMissing(op string, fields map[string]string, ttl time.Duration) error {
@@ -344,23 +391,4 @@ func firstMissing(op string, fields map[string]string, ttl time.Duration) error 
 		return fmt.Errorf("%w: %s: lease ttl %v is not positive", ErrInvalidParams, op, ttl)
 	}
 	return nil
-}
-
-// Matches reports whether r passes the filters of p (namespace excluded), using r's
-// effective State. Backends that filter in memory use it.
-func (p ListParams) Matches(r *residual.Residual) bool {
-	if p.Task != "" && r.Task != p.Task ||
-		p.Operation != "" && r.Operation != p.Operation ||
-		p.Target != "" && r.Target != p.Target {
-		return false
-	}
-	if len(p.States) == 0 {
-		return true
-	}
-	for _, s := range p.States {
-		if r.State == s {
-			return true
-		}
-	}
-	return false
 }

@@ -179,7 +179,7 @@ func (c tickingClock) Now() time.Time {
 func TestMarginTooSmall(t *testing.T) {
 	t.Parallel()
 	ticking := tickingClock{Fake: lease.NewFake(t0), step: 30 * time.Millisecond}
-	e := setupWith(t, interceptor.Config{Clock: ticking}, nil)
+	e := setupWith(t, interceptor.Options{Clock: ticking}, nil)
 	c := e.dial(tokA, legacy)
 	b := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": "o", "target": "x", "args": m{}, "lease_ms": 60})
 	require.Equal(t, mcpserver.DecisionBlocked, b.Decision)

@@ -39,8 +39,8 @@ func TestPolicyRegisteredOnTheInterceptor(t *testing.T) {
 }
 
 // redactingCap masks card numbers and caps results at 24 bytes.
-func redactingCap() interceptor.Config {
-	return interceptor.Config{
+func redactingCap() interceptor.Options {
+	return interceptor.Options{
 		MaxResult: 24,
 		Redact:    func(_ string, b []byte) []byte { return bytes.ReplaceAll(b, []byte("4242"), []byte("****")) },
 	}

@@ -70,7 +70,7 @@ func TestNewAndClose(t *testing.T) {
 	led, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
 	defer led.Close()
-	ic, err := interceptor.New(led, interceptor.Config{})
+	ic, err := interceptor.New(led, interceptor.Options{})
 	require.NoError(t, err)
 	for name, o := range map[string]mcpserver.Options{
 		"max below default":  {MaxLease: time.Second},
@@ -82,7 +82,7 @@ func TestNewAndClose(t *testing.T) {
 	}
 
 	s, err := mcpserver.New(ic, mcpserver.Options{NewInterceptor: func(ns string) (*interceptor.Interceptor, error) {
-		return interceptor.New(led, interceptor.Config{Namespace: "not-" + ns})
+		return interceptor.New(led, interceptor.Options{Namespace: "not-" + ns})
 	}})
 	require.NoError(t, err)
 	require.Equal(t, interceptor.DefaultNamespace, s.Namespace())

@@ -247,7 +247,7 @@ func TestWatchRetryUsesTheClock(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, led.Close()) })
 	fw := &failingWatcher{Ledger: led, w: led, seen: make(chan int32, 4)}
-	ic, err := interceptor.New(fw, interceptor.Config{Namespace: nsA, Clock: clock})
+	ic, err := interceptor.New(fw, interceptor.Options{Namespace: nsA, Clock: clock})
 	require.NoError(t, err)
 	srv, err := mcpserver.New(ic, mcpserver.Options{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
@@ -319,7 +319,7 @@ func TestLeaseSecretSchema(t *testing.T) {
 // digest of the whole result.
 func TestCommitRedactsTheResult(t *testing.T) {
 	t.Parallel()
-	e := setupWith(t, interceptor.Config{
+	e := setupWith(t, interceptor.Options{
 		Redact: func(op string, b []byte) []byte { return []byte(`{"card":"[redacted]"}`) },
 	}, nil)
 	c := e.dial(tokA, legacy)

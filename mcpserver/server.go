@@ -19,7 +19,7 @@ import (
 // Defaults of Options.
 const (
 	// DefaultLease is the lease of a begin_call without lease_ms when the interceptor has
-	// no other: interceptor.DefaultLeaseTTL. The interceptor's Config.LeaseTTL decides.
+	// no other: interceptor.DefaultLeaseTTL. The interceptor's Options.LeaseTTL decides.
 	DefaultLease    = interceptor.DefaultLeaseTTL
 	DefaultMaxLease = time.Hour
 	// DefaultMaxField caps task, operation, target, handle, note and other strings.
@@ -28,7 +28,7 @@ const (
 
 // Options configures a Server. Every field has a useful zero value. The barrier's own
 // settings (lease length, margin, clock, argument and result caps, redaction, operation
-// policies) are the interceptor's: see interceptor.Config; the server adds only the limits
+// policies) are the interceptor's: see interceptor.Options; the server adds only the limits
 // of its network surface.
 type Options struct {
 	// Tokens maps bearer tokens to namespaces for the HTTP transport. Defaults to none:
@@ -63,7 +63,7 @@ var ErrInvalidOptions = errors.New("mcpserver: invalid options")
 // ErrClosed is returned by calls on a closed Server.
 var ErrClosed = errors.New("mcpserver: closed")
 
-func (o *Options) normalize(cfg interceptor.Config) error {
+func (o *Options) normalize(cfg interceptor.Options) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
 	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
 	o.Version = cmp.Or(o.Version, "dev")

@@ -90,12 +90,12 @@ func probes() map[string]interceptor.Operation {
 
 func setup(t *testing.T, mod func(*mcpserver.Options)) *env {
 	t.Helper()
-	return setupWith(t, interceptor.Config{}, mod)
+	return setupWith(t, interceptor.Options{}, mod)
 }
 
 // setupWith is setup with settings for the namespace-A interceptor (its Namespace and Clock
 // are set here).
-func setupWith(t *testing.T, cfg interceptor.Config, mod func(*mcpserver.Options)) *env {
+func setupWith(t *testing.T, cfg interceptor.Options, mod func(*mcpserver.Options)) *env {
 	t.Helper()
 	clock := lease.NewFake(t0)
 	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})

@@ -40,7 +40,7 @@ func setupTracing(t *testing.T) *traceFixture {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	e := setupWith(t, interceptor.Config{TracerProvider: tp}, nil)
+	e := setupWith(t, interceptor.Options{TracerProvider: tp}, nil)
 	return &traceFixture{t: t, spans: spans, c: e.dial(tokA, legacy)}
 }
 
@@ -202,7 +202,7 @@ func TestMCPSpanOverStdio(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	e := setupWith(t, interceptor.Config{TracerProvider: tp}, nil)
+	e := setupWith(t, interceptor.Options{TracerProvider: tp}, nil)
 	toServer, clientOut := io.Pipe()
 	clientIn, fromServer := io.Pipe()
 	sctx, stop := context.WithCancel(context.Background())

@@ -16,8 +16,13 @@ type Residual struct {
 	State State `json:"state"`
 	// RequestDigest is the canonical digest of the arguments of the latest attempt.
 	RequestDigest string `json:"request_digest"`
-	// Attempts in order; the last one is the current one.
+	// Attempts in order; the last one is the current one. Ledgers keep the first attempt
+	// and the latest ones (a bounded number) and drop those in between, so a key that keeps
+	// failing cannot grow its record without limit; AttemptCount counts them all.
 	Attempts []Attempt `json:"attempts"`
+	// AttemptCount is how many attempts were ever made at the key: the N of the current
+	// attempt. It can exceed len(Attempts).
+	AttemptCount int `json:"attempt_count"`
 	// Result is the cached result of the succeeded attempt (possibly redacted or truncated).
 	Result []byte `json:"result,omitempty"`
 	// ResultDigest is the SHA-256 of the full result as upstream returned it, before
@@ -67,6 +72,9 @@ type Evidence struct {
 	Result         []byte    `json:"result,omitempty"`
 	Handle         string    `json:"handle,omitempty"`
 	Note           string    `json:"note,omitempty"`
+	// WriteID identifies the ledger call that stored the entry (set by ledgers that retry
+	// writes, so a retry recognises its own entry); empty otherwise. Callers leave it empty.
+	WriteID string `json:"write_id,omitempty"`
 }
 
 // Resolution records who settled an open residual, how and why.
@@ -78,6 +86,8 @@ type Resolution struct {
 	To       State     `json:"to"`
 	Note     string    `json:"note,omitempty"`
 	Evidence string    `json:"evidence,omitempty"`
+	// WriteID identifies the ledger call that stored the resolution (see Evidence.WriteID).
+	WriteID string `json:"write_id,omitempty"`
 }
 
 // Current returns the latest attempt, or nil when there is none.

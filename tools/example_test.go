@@ -34,7 +34,7 @@ func ExampleGuard() {
 		log.Fatal(err)
 	}
 	defer led.Close()
-	ic, err := interceptor.New(led, interceptor.Config{})
+	ic, err := interceptor.New(led, interceptor.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer led.Close()
-	ic, err := interceptor.New(led, interceptor.Config{})
+	ic, err := interceptor.New(led, interceptor.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

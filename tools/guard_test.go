@@ -42,7 +42,7 @@ func setup(t *testing.T) *bundle {
 	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = led.Close() })
-	ic, err := interceptor.New(led, interceptor.Config{Clock: clock, LeaseTTL: testTTL, Holder: "agent-a"})
+	ic, err := interceptor.New(led, interceptor.Options{Clock: clock, LeaseTTL: testTTL, Holder: "agent-a"})
 	require.NoError(t, err)
 	return &bundle{clock: clock, ic: ic, ctx: interceptor.WithTask(t.Context(), "run-42")}
 }

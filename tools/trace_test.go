@@ -33,7 +33,7 @@ func tracedInterceptor(t *testing.T) (*interceptor.Interceptor, *sdktrace.Tracer
 	led, err := badger.Open(t.TempDir(), badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = led.Close() })
-	ic, err := interceptor.New(led, interceptor.Config{Clock: clock, LeaseTTL: testTTL, Holder: "api", TracerProvider: tp})
+	ic, err := interceptor.New(led, interceptor.Options{Clock: clock, LeaseTTL: testTTL, Holder: "api", TracerProvider: tp})
 	require.NoError(t, err)
 	return ic, tp, spans
 }

@@ -92,7 +92,7 @@ func (a *app) demo(ctx context.Context, storeSet, rm bool) error {
 		return fmt.Errorf("finding this binary to start the worker: %w", err)
 	}
 
-	rep, err := demo.Run(ctx, demo.Config{
+	rep, err := demo.Run(ctx, demo.Options{
 		Store:     store,
 		Keep:      !rm,
 		Namespace: a.namespace,

@@ -23,7 +23,7 @@ func init() {
 const pgEnv = "TOOLFENCE_TEST_PG"
 
 func newEvalCmd(a *app) *cobra.Command {
-	cfg := evals.Config{}
+	cfg := evals.Options{}
 	var pg string
 	var noPG bool
 	cmd := &cobra.Command{
@@ -81,7 +81,7 @@ FABRICATED.`,
 			}
 			cfg.Progress = a.stderr
 			rep, err := evals.Run(cmd.Context(), cfg)
-			if errors.Is(err, evals.ErrInvalidConfig) {
+			if errors.Is(err, evals.ErrInvalidOptions) {
 				return usagef("%v", err)
 			}
 			if err != nil {

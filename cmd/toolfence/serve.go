@@ -114,7 +114,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	}
 	defer func() { _ = tel.Shutdown(context.WithoutCancel(ctx)) }()
 	metricsServing(a.stderr, tel)
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs, Logger: log})
+	ic, err := interceptor.New(l, interceptor.Options{Namespace: a.namespace, LeaseTTL: f.lease, MaxArgs: f.maxArgs, Logger: log})
 	if err != nil {
 		return usagef("%v", err)
 	}

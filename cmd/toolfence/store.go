@@ -308,7 +308,7 @@ func (r *local) get(ctx context.Context, key string) (*residual.Residual, error)
 // resolve settles through the interceptor, so a --result is stored the way every result
 // is: redacted, then capped at the interceptor's result cap.
 func (r *local) resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
-	ic, err := interceptor.New(r.l, interceptor.Config{Namespace: r.ns})
+	ic, err := interceptor.New(r.l, interceptor.Options{Namespace: r.ns})
 	if err != nil {
 		return nil, err
 	}

@@ -182,7 +182,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: "consumer-example"})
+	ic, err := interceptor.New(l, interceptor.Options{Namespace: "consumer-example"})
 	if err != nil {
 		return err
 	}

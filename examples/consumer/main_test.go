@@ -139,7 +139,7 @@ func openLedger(t *testing.T, dir string, clock lease.Clock) (*badger.Ledger, *i
 	l, err := badger.Open(dir, badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: "consumer-example", Clock: clock})
+	ic, err := interceptor.New(l, interceptor.Options{Namespace: "consumer-example", Clock: clock})
 	require.NoError(t, err)
 	return l, ic
 }

@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Namespace: "httpserver"})
+	ic, err := interceptor.New(l, interceptor.Options{Namespace: "httpserver"})
 	if err != nil {
 		return err
 	}

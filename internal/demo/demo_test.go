@@ -131,7 +131,7 @@ func TestRunTellsTheStoryWithOneCharge(t *testing.T) {
 	t.Parallel()
 	store := t.TempDir()
 	var out bytes.Buffer
-	rep, err := Run(t.Context(), Config{Store: store, Task: "story-1", StartWorker: selfWorker, Out: &out})
+	rep, err := Run(t.Context(), Options{Store: store, Task: "story-1", StartWorker: selfWorker, Out: &out})
 	require.NoError(t, err, "timeline:\n%s", out.String())
 	require.Equal(t, 1, rep.Charges)
 	requireTimeline(t, rep, out.String())
@@ -144,7 +144,7 @@ func TestRunTellsTheStoryWithOneCharge(t *testing.T) {
 
 func TestRunFailsWhenTheWorkerDiesBeforeCharging(t *testing.T) {
 	t.Parallel()
-	rep, err := Run(t.Context(), Config{
+	rep, err := Run(t.Context(), Options{
 		Store: t.TempDir(),
 		StartWorker: func(ctx context.Context, _ WorkerArgs) *exec.Cmd {
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
@@ -160,7 +160,7 @@ func TestRunFailsWhenTheWorkerDiesBeforeCharging(t *testing.T) {
 
 func TestRunRejectsIncompleteConfig(t *testing.T) {
 	t.Parallel()
-	_, err := Run(t.Context(), Config{Store: t.TempDir()})
+	_, err := Run(t.Context(), Options{Store: t.TempDir()})
 	require.ErrorContains(t, err, "StartWorker")
 }
 
@@ -278,7 +278,7 @@ func TestGuardedChargeForwardsKeyAndTokenAndReplays(t *testing.T) {
 	l, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{Holder: "test"})
+	ic, err := interceptor.New(l, interceptor.Options{Holder: "test"})
 	require.NoError(t, err)
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -382,7 +382,7 @@ func pgDSN() string {
 func TestRunOnPostgres(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	rep, err := Run(t.Context(), Config{Store: pgDSN(), Keep: true, Task: "story-pg", StartWorker: selfWorker, Out: &out})
+	rep, err := Run(t.Context(), Options{Store: pgDSN(), Keep: true, Task: "story-pg", StartWorker: selfWorker, Out: &out})
 	if rep != nil && rep.Schema != "" {
 		t.Cleanup(func() { require.NoError(t, dropSchema(context.Background(), pgDSN(), rep.Schema)) })
 	}

@@ -18,8 +18,8 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// Config configures Run.
-type Config struct {
+// Options configure Run.
+type Options struct {
 	// Store is the ledger: a badger directory, or a PostgreSQL DSN (postgres://…). Required.
 	// Run opens a badger directory only after the worker is dead, so nothing else may hold
 	// it. In a PostgreSQL database Run creates a fresh schema for the run (see Keep).
@@ -103,9 +103,9 @@ func (r *Report) step(name, format string, args ...any) {
 //
 // It returns the report, with an error when a step did not go as told or when the API made
 // any number of charges but one. The report is non-nil whenever the API was started.
-func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
+func Run(ctx context.Context, cfg Options) (_ *Report, err error) {
 	if cfg.Store == "" || cfg.StartWorker == nil {
-		return nil, errors.New("demo: Config.Store and Config.StartWorker are required")
+		return nil, errors.New("demo: Options.Store and Options.StartWorker are required")
 	}
 	cfg.Namespace = cmp.Or(cfg.Namespace, interceptor.DefaultNamespace)
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, DefaultLeaseTTL)
@@ -158,7 +158,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 
 // killWorkerAfterCharge starts the worker, waits until its charge reaches the API and
 // SIGKILLs it before the API answers.
-func killWorkerAfterCharge(ctx context.Context, cfg Config, store string, api *PaymentAPI, rep *Report) error {
+func killWorkerAfterCharge(ctx context.Context, cfg Options, store string, api *PaymentAPI, rep *Report) error {
 	w := WorkerArgs{Store: store, Namespace: cfg.Namespace, API: api.URL, Task: cfg.Task, LeaseTTL: cfg.LeaseTTL}
 	cmd := cfg.StartWorker(ctx, w)
 	var output bytes.Buffer

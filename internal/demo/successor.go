@@ -34,7 +34,7 @@ type successorRun struct {
 // successor plays the successor run in this process, on the ledger the dead worker left: a
 // langchaingo OpenAIFunctionsAgent, with a scripted policy as its model, over the guarded
 // charge, toolfence's reconcile tool and a wait tool.
-func successor(ctx context.Context, cfg Config, store string, api *PaymentAPI, rep *Report) error {
+func successor(ctx context.Context, cfg Options, store string, api *PaymentAPI, rep *Report) error {
 	l, err := openLedger(ctx, store)
 	if err != nil {
 		return fmt.Errorf("demo: opening the store after the kill: %w", err)
@@ -43,7 +43,7 @@ func successor(ctx context.Context, cfg Config, store string, api *PaymentAPI, r
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	holder := fmt.Sprintf("demo-successor/pid-%d", os.Getpid())
-	ic, err := interceptor.New(l, interceptor.Config{
+	ic, err := interceptor.New(l, interceptor.Options{
 		Namespace: cfg.Namespace,
 		Holder:    holder,
 		LeaseTTL:  cfg.LeaseTTL,

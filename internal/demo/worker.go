@@ -58,7 +58,7 @@ func RunWorker(ctx context.Context, w WorkerArgs, out io.Writer) error {
 		return fmt.Errorf("demo worker: opening the store: %w", err)
 	}
 	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Config{
+	ic, err := interceptor.New(l, interceptor.Options{
 		Namespace: w.Namespace,
 		Holder:    fmt.Sprintf("demo-worker/pid-%d", os.Getpid()),
 		LeaseTTL:  cmp.Or(w.LeaseTTL, DefaultLeaseTTL),

@@ -115,3 +115,34 @@ func BenchmarkReplay(b *testing.B) {
 		})
 	}
 }
+
+// failedCycle is one begin → failed commit cycle on p's key (issue 14 item 5).
+func failedCycle(b *testing.B, l ledger.Ledger, p ledger.ReserveParams) {
+	res, err := l.Reserve(b.Context(), p)
+	if err != nil || res.Decision != ledger.Acquired {
+		b.Fatalf("reserve: %v %v", res, err)
+	}
+	if _, err := l.Commit(b.Context(), ledger.CommitParams{
+		Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
+		Outcome: residual.Failed, Error: "upstream said no", Margin: time.Millisecond,
+	}); err != nil {
+		b.Fatalf("commit: %v", err)
+	}
+}
+
+// BenchmarkCycle600 times the 600th begin → failed commit cycle on one key (599 cycles
+// before it are untimed): what a key that keeps failing costs once attempts pile up.
+func BenchmarkCycle600(b *testing.B) {
+	l := openBench(b, Options{})
+	var i uint64
+	for b.Loop() {
+		b.StopTimer()
+		i++
+		p := benchParams(i)
+		for range 599 {
+			failedCycle(b, l, p)
+		}
+		b.StartTimer()
+		failedCycle(b, l, p)
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -363,7 +364,9 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 		}
 		l.open.note(t.puts)
 		if err := l.gs.wait(l.gs.committed()); err != nil {
-			return fmt.Errorf("ledger/badger: %s: %w", op, err)
+			// The write is committed but may not be durable: after a restart it may or
+			// may not be there.
+			return fmt.Errorf("%w: ledger/badger: %s: the write was committed but syncing it failed: %w", ledger.ErrOutcomeUnknown, op, err)
 		}
 		return stepErr
 	}
@@ -407,23 +410,13 @@ func storeKey(prefix, namespace, key string) []byte {
 
 func nsPrefix(namespace string) []byte { return storeKey(residualPrefix, namespace, "") }
 
-// validNamespace refuses an empty namespace and one containing NUL (the layout separator).
-func validNamespace(op, ns string) error {
-	if ns == "" {
-		return fmt.Errorf("%w: %s: namespace is empty", ledger.ErrInvalidParams, op)
-	}
-	if strings.IndexByte(ns, 0) >= 0 {
-		return fmt.Errorf("%w: %s: namespace %q contains NUL", ledger.ErrInvalidParams, op, ns)
-	}
-	return nil
-}
-
 // decodeItem decodes the residual stored in item and notes its version in t. name names
 // the residual in errors.
 func decodeItem(t *tx, item *dbadger.Item, name string, r *residual.Residual) error {
 	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, r) }); err != nil {
 		return fmt.Errorf("ledger/badger: decode residual %s: %w", name, err)
 	}
+	r.AttemptCount = rules.AttemptCount(r) // records written before the count was stored
 	t.noteRead(item.Version())
 	return nil
 }

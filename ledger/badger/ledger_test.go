@@ -122,8 +122,12 @@ func TestSyncFailurePoisons(t *testing.T) {
 			l.gs.sync = func() error { return errors.New("disk on fire") }
 			res, err := l.Reserve(ctx, reserveParams("doomed"))
 			require.ErrorIs(t, err, ErrSyncFailed)
+			require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "a committed write whose sync failed may or may not survive")
 			require.ErrorContains(t, err, "disk on fire")
 			require.Nil(t, res, "an unsynced reserve is not acknowledged")
+
+			_, err = l.Reserve(ctx, reserveParams("later"))
+			require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown, "a refused step did not happen")
 
 			_, err = l.Reserve(ctx, reserveParams("later"))
 			require.ErrorIs(t, err, ErrSyncFailed, "later writes fail closed")

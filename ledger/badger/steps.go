@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -24,9 +25,6 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if err := validNamespace("reserve", p.Namespace); err != nil {
-		return nil, err
-	}
 	res, err := l.reserveRead(ctx, p)
 	if err != nil || res != nil {
 		return res, err
@@ -36,7 +34,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 		if err != nil {
 			return false, err
 		}
-		if d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now); d != ledger.Acquired {
+		if d := rules.Decide(r, p.RequestDigest, p.Redispatch, now); d != ledger.Acquired {
 			// Someone else's write landed since the read-only try. Write nothing; update
 			// answers once what was read is durable.
 			r.State = r.EffectiveState(now)
@@ -47,7 +45,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 		if err != nil {
 			return false, err
 		}
-		d, r, ls := ledger.ApplyReserve(r, p, token, now)
+		d, r, ls := rules.ApplyReserve(r, p, token, now)
 		res = &ledger.ReserveResult{Decision: d, Residual: r, Lease: ls}
 		if d != ledger.Acquired {
 			return false, nil // unreachable (same rule, same inputs); write nothing
@@ -84,7 +82,7 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 	release()
 	if cached != nil {
 		r := cached.Clone()
-		d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now) // Replay or PayloadMismatch
+		d := rules.Decide(r, p.RequestDigest, p.Redispatch, now) // Replay or PayloadMismatch
 		r.State = r.EffectiveState(now)
 		return &ledger.ReserveResult{Decision: d, Residual: r}, nil
 	}
@@ -101,7 +99,7 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 		if err != nil {
 			return err
 		}
-		d := ledger.Decide(r, p.RequestDigest, p.Redispatch, now)
+		d := rules.Decide(r, p.RequestDigest, p.Redispatch, now)
 		if d == ledger.Acquired {
 			t.read = 0 // no answer given from this read: the write path covers it
 			return nil
@@ -123,36 +121,43 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 }
 
 // Commit implements ledger.Ledger. A refused commit still writes its evidence, durably,
-// and returns the stored residual with an error wrapping residual.ErrLeaseLost.
+// and returns the stored residual with an error wrapping residual.ErrLeaseLost. An
+// identical retry of a commit that landed (rules.Recorded) writes nothing and returns the
+// stored residual.
 func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if err := validNamespace("commit", p.Namespace); err != nil {
-		return nil, err
-	}
 	var out *residual.Residual
 	var fenceErr error
+	var wrote bool
 	err := l.update(ctx, "commit", func(t *tx, now time.Time) (bool, error) {
 		out, fenceErr = nil, nil
 		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
-		// ApplyCommit either settles r or appends evidence; both are written.
-		fenceErr = ledger.ApplyCommit(r, p, now)
-		if err := putResidual(t, r); err != nil {
-			return false, err
+		// ApplyCommit settles r or appends evidence, both written, or finds p already
+		// recorded: then nothing is written and update answers once what was read is durable.
+		write, ferr := rules.ApplyCommit(r, p, now)
+		fenceErr = ferr
+		if write {
+			if err := putResidual(t, r); err != nil {
+				return false, err
+			}
 		}
 		out = r
 		out.State = r.EffectiveState(now)
-		return true, fenceErr
+		wrote = write
+		return write, fenceErr
 	})
-	// Only a durable write returns the residual: err is then nil or the fence's own error.
+	// Only a durable answer returns the residual: err is then nil or the fence's own error.
 	if out == nil || err != fenceErr {
 		return nil, err
 	}
-	l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	if wrote {
+		l.hub.publish(ledger.Change{Namespace: p.Namespace, Key: p.Key, State: out.State})
+	}
 	return out, err
 }
 
@@ -161,16 +166,13 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 	if err := p.Validate(); err != nil {
 		return lease.Lease{}, err
 	}
-	if err := validNamespace("renew", p.Namespace); err != nil {
-		return lease.Lease{}, err
-	}
 	var out lease.Lease
 	err := l.update(ctx, "renew", func(t *tx, now time.Time) (bool, error) {
 		r, err := getResidual(t, p.Namespace, p.Key)
 		if err != nil {
 			return false, err
 		}
-		if out, err = ledger.ApplyRenew(r, p, now); err != nil {
+		if out, err = rules.ApplyRenew(r, p, now); err != nil {
 			return false, err
 		}
 		if err := putResidual(t, r); err != nil {
@@ -190,9 +192,6 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if err := validNamespace("resolve", p.Namespace); err != nil {
-		return nil, err
-	}
 	var out *residual.Residual
 	err := l.update(ctx, "resolve", func(t *tx, now time.Time) (bool, error) {
 		r, err := getResidual(t, p.Namespace, p.Key)
@@ -203,7 +202,7 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 		if err != nil {
 			return false, err
 		}
-		if err := ledger.ApplyResolve(r, p, token, now); err != nil {
+		if err := rules.ApplyResolve(r, p, token, now); err != nil {
 			return false, err
 		}
 		out = r
@@ -222,10 +221,7 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 // AppendEvidence implements ledger.Ledger. An evidence without a time is stamped with the
 // ledger's clock.
 func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
-	if err := residual.ValidKey(p.Key); err != nil {
-		return nil, err
-	}
-	if err := validNamespace("append evidence", p.Namespace); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -234,7 +230,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 		if err != nil {
 			return false, err
 		}
-		ledger.ApplyEvidence(r, p.Evidence, now)
+		rules.ApplyEvidence(r, p.Evidence, now)
 		if err := putResidual(t, r); err != nil {
 			return false, err
 		}
@@ -251,10 +247,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 
 // Get implements ledger.Ledger.
 func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residual, error) {
-	if err := residual.ValidKey(p.Key); err != nil {
-		return nil, err
-	}
-	if err := validNamespace("get", p.Namespace); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -277,10 +270,10 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 // filtering on the effective state, and reads one match past the page to tell whether a
 // next page exists. The cursor is the last key of the page; a page never repeats it.
 func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
-	if err := validNamespace("list", p.Namespace); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	limit := ledger.PageLimit(p.Limit)
+	limit := rules.PageLimit(p.Limit)
 	page := &ledger.Page{Residuals: []*residual.Residual{}}
 	err := l.view(ctx, func(t *tx, now time.Time) error {
 		prefix := nsPrefix(p.Namespace)
@@ -301,7 +294,7 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 				return err
 			}
 			r.State = r.EffectiveState(now)
-			if !p.Matches(&r) {
+			if !rules.Matches(p, &r) {
 				continue
 			}
 			if len(page.Residuals) == limit {
@@ -325,10 +318,8 @@ const gcBatch = 256
 // them in batches of read-write transactions that re-read and re-check each candidate, so
 // a residual reserved again meanwhile is kept (or the batch conflicts and is retried).
 func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
-	if p.Namespace != "" {
-		if err := validNamespace("gc", p.Namespace); err != nil {
-			return ledger.GCResult{}, err
-		}
+	if err := p.Validate(); err != nil {
+		return ledger.GCResult{}, err
 	}
 	collectable := func(r *residual.Residual) bool {
 		return r.State.Terminal() && r.UpdatedAt.Before(p.Before)

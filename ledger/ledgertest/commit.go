@@ -18,6 +18,8 @@ var commitCases = []testCase{
 	{"CommitWrongHolderRefused", commitWrongHolderRefused},
 	{"CommitAfterExpiryRefused", commitAfterExpiryRefused},
 	{"CommitWithinMarginRefused", commitWithinMarginRefused},
+	{"CommitIdenticalRetryAnswersRecorded", commitIdenticalRetryAnswersRecorded},
+	{"CommitRetryAfterTakeoverOrResolve", commitRetryAfterTakeoverOrResolve},
 	{"RenewExtendsLease", renewExtendsLease},
 	{"RenewStaleTokenRefused", renewStaleTokenRefused},
 	{"RenewAfterExpiryRefused", renewAfterExpiryRefused},
@@ -253,4 +255,88 @@ func renewAfterExpiryRefused(e *env) {
 	_, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
 	requireErr(e.t, err, residual.ErrLeaseLost)
 	require.Equal(e.t, residual.Unknown, e.get(c).State)
+}
+
+// A commit identical to one that landed (its first answer was lost) is answered with the
+// stored residual and no error, and writes nothing; one that differs in outcome, result
+// digest or handle is refused as a lost lease and kept as evidence.
+func commitIdenticalRetryAnswersRecorded(e *env) {
+	c := e.call("charge:retry")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	p := c.commit("agent-a", a.Lease.Token, residual.Succeeded)
+	p.Result, p.ResultDigest, p.ResponseDigest, p.Handle = []byte(`{"id":1}`), "rd-1", "rd-1", "ch_1"
+	first := e.commit(p)
+	e.advance(time.Second)
+
+	again, err := e.l.Commit(e.ctx, p)
+	require.NoError(e.t, err, "an identical retry is answered as recorded")
+	require.NotNil(e.t, again)
+	require.Equal(e.t, residual.Succeeded, again.State)
+	require.Equal(e.t, p.Result, again.Result)
+	require.Empty(e.t, again.Evidence, "an identical retry writes no evidence")
+	got := e.get(c)
+	require.Empty(e.t, got.Evidence)
+	e.requireTime(first.UpdatedAt, got.UpdatedAt, "an identical retry writes nothing")
+
+	for name, mod := range map[string]func(*ledger.CommitParams){
+		"outcome":       func(q *ledger.CommitParams) { q.Outcome = residual.Failed },
+		"result digest": func(q *ledger.CommitParams) { q.ResultDigest = "rd-2" },
+		"response":      func(q *ledger.CommitParams) { q.ResponseDigest = "rd-2" },
+		"handle":        func(q *ledger.CommitParams) { q.Handle = "ch_2" },
+		"holder":        func(q *ledger.CommitParams) { q.Holder = "agent-b" },
+	} {
+		q := p
+		mod(&q)
+		r, err := e.l.Commit(e.ctx, q)
+		requireErr(e.t, err, residual.ErrLeaseLost, "a retry with another %s", name)
+		require.NotNil(e.t, r, name)
+		requireEvidence(e, r, q)
+	}
+	got = e.get(c)
+	require.Equal(e.t, residual.Succeeded, got.State)
+	require.Equal(e.t, p.Result, got.Result, "refused retries change nothing authoritative")
+	require.Len(e.t, got.Evidence, 5)
+}
+
+// An identical retry is recognised even when the key has moved on: after a failed commit
+// and a new attempt by another holder, and after a resolution of an accepted outcome. A
+// holder whose attempt a resolution released (it never committed) is refused.
+func commitRetryAfterTakeoverOrResolve(e *env) {
+	c := e.call("charge:retry-takeover")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	failed := c.commit("agent-a", a.Lease.Token, residual.Failed)
+	failed.Error = "card declined"
+	e.commit(failed)
+	b := e.acquire(c.reserve("agent-b", "digest-1"))
+
+	r, err := e.l.Commit(e.ctx, failed)
+	require.NoError(e.t, err, "the failed commit landed; its retry is answered as recorded")
+	require.Equal(e.t, residual.Pending, r.State, "the answer is the stored residual, now under agent-b")
+	got := e.get(c)
+	require.Empty(e.t, got.Evidence)
+	require.Equal(e.t, b.Lease.Token, got.Token)
+	e.commit(c.commit("agent-b", b.Lease.Token, residual.Succeeded))
+
+	// Accepted, then resolved as succeeded: the accepted commit's retry is still recorded.
+	d := e.call("charge:retry-accepted")
+	x := e.acquire(d.reserve("agent-a", "digest-1"))
+	acc := d.commit("agent-a", x.Lease.Token, residual.Accepted)
+	acc.Handle = "job-7"
+	e.commit(acc)
+	_, err = e.l.Resolve(e.ctx, d.resolve(residual.Succeeded))
+	require.NoError(e.t, err)
+	r, err = e.l.Commit(e.ctx, acc)
+	require.NoError(e.t, err)
+	require.Equal(e.t, residual.Succeeded, r.State)
+
+	// Expired and resolved without a commit: the late holder's unknown is not "recorded".
+	u := e.call("charge:retry-resolved")
+	y := e.acquire(u.reserve("agent-a", "digest-1"))
+	e.advance(pastTTL)
+	_, err = e.l.Resolve(e.ctx, u.resolve(residual.Failed))
+	require.NoError(e.t, err)
+	late := u.commit("agent-a", y.Lease.Token, residual.Unknown)
+	_, err = e.l.Commit(e.ctx, late)
+	requireErr(e.t, err, residual.ErrLeaseLost, "a commit that never landed is refused")
+	requireEvidence(e, e.get(u), late)
 }

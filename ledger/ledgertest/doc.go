@@ -1,7 +1,7 @@
 // Package ledgertest is the conformance suite every ledger backend passes: Run drives a
 // Harness through every rule of ledger.Ledger, each case on a fresh ledger.
 //
-// It imports ledger, residual, lease and testify only. Time-dependent cases never sleep:
+// It imports ledger, ledger/rules (for the bounds it checks), residual, lease and testify only. Time-dependent cases never sleep:
 // they move the ledger's clock through Fixture.Advance, which an embedded backend implements
 // by advancing a lease.Fake and a server-clock backend (PostgreSQL) by shifting the offset
 // it adds to the server's time. Fixture.Now reads that same clock, and Harness.TimePrecision

@@ -2,6 +2,7 @@ package ledgertest
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -13,6 +14,8 @@ import (
 var miscCases = []testCase{
 	{"GetMissingNotFound", getMissingNotFound},
 	{"InvalidParamsWriteNothing", invalidParamsWriteNothing},
+	{"InvalidKeyRefusedByEveryMethod", invalidKeyRefusedByEveryMethod},
+	{"InvalidNamespaceRefusedByEveryMethod", invalidNamespaceRefusedByEveryMethod},
 	{"ClosedLedgerRefuses", closedLedgerRefuses},
 	{"ReopenKeepsState", reopenKeepsState},
 	{"WatchDeliversChanges", watchDeliversChanges},
@@ -67,6 +70,71 @@ func invalidParamsWriteNothing(e *env) {
 	require.Empty(e.t, got.Resolutions)
 	require.Equal(e.t, a.Lease.Token, got.Token)
 	require.Len(e.t, e.list(ledger.ListParams{Namespace: c.ns}), 1)
+}
+
+// keyedSteps calls every keyed method of l with namespace ns and key k (the other
+// parameters valid) and returns each error by method name.
+func keyedSteps(e *env, ns, k string) map[string]error {
+	errs := map[string]error{}
+	_, errs["Reserve"] = e.l.Reserve(e.ctx, ledger.ReserveParams{
+		Namespace: ns, Key: k, Task: "t", Operation: "o", Target: "x", Holder: "agent-a", RequestDigest: "d", TTL: ttl,
+	})
+	_, errs["Commit"] = e.l.Commit(e.ctx, ledger.CommitParams{Namespace: ns, Key: k, Holder: "agent-a", Token: 1, Outcome: residual.Succeeded})
+	_, errs["Renew"] = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: ns, Key: k, Holder: "agent-a", Token: 1, TTL: ttl})
+	_, errs["Resolve"] = e.l.Resolve(e.ctx, ledger.ResolveParams{Namespace: ns, Key: k, As: residual.Failed, By: "ops"})
+	_, errs["AppendEvidence"] = e.l.AppendEvidence(e.ctx, ledger.EvidenceParams{Namespace: ns, Key: k, Evidence: residual.Evidence{Holder: "x", Note: "n"}})
+	_, errs["Get"] = e.l.Get(e.ctx, ledger.GetParams{Namespace: ns, Key: k})
+	return errs
+}
+
+// Every method that names a key refuses a malformed one the same way, on every backend:
+// an error wrapping both ledger.ErrInvalidParams and residual.ErrInvalidKey, before
+// anything is read or written (an existing residual is not touched).
+func invalidKeyRefusedByEveryMethod(e *env) {
+	c := e.call("badkey:1")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	good := c.key()
+	for name, k := range map[string]string{
+		"empty":           "",
+		"no prefix":       good[len(residual.KeyPrefix):],
+		"upper-case hex":  residual.KeyPrefix + strings.ToUpper(good[len(residual.KeyPrefix):]),
+		"short":           good[:len(good)-1],
+		"long":            good + "0",
+		"other prefix":    "tf2_" + good[len(residual.KeyPrefix):],
+		"NUL":             good[:len(good)-1] + "\x00",
+		"invalid UTF-8":   good[:len(good)-1] + "\xff",
+		"trailing spaces": good + " ",
+	} {
+		for method, err := range keyedSteps(e, c.ns, k) {
+			requireErr(e.t, err, ledger.ErrInvalidParams, "%s with a key that is %s", method, name)
+			requireErr(e.t, err, residual.ErrInvalidKey, "%s with a key that is %s", method, name)
+		}
+	}
+	got := e.get(c)
+	require.Equal(e.t, residual.Pending, got.State)
+	require.Equal(e.t, a.Lease.Token, got.Token)
+	require.Len(e.t, got.Attempts, 1)
+	require.Empty(e.t, got.Evidence)
+	require.Empty(e.t, got.Resolutions)
+}
+
+// Every method refuses an empty namespace, and one holding a NUL byte, with an error
+// wrapping ledger.ErrInvalidParams (GC accepts an empty namespace: every namespace).
+func invalidNamespaceRefusedByEveryMethod(e *env) {
+	c := e.call("badns:1")
+	for name, ns := range map[string]string{"empty": "", "NUL": c.ns + "\x00x"} {
+		for method, err := range keyedSteps(e, ns, c.key()) {
+			requireErr(e.t, err, ledger.ErrInvalidParams, "%s with a namespace that is %s", method, name)
+			require.NotErrorIs(e.t, err, residual.ErrInvalidKey, "%s: the key is fine", method)
+		}
+		_, err := e.l.List(e.ctx, ledger.ListParams{Namespace: ns})
+		requireErr(e.t, err, ledger.ErrInvalidParams, "List with a namespace that is %s", name)
+	}
+	_, err := e.l.GC(e.ctx, ledger.GCParams{Namespace: c.ns + "\x00x", Before: e.now()})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "GC with a namespace holding NUL")
+	_, err = e.l.List(e.ctx, ledger.ListParams{Namespace: c.ns, States: []residual.State{"done"}})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "List with an unknown state")
+	requireErr(e.t, err, residual.ErrInvalidState, "List with an unknown state")
 }
 
 // Every call after Close wraps ledger.ErrClosed.

@@ -1,6 +1,7 @@
 package ledgertest
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -18,6 +20,43 @@ var reserveCases = []testCase{
 	{"ReserveAfterExpiryIsUnknown", reserveAfterExpiryIsUnknown},
 	{"RedispatchSameDigestAcquires", redispatchSameDigestAcquires},
 	{"RedispatchOtherDigestIsUnknown", redispatchOtherDigestIsUnknown},
+	{"AttemptsAreBounded", attemptsAreBounded},
+}
+
+// A key that keeps failing does not grow without limit: after 600 begin → failed commit
+// cycles the residual keeps the first attempt and the latest rules.KeepAttempts, and
+// AttemptCount says 600 (also in its JSON form); numbering and tokens stay absolute.
+func attemptsAreBounded(e *env) {
+	const cycles = 600
+	c := e.call("charge:flaky")
+	var last *ledger.ReserveResult
+	for i := range cycles {
+		last = e.acquire(c.reserve(fmt.Sprint("agent-", i%3), "digest-1"))
+		require.Equal(e.t, i+1, last.Residual.Current().N)
+		p := c.commit(last.Lease.Holder, last.Lease.Token, residual.Failed)
+		p.Error = "upstream said no"
+		e.commit(p)
+	}
+	kept := 1 + rules.KeepAttempts
+	for name, r := range map[string]*residual.Residual{"get": e.get(c), "list": e.list(ledger.ListParams{Namespace: c.ns})[0], "reserve": last.Residual} {
+		require.Len(e.t, r.Attempts, kept, name)
+		require.Equal(e.t, cycles, r.AttemptCount, name)
+		require.Equal(e.t, 1, r.Attempts[0].N, "%s: the first attempt is kept", name)
+		require.Equal(e.t, "agent-0", r.Attempts[0].Holder, name)
+		for j, a := range r.Attempts[1:] {
+			require.Equal(e.t, cycles-rules.KeepAttempts+1+j, a.N, "%s: the latest attempts are kept in order", name)
+		}
+	}
+	got := e.get(c)
+	require.Equal(e.t, last.Lease.Token, got.Current().Token)
+	b, err := json.Marshal(got)
+	require.NoError(e.t, err)
+	require.Contains(e.t, string(b), fmt.Sprintf(`"attempt_count":%d`, cycles))
+
+	next := e.acquire(c.reserve("agent-z", "digest-1"))
+	require.Greater(e.t, next.Lease.Token, last.Lease.Token)
+	require.Equal(e.t, cycles+1, next.Residual.AttemptCount)
+	require.Len(e.t, next.Residual.Attempts, kept)
 }
 
 // A reserve on a new key acquires attempt 1 under token 1 with expiry now+TTL, and the

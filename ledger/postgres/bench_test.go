@@ -21,19 +21,28 @@ import (
 
 // guardedCall is one guarded call of a no-op tool: reserve, (dispatch nothing), commit.
 func guardedCall(b *testing.B, l *postgres.Ledger, target string) {
-	p := ledger.ReserveParams{
+	reserveSettle(b, l, ledger.ReserveParams{
 		Namespace: "bench", Key: residual.Key("bench", "task", "noop", target), Task: "task",
 		Operation: "noop", Target: target, Holder: "bench-agent", RequestDigest: "d", TTL: 30 * time.Second,
-	}
+	}, residual.Succeeded)
+}
+
+// reserveSettle reserves p, requires Acquired and commits outcome (a failed one with an
+// error text, a succeeded one with a small result).
+func reserveSettle(b *testing.B, l ledger.Ledger, p ledger.ReserveParams, outcome residual.State) {
 	ctx := context.Background()
 	res, err := l.Reserve(ctx, p)
 	if err != nil || res.Decision != ledger.Acquired {
 		b.Fatalf("reserve: %v %v", res, err)
 	}
-	if _, err := l.Commit(ctx, ledger.CommitParams{
+	cp := ledger.CommitParams{
 		Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
-		Outcome: residual.Succeeded, Result: []byte(`{}`), Margin: 50 * time.Millisecond,
-	}); err != nil {
+		Outcome: outcome, Result: []byte(`{}`), Margin: 50 * time.Millisecond,
+	}
+	if outcome == residual.Failed {
+		cp.Result, cp.Error = nil, "upstream said no"
+	}
+	if _, err := l.Commit(ctx, cp); err != nil {
 		b.Fatalf("commit: %v", err)
 	}
 }
@@ -211,5 +220,22 @@ func BenchmarkPostgresGuardedCallWatched(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// BenchmarkPostgresCycle600 times the 600th begin → failed commit cycle (issue 14 item 5) on one key (599
+// cycles before it are untimed): what a key that keeps failing costs once attempts pile up.
+func BenchmarkPostgresCycle600(b *testing.B) {
+	l := open(b, newSchema(b), postgres.Options{MaxConns: 1})
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		i++
+		p := params(fmt.Sprint("cycle-", i), "bench-agent")
+		for range 599 {
+			reserveSettle(b, l, p, residual.Failed)
+		}
+		b.StartTimer()
+		reserveSettle(b, l, p, residual.Failed)
 	}
 }

@@ -204,7 +204,7 @@ func TestFaultCommitOutcomeUnknownLanded(t *testing.T) {
 	proxy.setRefuse(true)
 	proxy.loseReplyTo("att_released = true")
 	_, err := f.l.Commit(context.Background(), commitOf(p, res, residual.Succeeded))
-	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	require.NotErrorIs(t, err, residual.ErrLeaseLost)
 	t.Log(err)
 
@@ -235,7 +235,7 @@ func TestFaultCommitOutcomeUnknownNotLanded(t *testing.T) {
 	terminate(t, f.admin, pid)
 	require.NoError(t, tx.Rollback(ctx))
 	err := <-done
-	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	t.Log(err)
 
 	proxy.setRefuse(false)
@@ -338,7 +338,7 @@ func TestWriteTimeoutEndsABlockedCommit(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a commit blocked on a lock outlived its write timeout")
 	}
-	require.ErrorIs(t, err, postgres.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	require.Contains(t, err.Error(), "could not be re-read")
 
 	// The server was asked to cancel the blocked statement: nobody of ours waits on the lock.
@@ -361,4 +361,129 @@ func TestWriteTimeoutEndsABlockedCommit(t *testing.T) {
 		_, err := l.Reserve(ctx, params(fmt.Sprintf("after-timeout-%d", i), "worker"))
 		require.NoError(t, err)
 	}
+}
+
+// openSecond opens another ledger on f's schema, straight to the server: another process.
+func (f *faultEnv) openSecond(app string) *postgres.Ledger {
+	f.t.Helper()
+	l, err := postgres.Open(context.Background(), withParams(url.Values{"application_name": {app}}),
+		postgres.Options{Schema: f.schema, MaxConns: 1})
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// A failed commit lands, its reply is lost, and before the retry another holder takes the
+// key over: the retry recognises the recorded commit (not only the current attempt's) and
+// answers it, instead of reporting lease_lost and writing a "late commit refused" entry.
+func TestFaultCommitReplyLostThenTakenOver(t *testing.T) {
+	t.Parallel()
+	proxy := newFaultProxy(t)
+	f := newFaultEnv(t, func(v url.Values) string {
+		v.Set("default_query_exec_mode", "simple_protocol")
+		return proxy.dsn(v)
+	})
+	other := f.openSecond("tf-fault-other")
+	p := params("charge:lost-then-taken", "worker")
+	res := f.acquireAndExecute(p)
+	succ := p
+	succ.Holder = "successor"
+	var taken *ledger.ReserveResult
+	proxy.onCut = func() {
+		var err error
+		taken, err = other.Reserve(context.Background(), succ)
+		require.NoError(t, err)
+	}
+
+	proxy.loseReplyTo("att_released = true")
+	r, err := f.l.Commit(context.Background(), commitOf(p, res, residual.Failed))
+	require.Equal(t, int32(1), proxy.cuts.Load(), "the commit's reply was lost")
+	require.NotNil(t, taken)
+	require.Equal(t, ledger.Acquired, taken.Decision, "the successor took the failed key over before the retry")
+	require.NoError(t, err, "the commit landed: its retry is answered as recorded")
+	require.Empty(t, r.Evidence, "no late-commit evidence for a commit that landed")
+	got, err := other.Get(context.Background(), ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Empty(t, got.Evidence)
+	require.Equal(t, residual.Failed, got.Attempts[0].Outcome)
+	require.Equal(t, "successor", got.Current().Holder)
+}
+
+// writeRaced runs step on f's ledger while the key's row is locked, lets another ledger's
+// identical step queue behind it, then kills f's backend: f's write did not land, and its
+// retry queues behind the other one. It returns f's result once the lock is released.
+func (f *faultEnv) writeRaced(key string, step, otherStep func() error) error {
+	f.t.Helper()
+	ctx := context.Background()
+	tx := lockRow(f.t, f.schema, key)
+	done := make(chan error, 1)
+	go func() { done <- step() }()
+	pid := f.lockedWorkerPID(f.admin)
+	otherDone := make(chan error, 1)
+	go func() { otherDone <- otherStep() }()
+	require.Eventually(f.t, func() bool {
+		var n int
+		return f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'tf-fault-other' AND wait_event_type = 'Lock'`).Scan(&n) == nil && n == 1
+	}, 20*time.Second, 5*time.Millisecond, "the other step never waited on the lock")
+	terminate(f.t, f.admin, pid)
+	require.Eventually(f.t, func() bool {
+		var n int
+		return f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, f.app).Scan(&n) == nil && n == 1
+	}, 20*time.Second, 5*time.Millisecond, "the retry never queued behind the other step")
+	require.NoError(f.t, tx.Rollback(ctx))
+	require.NoError(f.t, <-otherDone)
+	return <-done
+}
+
+// A retried AppendEvidence whose first try never landed is not fooled by another caller's
+// identical entry: both observations are kept.
+func TestFaultEvidenceRetryIsNotAnothersEntry(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	other := f.openSecond("tf-fault-other")
+	ctx := context.Background()
+	p := params("charge:evidence-race", "worker")
+	f.acquireAndExecute(p)
+	ev := ledger.EvidenceParams{Namespace: ns, Key: p.Key, Evidence: residual.Evidence{Holder: "probe", Note: "upstream says paid"}}
+
+	err := f.writeRaced(p.Key, func() error {
+		_, err := f.l.AppendEvidence(ctx, ev)
+		return err
+	}, func() error {
+		_, err := other.AppendEvidence(ctx, ev)
+		return err
+	})
+	require.NoError(t, err)
+	got, err := other.Get(ctx, ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Len(t, got.Evidence, 2, "each caller's observation is its own entry")
+}
+
+// A retried Resolve whose first try never landed is not fooled by another caller's
+// identical resolution: it is refused as already settled, and one resolution is recorded.
+func TestFaultResolveRetryIsNotAnothersResolution(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	other := f.openSecond("tf-fault-other")
+	ctx := context.Background()
+	p := params("charge:resolve-race", "worker")
+	p.TTL = time.Second
+	f.acquireAndExecute(p)
+	f.l.SetTimeOffset(time.Minute)
+	other.SetTimeOffset(time.Minute)
+	rp := ledger.ResolveParams{Namespace: ns, Key: p.Key, As: residual.Succeeded, By: "ops", Note: "checked upstream"}
+
+	err := f.writeRaced(p.Key, func() error {
+		_, err := f.l.Resolve(ctx, rp)
+		return err
+	}, func() error {
+		_, err := other.Resolve(ctx, rp)
+		return err
+	})
+	require.ErrorIs(t, err, residual.ErrInvalidTransition, "this caller's resolution never landed")
+	got, err := other.Get(ctx, ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Len(t, got.Resolutions, 1)
 }

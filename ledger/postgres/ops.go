@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -225,7 +226,7 @@ func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.Rese
 			return own, nil
 		}
 		if !rw.collected() {
-			d, cur, _ := ledger.ApplyReserve(res, p, 0, clock.UTC())
+			d, cur, _ := rules.ApplyReserve(res, p, 0, clock.UTC())
 			if d != ledger.Acquired {
 				return &ledger.ReserveResult{Decision: d, Residual: cur}, nil
 			}
@@ -245,7 +246,7 @@ func inserted(p ledger.ReserveParams, now time.Time) *residual.Residual {
 	now = now.UTC()
 	return &residual.Residual{
 		Key: p.Key, Namespace: p.Namespace, Task: p.Task, Operation: p.Operation, Target: p.Target,
-		State: residual.Pending, RequestDigest: p.RequestDigest, Token: 1,
+		State: residual.Pending, RequestDigest: p.RequestDigest, Token: 1, AttemptCount: 1,
 		Attempts: []residual.Attempt{{
 			N: 1, Holder: p.Holder, Token: 1, Started: now, RequestDigest: p.RequestDigest,
 			LeaseExpires: now.Add(time.Duration(p.TTL.Microseconds()) * time.Microsecond),
@@ -286,7 +287,7 @@ func (l *Ledger) reserveLocked(ctx context.Context, c *pgxpool.Conn, p ledger.Re
 		if rw.collected() {
 			r = nil
 		}
-		d, cur, ls := ledger.ApplyReserve(r, p, next, now)
+		d, cur, ls := rules.ApplyReserve(r, p, next, now)
 		out = &ledger.ReserveResult{Decision: d, Residual: cur, Lease: ls}
 		if d != ledger.Acquired {
 			return nil, nil
@@ -354,15 +355,19 @@ func (l *Ledger) write(ctx context.Context, tx pgx.Tx, ch *change) (bool, error)
 }
 
 // Commit implements ledger.Ledger in one statement when the fence holds. When it does not,
-// a short transaction applies ledger.ApplyCommit to the locked row, which appends the
+// a short transaction applies rules.ApplyCommit to the locked row, which appends the
 // caller's observation as evidence and returns its error wrapping residual.ErrLeaseLost.
 //
 // If the connection breaks after the commit was sent, Commit reconnects and re-reads the
-// row under lock: when its own commit landed it returns the stored residual; when the fence
-// still holds it commits there; otherwise it records evidence and reports the lost fence.
-// Only when the row cannot be re-read does it return an error wrapping ErrOutcomeUnknown;
-// the residual then stays pending and turns unknown when its lease expires. It never
-// reports a commit that did not land as done, so nothing is dispatched twice.
+// row under lock, and judges it by the same rule as a first try: when the commit landed
+// (this call's, or an identical earlier one) rules.Recorded answers it with the stored
+// residual, even if another attempt has started since; when the fence still holds it
+// commits there; when this call's refused commit already left its evidence (recognised by
+// a write id stored with it) it reports the lost fence again without a second entry;
+// otherwise it records evidence and reports the lost fence. Only when the row cannot be
+// re-read does it return an error wrapping ledger.ErrOutcomeUnknown; the residual then
+// stays pending and turns unknown when its lease expires. It never reports a commit that
+// did not land as done, so nothing is dispatched twice.
 func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -372,6 +377,7 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	}
 	var out *residual.Residual
 	var fenceErr error
+	writeID := rand.Text()
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		if !mayHaveLanded {
 			var watched bool
@@ -394,13 +400,23 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 		}
 		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
 			out = r
-			if mayHaveLanded && committedBy(r, p) {
-				fenceErr = nil
+			if mayHaveLanded && ownEvidence(r, writeID) {
+				// This very call's refused commit landed: answer as it would have.
+				fenceErr = fmt.Errorf("%w: key %s: the commit was refused and recorded as evidence (%s)",
+					residual.ErrLeaseLost, p.Key, r.Evidence[len(r.Evidence)-1].Note)
 				r.State = r.EffectiveState(now)
 				return nil, nil
 			}
-			fenceErr = ledger.ApplyCommit(r, p, now)
+			n := len(r.Evidence)
+			var write bool
+			write, fenceErr = rules.ApplyCommit(r, p, now)
 			r.State = r.EffectiveState(now)
+			if !write {
+				return nil, nil // already recorded (by this call's lost try, or an earlier one)
+			}
+			if len(r.Evidence) > n {
+				r.Evidence[n].WriteID = writeID
+			}
 			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {
@@ -415,12 +431,14 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	return out, fenceErr
 }
 
-// committedBy reports whether r holds the commit p: the current attempt carries p's holder
-// and token, is released and has p's outcome and response digest.
-func committedBy(r *residual.Residual, p ledger.CommitParams) bool {
-	cur := r.Current()
-	return cur != nil && cur.Holder == p.Holder && cur.Token == p.Token && cur.Released &&
-		cur.Outcome == p.Outcome && cur.ResponseDigest == p.ResponseDigest && cur.Error == p.Error
+// ownEvidence reports whether r holds evidence written by the call with writeID.
+func ownEvidence(r *residual.Residual, writeID string) bool {
+	for _, e := range r.Evidence {
+		if e.WriteID == writeID {
+			return true
+		}
+	}
+	return false
 }
 
 func nilIfEmpty(b []byte) []byte {
@@ -431,7 +449,7 @@ func nilIfEmpty(b []byte) []byte {
 }
 
 // Renew implements ledger.Ledger in one conditional statement. When the condition fails it
-// re-reads the residual and returns ledger.ApplyRenew's error, wrapping
+// re-reads the residual and returns rules.ApplyRenew's error, wrapping
 // residual.ErrLeaseLost (and residual.ErrNotFound for a missing residual).
 func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, error) {
 	if err := l.check(); err != nil {
@@ -463,7 +481,7 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 			if err != nil {
 				return err
 			}
-			if _, err := ledger.ApplyRenew(r, p, clock.UTC()); err != nil {
+			if _, err := rules.ApplyRenew(r, p, clock.UTC()); err != nil {
 				fenceErr = err
 				return nil
 			}
@@ -479,7 +497,8 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 }
 
 // Resolve implements ledger.Ledger: a short transaction locks the residual, applies
-// ledger.ApplyResolve with the next fencing token and writes it.
+// rules.ApplyResolve with the next fencing token and writes it, with a write id of this
+// call in the resolution so a retry after a lost answer recognises its own.
 func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -489,16 +508,19 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 	}
 	var out *residual.Residual
 	var ruleErr error
+	writeID := rand.Text()
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
-			if mayHaveLanded && resolvedBy(r, p) {
+			if mayHaveLanded && ownResolution(r, writeID) {
 				out, ruleErr = r, nil
+				r.State = r.EffectiveState(now)
 				return nil, nil
 			}
-			if ruleErr = ledger.ApplyResolve(r, p, r.Token+1, now); ruleErr != nil {
+			if ruleErr = rules.ApplyResolve(r, p, r.Token+1, now); ruleErr != nil {
 				out = nil
 				return nil, nil
 			}
+			r.Resolutions[len(r.Resolutions)-1].WriteID = writeID
 			out = r
 			return &change{r: r}, nil
 		})
@@ -514,36 +536,42 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 	return out, ruleErr
 }
 
-// resolvedBy reports whether the last resolution of r is p's.
-func resolvedBy(r *residual.Residual, p ledger.ResolveParams) bool {
-	n := len(r.Resolutions)
-	if n == 0 {
-		return false
+// ownResolution reports whether r holds the resolution written by the call with writeID:
+// a retry recognises its own write by that id, never by content, so another caller's
+// identical resolution is not taken for its own.
+func ownResolution(r *residual.Residual, writeID string) bool {
+	for _, res := range r.Resolutions {
+		if res.WriteID == writeID {
+			return true
+		}
 	}
-	last := r.Resolutions[n-1]
-	return r.State == p.As && last.To == p.As && last.By == p.By && last.Note == p.Note && last.Evidence == p.Evidence && last.Token == r.Token
+	return false
 }
 
 // AppendEvidence implements ledger.Ledger in a short transaction. An observation without a
-// time gets the ledger's clock.
+// time gets the ledger's clock. The stored observation carries a write id of this call, so
+// a retry after a lost answer recognises its own entry (and not another caller's identical
+// one).
 func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
 	}
-	if err := validKey("append evidence", p.Namespace, p.Key); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
 	var ruleErr error
 	var at time.Time
+	writeID := rand.Text()
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
 			out, ruleErr, at = r, nil, now
-			if mayHaveLanded && len(r.Evidence) > 0 && sameEvidence(r.Evidence[len(r.Evidence)-1], p.Evidence) {
-				r.State = r.EffectiveState(now)
+			if mayHaveLanded && ownEvidence(r, writeID) {
 				return nil, nil
 			}
-			ledger.ApplyEvidence(r, p.Evidence, now)
+			e := p.Evidence
+			e.WriteID = writeID
+			rules.ApplyEvidence(r, e, now)
 			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {
@@ -559,25 +587,4 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 		out.State = out.EffectiveState(at)
 	}
 	return out, ruleErr
-}
-
-// sameEvidence reports whether stored is the observation want (whose time may have been
-// filled in by the ledger).
-func sameEvidence(stored, want residual.Evidence) bool {
-	if !want.At.IsZero() && !stored.At.Equal(want.At) {
-		return false
-	}
-	return stored.Holder == want.Holder && stored.Token == want.Token && stored.Outcome == want.Outcome &&
-		stored.ResponseDigest == want.ResponseDigest && string(stored.Result) == string(want.Result) &&
-		stored.Handle == want.Handle && stored.Note == want.Note
-}
-
-func validKey(op, namespace, key string) error {
-	if err := residual.ValidKey(key); err != nil {
-		return fmt.Errorf("%w: %s: %w", ledger.ErrInvalidParams, op, err)
-	}
-	if namespace == "" {
-		return fmt.Errorf("%w: %s: namespace is empty", ledger.ErrInvalidParams, op)
-	}
-	return nil
 }

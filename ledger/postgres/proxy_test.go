@@ -26,6 +26,9 @@ type faultProxy struct {
 	pattern []byte
 	conns   map[net.Conn]struct{}
 	refuse  bool // cut new connections at once: the server looks unreachable
+	// onCut, when set, runs once a lost reply has been dropped and before the client's
+	// connection is cut: what it does happens between the lost write and its retry.
+	onCut func()
 
 	cuts atomic.Int32
 	wg   sync.WaitGroup
@@ -110,6 +113,13 @@ func (p *faultProxy) accept() {
 		go p.pipe(s, c, func([]byte) bool { // server → client
 			if armed.Load() {
 				p.cuts.Add(1)
+				p.mu.Lock()
+				hook := p.onCut
+				p.onCut = nil
+				p.mu.Unlock()
+				if hook != nil {
+					hook()
+				}
 				return false
 			}
 			return true

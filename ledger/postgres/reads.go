@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/rules"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -19,7 +20,7 @@ func (l *Ledger) Get(ctx context.Context, p ledger.GetParams) (*residual.Residua
 	if err := l.check(); err != nil {
 		return nil, err
 	}
-	if err := validKey("get", p.Namespace, p.Key); err != nil {
+	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	var out *residual.Residual
@@ -63,17 +64,14 @@ func (l *Ledger) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	if err := l.check(); err != nil {
 		return nil, err
 	}
-	if p.Namespace == "" {
-		return nil, fmt.Errorf("%w: list: namespace is empty", ledger.ErrInvalidParams)
+	if err := p.Validate(); err != nil {
+		return nil, err
 	}
 	states := make([]string, 0, len(p.States))
 	for _, s := range p.States {
-		if !s.Valid() {
-			return nil, fmt.Errorf("%w: list: %w: %q", ledger.ErrInvalidParams, residual.ErrInvalidState, s)
-		}
 		states = append(states, string(s))
 	}
-	limit := ledger.PageLimit(p.Limit)
+	limit := rules.PageLimit(p.Limit)
 	var page *ledger.Page
 	_, err := l.retry(ctx, false, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
 		rows, err := c.Query(ctx, listSQL, p.Namespace, p.Cursor, p.Task, p.Operation, p.Target, states, limit+1, l.offset.Load())
@@ -120,6 +118,9 @@ WHERE ($1 = '' OR namespace = $1) AND state IN ('succeeded', 'failed') AND updat
 // never touched. Deleted counts the residuals collected.
 func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
 	if err := l.check(); err != nil {
+		return ledger.GCResult{}, err
+	}
+	if err := p.Validate(); err != nil {
 		return ledger.GCResult{}, err
 	}
 	var deleted int64

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/toolfence/toolfence/ledger"
 )
 
 // failure classifies a failed try of a ledger step.
@@ -139,13 +141,13 @@ func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Cont
 }
 
 // fail wraps an infrastructure failure of what (an operation and its subject):
-// ErrOutcomeUnknown when a write may have landed and could not be re-read, ErrUnavailable
+// ledger.ErrOutcomeUnknown when a write may have landed and could not be re-read, ErrUnavailable
 // when the server could not be reached, and the server's error otherwise.
 func (l *Ledger) fail(what string, mayHaveLanded bool, err error) error {
 	switch {
 	case mayHaveLanded:
 		return fmt.Errorf("%w: %s on %s: the connection broke after the write was sent and what is stored could not be re-read: %w",
-			ErrOutcomeUnknown, what, l.target, err)
+			ledger.ErrOutcomeUnknown, what, l.target, err)
 	case isConnError(err):
 		return fmt.Errorf("%w: %s on %s: %w", ErrUnavailable, what, l.target, err)
 	}

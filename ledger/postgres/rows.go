@@ -118,6 +118,7 @@ func (r *row) residual() (*residual.Residual, error) {
 			a.Ended = r.attEnded.UTC()
 		}
 		res.Attempts = append(res.Attempts, a)
+		res.AttemptCount = a.N
 	}
 	if err := unmarshalList(r.evidence, &res.Evidence); err != nil {
 		return nil, fmt.Errorf("postgres: decode evidence of %s: %w", r.key, err)

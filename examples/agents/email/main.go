@@ -127,7 +127,7 @@ func story() error {
 		return err
 	}
 	defer led.Close()
-	ic, err := interceptor.New(led, interceptor.Config{Holder: "onboarding-agent"})
+	ic, err := interceptor.New(led, interceptor.Options{Holder: "onboarding-agent"})
 	if err != nil {
 		return err
 	}

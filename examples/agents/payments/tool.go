@@ -90,7 +90,7 @@ func open(dir, holder, api string) (*badger.Ledger, *interceptor.Interceptor, er
 	if err != nil {
 		return nil, nil, err
 	}
-	ic, err := interceptor.New(led, interceptor.Config{Holder: holder, LeaseTTL: leaseTTL})
+	ic, err := interceptor.New(led, interceptor.Options{Holder: holder, LeaseTTL: leaseTTL})
 	if err == nil {
 		err = ic.Register("charge_invoice", interceptor.Operation{Probe: probe(api)})
 	}

@@ -111,7 +111,7 @@ func story() error {
 		return err
 	}
 	defer led.Close()
-	ic, err := interceptor.New(led, interceptor.Config{Holder: "shop-agent"})
+	ic, err := interceptor.New(led, interceptor.Options{Holder: "shop-agent"})
 	if err != nil {
 		return err
 	}

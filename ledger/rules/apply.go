@@ -1,4 +1,4 @@
-package ledger
+package rules
 
 import (
 	"crypto/sha256"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -17,11 +18,11 @@ import (
 // clock; token is the next fencing token for the key (one more than the highest issued).
 
 // ApplyReserve applies Reserve to r (nil when no residual exists). When the decision is
-// Acquired it returns the new or updated residual (r itself is modified when non-nil) and
+// ledger.Acquired it returns the new or updated residual (r itself is modified when non-nil) and
 // the new lease; otherwise it returns r unchanged with its effective state.
-func ApplyReserve(r *residual.Residual, p ReserveParams, token uint64, now time.Time) (Decision, *residual.Residual, lease.Lease) {
+func ApplyReserve(r *residual.Residual, p ledger.ReserveParams, token uint64, now time.Time) (ledger.Decision, *residual.Residual, lease.Lease) {
 	d := Decide(r, p.RequestDigest, p.Redispatch, now)
-	if d != Acquired {
+	if d != ledger.Acquired {
 		r.State = r.EffectiveState(now)
 		return d, r, lease.Lease{}
 	}
@@ -40,11 +41,41 @@ func ApplyReserve(r *residual.Residual, p ReserveParams, token uint64, now time.
 	r.RequestDigest = p.RequestDigest
 	r.Token = token
 	r.UpdatedAt = now
-	r.Attempts = append(r.Attempts, residual.Attempt{
-		N: len(r.Attempts) + 1, Holder: p.Holder, Token: token, LeaseExpires: l.Expires,
+	n := AttemptCount(r) + 1
+	r.Attempts = TrimAttempts(append(r.Attempts, residual.Attempt{
+		N: n, Holder: p.Holder, Token: token, LeaseExpires: l.Expires,
 		Started: now, RequestDigest: p.RequestDigest,
-	})
-	return Acquired, r, l
+	}))
+	r.AttemptCount = n
+	return ledger.Acquired, r, l
+}
+
+// KeepAttempts is how many of the latest attempts a residual keeps besides the first one.
+const KeepAttempts = 16
+
+// TrimAttempts keeps the first attempt and the latest KeepAttempts of as (in order) and
+// drops those in between: the first says how the key began, the latest what is happening
+// now. It returns as itself when nothing is dropped.
+func TrimAttempts(as []residual.Attempt) []residual.Attempt {
+	if len(as) <= 1+KeepAttempts {
+		return as
+	}
+	out := make([]residual.Attempt, 0, 1+KeepAttempts)
+	out = append(out, as[0])
+	return append(out, as[len(as)-KeepAttempts:]...)
+}
+
+// AttemptCount returns how many attempts were ever made at r's key: r.AttemptCount, or
+// for a record written before it was counted, the N of the current attempt.
+func AttemptCount(r *residual.Residual) int {
+	if r == nil {
+		return 0
+	}
+	n := r.AttemptCount
+	if cur := r.Current(); cur != nil {
+		n = max(n, cur.N)
+	}
+	return n
 }
 
 // fenceErr checks that the current attempt of r is pending under holder and token with more
@@ -66,11 +97,17 @@ func fenceErr(r *residual.Residual, holder string, token uint64, margin time.Dur
 	return nil
 }
 
-// ApplyCommit applies Commit to r. Under a valid fence it writes the terminal outcome and
-// releases the lease and returns nil. Otherwise it appends the caller's observation as
-// evidence (leaving the state alone) and returns an error wrapping residual.ErrLeaseLost.
-func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
+// ApplyCommit applies Commit to r and reports whether r changed (the backend must write it).
+// Under a valid fence it writes the terminal outcome and releases the lease: true, nil. An
+// identical retry of a commit that already landed (see Recorded) changes nothing and is
+// answered as done: false, nil. Otherwise it appends the caller's observation as evidence
+// (leaving the state alone) and returns true and an error wrapping residual.ErrLeaseLost.
+func ApplyCommit(r *residual.Residual, p ledger.CommitParams, now time.Time) (bool, error) {
 	if err := fenceErr(r, p.Holder, p.Token, p.Margin, now); err != nil {
+		if Recorded(r, p) {
+			r.State = r.EffectiveState(now)
+			return false, nil
+		}
 		appendEvidence(r, residual.Evidence{
 			At: now, Holder: p.Holder, Token: p.Token, Outcome: p.Outcome,
 			ResponseDigest: p.ResponseDigest, Result: p.Result, Handle: p.Handle,
@@ -78,7 +115,7 @@ func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
 		})
 		r.State = r.EffectiveState(now)
 		r.UpdatedAt = now
-		return err
+		return true, err
 	}
 	cur := r.Current()
 	cur.Outcome, cur.Ended, cur.Released = p.Outcome, now, true
@@ -92,7 +129,41 @@ func ApplyCommit(r *residual.Residual, p CommitParams, now time.Time) error {
 		r.Handle = p.Handle
 		r.Result, r.ResultDigest, r.ResultTruncated = p.Result, p.ResultDigest, p.ResultTruncated
 	}
-	return nil
+	return true, nil
+}
+
+// Recorded reports whether p repeats a commit that already landed: the attempt that holds
+// p.Token was settled by its own commit (not by a resolution or a takeover) from p.Holder
+// with p's outcome and response digest, and, while the residual still stands as that
+// commit left it, with p's result digest and handle. Such a retry (its first answer was
+// lost) is answered with the recorded residual; a commit that differs in any of these is
+// refused as a lost lease.
+func Recorded(r *residual.Residual, p ledger.CommitParams) bool {
+	for i := len(r.Attempts) - 1; i >= 0; i-- {
+		a := &r.Attempts[i]
+		if a.Token != p.Token {
+			continue
+		}
+		if a.Holder != p.Holder || !a.Released || a.Outcome != p.Outcome || a.ResponseDigest != p.ResponseDigest {
+			return false
+		}
+		for _, res := range r.Resolutions {
+			if a.Outcome == residual.Unknown && res.At.Equal(a.Ended) {
+				return false // a resolution released the attempt; its holder never committed
+			}
+		}
+		if i == len(r.Attempts)-1 && r.State == p.Outcome && storesResult(p.Outcome) &&
+			(r.ResultDigest != p.ResultDigest || r.Handle != p.Handle) {
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+// storesResult reports whether a commit of outcome stores the caller's result and handle.
+func storesResult(outcome residual.State) bool {
+	return outcome == residual.Succeeded || outcome == residual.Accepted
 }
 
 // Evidence bounds: refused commits cannot grow a residual without limit. The first
@@ -128,7 +199,7 @@ func ApplyEvidence(r *residual.Residual, e residual.Evidence, now time.Time) {
 
 // ApplyRenew applies Renew to r: it extends the live lease of the attempt holding p.Token to
 // now+p.TTL, or returns an error wrapping residual.ErrLeaseLost.
-func ApplyRenew(r *residual.Residual, p RenewParams, now time.Time) (lease.Lease, error) {
+func ApplyRenew(r *residual.Residual, p ledger.RenewParams, now time.Time) (lease.Lease, error) {
 	if err := fenceErr(r, p.Holder, p.Token, 0, now); err != nil {
 		return lease.Lease{}, err
 	}
@@ -139,7 +210,7 @@ func ApplyRenew(r *residual.Residual, p RenewParams, now time.Time) (lease.Lease
 }
 
 // ApplyResolve applies Resolve to r with the new fencing token.
-func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.Time) error {
+func ApplyResolve(r *residual.Residual, p ledger.ResolveParams, token uint64, now time.Time) error {
 	from := r.EffectiveState(now)
 	switch from {
 	case residual.Pending:
@@ -179,4 +250,58 @@ func ApplyResolve(r *residual.Residual, p ResolveParams, token uint64, now time.
 		r.Result, r.ResultDigest, r.ResultTruncated = nil, "", false
 	}
 	return nil
+}
+
+// Decide is the reservation rule every backend applies to an existing residual (r may be
+// nil when none exists), so backends agree on it exactly. now is the ledger's clock.
+func Decide(r *residual.Residual, requestDigest string, redispatch bool, now time.Time) ledger.Decision {
+	if r == nil {
+		return ledger.Acquired
+	}
+	switch r.EffectiveState(now) {
+	case residual.Pending:
+		return ledger.InProgress
+	case residual.Unknown:
+		if redispatch && r.RequestDigest == requestDigest {
+			return ledger.Acquired
+		}
+		return ledger.UnknownOutcome
+	case residual.Accepted:
+		return ledger.AwaitingUpstream
+	case residual.Succeeded:
+		if r.RequestDigest == requestDigest {
+			return ledger.Replay
+		}
+		return ledger.PayloadMismatch
+	default: // Failed
+		return ledger.Acquired
+	}
+}
+
+// PageLimit returns the effective page size of ledger.ListParams.Limit n: the default for
+// n <= 0, at most ledger.MaxListLimit.
+func PageLimit(n int) int {
+	if n <= 0 {
+		return ledger.DefaultListLimit
+	}
+	return min(n, ledger.MaxListLimit)
+}
+
+// Matches reports whether r passes the filters of p (namespace excluded), using r's
+// effective State. Backends that filter in memory use it.
+func Matches(p ledger.ListParams, r *residual.Residual) bool {
+	if p.Task != "" && r.Task != p.Task ||
+		p.Operation != "" && r.Operation != p.Operation ||
+		p.Target != "" && r.Target != p.Target {
+		return false
+	}
+	if len(p.States) == 0 {
+		return true
+	}
+	for _, s := range p.States {
+		if r.State == s {
+			return true
+		}
+	}
+	return false
 }
