@@ -11,7 +11,6 @@ import (
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
-	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -123,7 +122,7 @@ func classify(k Kind, err error) Result {
 		return RInProgress
 	case errors.Is(err, residual.ErrInvalidTransition):
 		return RInvalidTransition
-	case errors.Is(err, postgres.ErrOutcomeUnknown), errors.Is(err, badger.ErrSyncFailed),
+	case errors.Is(err, ledger.ErrOutcomeUnknown), errors.Is(err, badger.ErrSyncFailed),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return RIndeterminate
 	case k == KRenew:
@@ -143,7 +142,8 @@ func describe(out *Output, r *residual.Residual) *Output {
 		return out
 	}
 	out.HasRes = true
-	out.State, out.Token, out.Attempts = r.State, r.Token, len(r.Attempts)
+	// AttemptCount counts every attempt; the ledger keeps only some of them in Attempts.
+	out.State, out.Token, out.Attempts = r.State, r.Token, max(r.AttemptCount, len(r.Attempts))
 	out.Evidence, out.Resolved = len(r.Evidence), len(r.Resolutions)
 	if cur := r.Current(); cur != nil {
 		out.Holder = cur.Holder
