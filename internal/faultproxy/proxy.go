@@ -1,5 +1,3 @@
-// Package faultproxy is a TCP proxy for fault-injection tests: latency, bandwidth caps,
-// connection resets, silent timeouts, full partitions and their heal. It imports nothing of ours.
 package faultproxy
 
 import (

@@ -1,5 +1,3 @@
-// Package jepsen proves the ledgers under faults: a workload of clients in several processes,
-// a nemesis, recorded histories checked for linearizability (porcupine) and the fencing invariants.
-//
-// It imports ledger, its backends, residual, lease and internal/faultproxy; nothing imports it but cmd/toolfence.
+// Package jepsen checks the ledgers under faults: clients in several processes, a nemesis, and histories checked for linearizability (porcupine) and the fencing invariants.
+// It imports ledger, its backends, residual, lease and internal/faultproxy; only cmd/toolfence imports it.
 package jepsen

@@ -28,6 +28,10 @@ func TestFindingsAreCaught(t *testing.T) {
 		// PostgreSQL: a retried Reserve whose first try had acquired token 16 answered
 		// in_progress, because by the retry another holder had taken the expired lease.
 		{"postgres-reserve-retry.jsonl", "resolve(e95k2, as succeeded, by reconciler-1) → in_progress", ""},
+		// PostgreSQL (with the write ids of the ledger merge): a Resolve whose first try
+		// landed answered in_progress, because GC had deleted the residual and a new holder
+		// had taken the key before the retry looked for its own resolution.
+		{"postgres-resolve-retry-superseded.jsonl", "reserve(e4k0, c9-309, digest a, ttl 150ms, redispatch false) → ok replay [succeeded token 8 holder c9-305 att 6 ev 8 res 2]", ""},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			ops, err := ReadHistory(filepath.Join("testdata", "findings", tc.file))
