@@ -31,6 +31,10 @@ func TestFindingsAreCaught(t *testing.T) {
 		// PostgreSQL (with the write ids of the ledger merge): a Resolve whose first try
 		// landed answered in_progress, because GC had deleted the residual and a new holder
 		// had taken the key before the retry looked for its own resolution.
+		// PostgreSQL on main (10-minute run, seed 104): a Commit whose first try landed
+		// (a reader saw its succeeded token 10) answered lease_lost, because by the retry
+		// the residual had been collected and the key taken again (token 12).
+		{"postgres-commit-retry-superseded.jsonl", "reserve(e50k1, c39-305, digest a, ttl 150ms, redispatch false) → ok payload_mismatch [succeeded token 10 holder c43-32 att 4 ev 4 res 1]", ""},
 		{"postgres-resolve-retry-superseded.jsonl", "reserve(e4k0, c9-309, digest a, ttl 150ms, redispatch false) → ok replay [succeeded token 8 holder c9-305 att 6 ev 8 res 2]", ""},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
