@@ -67,10 +67,31 @@ func porcupineOps(ops []*Op) []porcupine.Operation {
 		if op.Out.Result == RIndeterminate {
 			ret = end + 1
 		}
+		if answersLater(op) {
+			write, answer := stepIn{op: op, lo: lo, hi: hi, part: partWrite}, stepIn{op: op, lo: lo, hi: hi, part: partAnswer}
+			out = append(out,
+				porcupine.Operation{ClientId: op.Client, Input: write, Call: op.Call, Output: op.Out, Return: ret},
+				porcupine.Operation{ClientId: op.Client, Input: answer, Call: op.Call, Output: op.Out, Return: ret})
+			continue
+		}
 		out = append(out, porcupine.Operation{ClientId: op.Client, Input: stepIn{op: op, lo: lo, hi: hi},
 			Call: op.Call, Output: op.Out, Return: ret})
 	}
 	return out
+}
+
+// answersLater reports whether op is an acknowledged write that the ledger may answer with
+// the residual as read after the write rather than at it: a Commit, Resolve or
+// AppendEvidence whose reply was lost is retried inside the ledger, which recognises its
+// own write and answers with the residual as the retry reads it, after other steps may
+// have landed. Such an op is checked as two steps in its window: the write (partWrite),
+// then a read of its answer (partAnswer), which the model orders after the write.
+func answersLater(op *Op) bool {
+	switch op.In.Kind {
+	case KCommit, KResolve, KEvidence:
+		return op.Out.Result == ROK && op.Out.HasRes
+	}
+	return false
 }
 
 // Check checks ops for linearizability against Model and for the invariants. timeout bounds
@@ -374,7 +395,12 @@ func failingWindow(ops []porcupine.Operation, info porcupine.LinearizationInfo) 
 	if len(ops) == 0 {
 		return nil
 	}
-	done := map[*Op]bool{}
+	type stepKey struct {
+		op   *Op
+		part part
+	}
+	key := func(p porcupine.Operation) stepKey { in := p.Input.(stepIn); return stepKey{in.op, in.part} }
+	done := map[stepKey]bool{}
 	if parts := info.PartialLinearizationsOperations(); len(parts) > 0 {
 		longest := []porcupine.Operation{}
 		for _, l := range parts[0] {
@@ -383,13 +409,13 @@ func failingWindow(ops []porcupine.Operation, info porcupine.LinearizationInfo) 
 			}
 		}
 		for _, p := range longest {
-			done[p.Input.(stepIn).op] = true
+			done[key(p)] = true
 		}
 	}
 	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
 	var stuck *porcupine.Operation
 	for i := range ops {
-		if !done[ops[i].Input.(stepIn).op] && (stuck == nil || ops[i].Return < stuck.Return) {
+		if !done[key(ops[i])] && (stuck == nil || ops[i].Return < stuck.Return) {
 			stuck = &ops[i]
 		}
 	}
@@ -414,10 +440,11 @@ func failingWindow(ops []porcupine.Operation, info porcupine.LinearizationInfo) 
 			ret = fmt.Sprintf("%.1f", float64(op.Return-t0)/1e6)
 		}
 		mark := " "
-		if p.Input.(stepIn).op == stuck.Input.(stepIn).op {
+		if key(p) == key(*stuck) {
 			mark = "✗"
 		}
-		out = append(out, fmt.Sprintf("%s c%d [%.1f, %s] %s", mark, op.Client, float64(op.Call-t0)/1e6, ret, describeOp(op)))
+		half := map[part]string{partWrite: " (its write)", partAnswer: " (its answer, read after the write)"}[p.Input.(stepIn).part]
+		out = append(out, fmt.Sprintf("%s c%d [%.1f, %s] %s%s", mark, op.Client, float64(op.Call-t0)/1e6, ret, describeOp(op), half))
 	}
 	return out
 }

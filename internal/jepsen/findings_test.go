@@ -17,11 +17,12 @@ func TestFindingsAreCaught(t *testing.T) {
 		// (and PostgreSQL) say ErrLeaseLost.
 		{"badger-commit-after-gc.jsonl", "commit(e13k2, c44-62, token 10, accepted, margin 20ms) → not_found", ""},
 		// PostgreSQL: a retried AppendEvidence took another client's identical observation
-		// for its own; one observation was acknowledged and never stored.
-		{"postgres-evidence-retry.jsonl", "evidence(e2k1) → ok [failed token 8 holder c6-171 att 3 ev 9 res 0]", ""},
+		// for its own; one observation was acknowledged and never stored: no answer read
+		// after a write of it explains 9 observations.
+		{"postgres-evidence-retry.jsonl", "evidence(e2k1) → ok [failed token 8 holder c6-171 att 3 ev 9 res 0] (its answer", ""},
 		// PostgreSQL: a retried AppendEvidence whose first try had landed stored a second
 		// copy, because another client's observation came last in between.
-		{"postgres-evidence-retry-duplicate.jsonl", "reserve(e58k1, c48-75, digest b, ttl 550ms, redispatch false) → ok replay [succeeded token 12 holder c46-445 att 3 ev 11 res 0]", ""},
+		{"postgres-evidence-retry-duplicate.jsonl", "evidence(e58k1) → ok [succeeded token 12 holder c46-445 att 3 ev 13 res 0] (its answer", ""},
 		// PostgreSQL: a retried Resolve took another resolver's identical resolution for its
 		// own: two callers were told they resolved the key, with the same new token.
 		{"postgres-resolve-retry.jsonl", "", "token 11 issued twice on e113k2"},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 
 	"github.com/anishathalye/porcupine"
 
@@ -35,13 +36,30 @@ type keyState struct {
 	Attempts     int
 	Evidence     int
 	Resolutions  int
+	// Owed lists the ids (",id,") of split writes that took effect and whose answer (a
+	// read, see answersLater) has not been placed yet.
+	Owed string
 }
 
-// stepIn is porcupine's input: the op and the ledger-time window it ran in.
+// stepIn is porcupine's input: the op and the ledger-time window it ran in, and for an op
+// split by answersLater, which part it is.
 type stepIn struct {
 	op     *Op
 	lo, hi int64
+	part   part
 }
+
+// part says which half of a split op a stepIn is.
+type part int
+
+const (
+	whole      part = iota
+	partWrite       // the write, its answer not checked
+	partAnswer      // the answer, a read placed after the write
+)
+
+// owedID is op's entry in keyState.Owed.
+func owedID(op *Op) string { return fmt.Sprintf(",%d,", op.ID) }
 
 // window returns the ledger-time window of op: from its call to its return, shifted by the
 // ledger clock's offset; an indeterminate op's window never closes.
@@ -149,6 +167,34 @@ func step(s keyState, in stepIn) []keyState {
 		return nil
 	}
 	o := in.op.Out
+	switch in.part {
+	case partWrite:
+		w := *o
+		w.HasRes = false
+		in.op = &Op{ID: in.op.ID, In: in.op.In, Out: &w}
+		in.part = whole
+		var out []keyState
+		for _, n := range step(s, in) {
+			n.Owed += owedID(in.op)
+			out = append(out, n)
+		}
+		return out
+	case partAnswer:
+		id := owedID(in.op)
+		if !strings.Contains(s.Owed, id) {
+			return nil // the write has not taken effect yet
+		}
+		s.Owed = strings.Replace(s.Owed, id, "", 1)
+		if !s.Exists {
+			return nil
+		}
+		for _, eff := range s.effective(lo, hi) {
+			if s.matches(o, eff) {
+				return []keyState{s}
+			}
+		}
+		return nil
+	}
 	switch o.Result {
 	case RFail:
 		return []keyState{s} // the ledger says it did not happen
@@ -171,6 +217,9 @@ func step(s keyState, in stepIn) []keyState {
 			return []keyState{s}
 		case o.Result == ROK && s.Exists:
 			n := s.withEvidence()
+			if !o.HasRes {
+				return []keyState{n} // the write of a split op: see answersLater
+			}
 			for _, eff := range s.effective(lo, hi) {
 				if n.matches(o, eff) {
 					return []keyState{n}
@@ -202,7 +251,7 @@ func gc(s keyState) []keyState {
 	if !s.Exists || !s.State.Terminal() {
 		return []keyState{s}
 	}
-	d := keyState{Token: s.Token}
+	d := keyState{Token: s.Token, Owed: s.Owed}
 	return []keyState{s, d}
 }
 
@@ -308,7 +357,7 @@ func stepCommit(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 			return nil
 		}
 		n := s.settle(i.Outcome)
-		if !n.matches(o, i.Outcome) {
+		if o.HasRes && !n.matches(o, i.Outcome) { // see answersLater for one without
 			return nil
 		}
 		return []keyState{n}
@@ -360,7 +409,7 @@ func stepResolve(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 			return nil
 		}
 		n := resolved(s, i.As)
-		if !n.matches(o, i.As) {
+		if o.HasRes && !n.matches(o, i.As) { // see answersLater for one without
 			return nil
 		}
 		return []keyState{n}

@@ -160,3 +160,35 @@ func TestInvariantsOfFencing(t *testing.T) {
 	require.Contains(t, all, "two live leases on k")
 	require.Contains(t, all, "commit under stale token 1 on k")
 }
+
+// TestModelCommitAnswersWithALaterRead: a Commit is answered with the residual as stored
+// when the answer is read, which for a Commit retried after a lost reply is after other
+// steps landed (e19k1 in docs/reliability.md: two observations appended after the commit,
+// counted in its answer). That answer is legal; one that no state after the commit
+// explains (the evidence never appended, or the key still pending) is not.
+func TestModelCommitAnswersWithALaterRead(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		evidence int
+		state    residual.State
+		ok       bool
+	}{
+		{"as the commit left it", 0, residual.Succeeded, true},
+		{"with the observations appended after it", 2, residual.Succeeded, true},
+		{"with observations never appended", 3, residual.Succeeded, false},
+		{"still pending", 0, residual.Pending, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h hist
+			h.acquired("k", 1, 1, 1000)
+			h.add(1, 9, 10, Input{Kind: KGet, Key: "k"}, res(residual.Pending, 1, 1))
+			h.add(1, 30, 31, Input{Kind: KGet, Key: "k"}, res(residual.Succeeded, 1, 1)) // the commit landed by now
+			h.add(1, 40, 41, Input{Kind: KEvidence, Key: "k"}, Output{Result: ROK, HasRes: true, State: residual.Succeeded, Token: 1, Holder: "h", Attempts: 1, Evidence: 1})
+			h.add(1, 50, 51, Input{Kind: KEvidence, Key: "k"}, Output{Result: ROK, HasRes: true, State: residual.Succeeded, Token: 1, Holder: "h", Attempts: 1, Evidence: 2})
+			out := res(tc.state, 1, 1)
+			out.Evidence = tc.evidence
+			h.add(0, 20, 60, commit(residual.Succeeded), out)
+			require.Equal(t, tc.ok, h.check(t).Linearizable == "Ok")
+		})
+	}
+}
