@@ -347,8 +347,9 @@ type GCResult struct {
 var ErrInvalidParams = errors.New("ledger: invalid parameters")
 
 // ErrOutcomeUnknown is wrapped by the error of a write whose outcome the backend cannot
-// tell (for a shared backend: the connection broke after the write was sent and what is
-// stored could not be re-read). The write may or may not have landed: the caller must treat
+// tell (for a shared backend: the connection broke after the write was sent, and what is
+// stored could not be re-read, or no longer shows whether the write landed because the key
+// moved on: another attempt took it, or GC collected it). The write may or may not have landed: the caller must treat
 // the step as unknown and re-read before acting on it. For Reserve nothing may be
 // dispatched; for Commit the residual stays pending until the lease expires (then unknown)
 // unless the commit landed, and repeating the identical Commit tells which.
