@@ -595,3 +595,30 @@ func TestFaultCommitReplyLostThenCollected(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, got.Evidence, "no late-commit evidence on the new residual")
 }
+
+// A Reserve whose transaction is killed before its COMMIT was sent wrote nothing: the retry
+// judges the key afresh (here: free after a failed attempt, so it acquires) rather than
+// answering that the outcome is unknown.
+func TestFaultReserveKilledBeforeCommitIsNotAmbiguous(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	ctx := context.Background()
+	p := params("charge:reserve-killed-in-tx", "worker")
+	res := f.acquireAndExecute(p)
+	_, err := f.l.Commit(ctx, commitOf(p, res, residual.Failed))
+	require.NoError(t, err)
+
+	tx := lockRow(t, f.schema, p.Key)
+	done := make(chan error, 1)
+	var again *ledger.ReserveResult
+	go func() {
+		var err error
+		again, err = f.l.Reserve(ctx, p) // takes the failed key over: a locking transaction
+		done <- err
+	}()
+	terminate(t, f.admin, f.lockedWorkerPID(f.admin))
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-done, "the killed transaction wrote nothing; the retry decides afresh")
+	require.Equal(t, ledger.Acquired, again.Decision)
+	require.Equal(t, uint64(2), again.Lease.Token)
+}
