@@ -6,7 +6,7 @@ BENCHTIME ?= 2s
 COUNT    ?= 6
 export TOOLFENCE_TEST_PG ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: all build demo test test-short bench lint fuzz clean
+.PHONY: all build demo test test-short bench lint fuzz jepsen clean
 
 all: build
 
@@ -50,5 +50,13 @@ FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./residual/ -run '^$$' -fuzz FuzzCanonical -fuzztime $(FUZZTIME)
 
+## jepsen: the long fault runs of docs/reliability.md: JEPSEN_DURATION of workload per backend
+## (10 minutes by default; PostgreSQL needs initdb and pg_ctl on PATH), then the checks. Reports
+## land in jepsen-out/<backend>; the exit status is 1 when a verdict is not clean.
+JEPSEN_DURATION ?= 10m
+JEPSEN_BACKENDS ?= badger,postgres
+jepsen: build
+	nice -n 10 ./bin/toolfence jepsen --backend $(JEPSEN_BACKENDS) --duration $(JEPSEN_DURATION) --dir jepsen-out
+
 clean:
-	rm -rf bin .toolfence bench.out
+	rm -rf bin .toolfence bench.out jepsen-out

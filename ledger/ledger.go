@@ -44,6 +44,8 @@ type Ledger interface {
 	// p.Holder and p.Token, and more than p.Margin is left on the lease at the ledger's
 	// clock. Otherwise it appends what the caller observed as evidence and returns an
 	// error wrapping residual.ErrLeaseLost (and the stored residual); it releases nothing.
+	// A missing residual (never reserved, or collected by GC) is a lost fence too: an error
+	// wrapping residual.ErrLeaseLost and residual.ErrNotFound, no residual, nothing written.
 	// Outcome may be Succeeded, Accepted, Failed or Unknown.
 	//
 	// A commit identical to one that already landed (same key, holder, token, outcome,
@@ -54,7 +56,7 @@ type Ledger interface {
 
 	// Renew extends the lease of the attempt holding p.Token to now+p.TTL if it is still
 	// live and held by p.Holder; otherwise it returns an error wrapping
-	// residual.ErrLeaseLost.
+	// residual.ErrLeaseLost (and also residual.ErrNotFound when the residual is missing).
 	Renew(ctx context.Context, p RenewParams) (lease.Lease, error)
 
 	// Resolve settles an unknown or accepted residual as succeeded or failed: it takes a new
@@ -345,8 +347,9 @@ type GCResult struct {
 var ErrInvalidParams = errors.New("ledger: invalid parameters")
 
 // ErrOutcomeUnknown is wrapped by the error of a write whose outcome the backend cannot
-// tell (for a shared backend: the connection broke after the write was sent and what is
-// stored could not be re-read). The write may or may not have landed: the caller must treat
+// tell (for a shared backend: the connection broke after the write was sent, and what is
+// stored could not be re-read, or no longer shows whether the write landed because the key
+// moved on: another attempt took it, or GC collected it). The write may or may not have landed: the caller must treat
 // the step as unknown and re-read before acting on it. For Reserve nothing may be
 // dispatched; for Commit the residual stays pending until the lease expires (then unknown)
 // unless the commit landed, and repeating the identical Commit tells which.

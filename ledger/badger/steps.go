@@ -121,7 +121,9 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 }
 
 // Commit implements ledger.Ledger. A refused commit still writes its evidence, durably,
-// and returns the stored residual with an error wrapping residual.ErrLeaseLost. An
+// and returns the stored residual with an error wrapping residual.ErrLeaseLost; a commit of
+// a missing residual returns no residual and an error wrapping residual.ErrLeaseLost and
+// residual.ErrNotFound. An
 // identical retry of a commit that landed (rules.Recorded) writes nothing and returns the
 // stored residual.
 func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
@@ -134,6 +136,11 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	err := l.update(ctx, "commit", func(t *tx, now time.Time) (bool, error) {
 		out, fenceErr = nil, nil
 		r, err := getResidual(t, p.Namespace, p.Key)
+		if errors.Is(err, residual.ErrNotFound) {
+			// No residual, no fence (never reserved, or collected after the lease was lost):
+			// refused like any lost fence, with nothing to record the evidence on.
+			return false, fmt.Errorf("%w: commit: %w", residual.ErrLeaseLost, err)
+		}
 		if err != nil {
 			return false, err
 		}
@@ -161,7 +168,8 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	return out, err
 }
 
-// Renew implements ledger.Ledger.
+// Renew implements ledger.Ledger. A renewal of a missing residual returns an error
+// wrapping residual.ErrLeaseLost and residual.ErrNotFound.
 func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, error) {
 	if err := p.Validate(); err != nil {
 		return lease.Lease{}, err
@@ -169,6 +177,9 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 	var out lease.Lease
 	err := l.update(ctx, "renew", func(t *tx, now time.Time) (bool, error) {
 		r, err := getResidual(t, p.Namespace, p.Key)
+		if errors.Is(err, residual.ErrNotFound) {
+			return false, fmt.Errorf("%w: renew: %w", residual.ErrLeaseLost, err)
+		}
 		if err != nil {
 			return false, err
 		}

@@ -23,6 +23,7 @@ var commitCases = []testCase{
 	{"RenewExtendsLease", renewExtendsLease},
 	{"RenewStaleTokenRefused", renewStaleTokenRefused},
 	{"RenewAfterExpiryRefused", renewAfterExpiryRefused},
+	{"CommitOrRenewOfMissingKeyLeaseLost", commitOrRenewOfMissingKeyLeaseLost},
 }
 
 // A commit of succeeded under the fence settles the residual, releases the lease and
@@ -339,4 +340,43 @@ func commitRetryAfterTakeoverOrResolve(e *env) {
 	_, err = e.l.Commit(e.ctx, late)
 	requireErr(e.t, err, residual.ErrLeaseLost, "a commit that never landed is refused")
 	requireEvidence(e, e.get(u), late)
+}
+
+// A Commit or Renew of a key with no residual (never reserved, or collected by GC after
+// its holder lost the lease) is a lost fence: an error wrapping residual.ErrLeaseLost and
+// residual.ErrNotFound, with no residual returned and nothing written.
+func commitOrRenewOfMissingKeyLeaseLost(e *env) {
+	never := e.call("charge:never-reserved")
+	_, err := e.l.Commit(e.ctx, never.commit("agent-a", 1, residual.Succeeded))
+	requireErr(e.t, err, residual.ErrLeaseLost, "commit of a key never reserved")
+	requireErr(e.t, err, residual.ErrNotFound, "commit of a key never reserved")
+	_, err = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: never.ns, Key: never.key(), Holder: "agent-a", Token: 1, TTL: ttl})
+	requireErr(e.t, err, residual.ErrLeaseLost, "renew of a key never reserved")
+	requireErr(e.t, err, residual.ErrNotFound, "renew of a key never reserved")
+	_, err = e.l.Get(e.ctx, never.get())
+	requireErr(e.t, err, residual.ErrNotFound, "a refused commit of a missing key writes nothing")
+
+	// Finding 1 of docs/reliability.md: a holder's lease ends, another holder takes the key
+	// and settles it, GC collects it; then the first holder commits and renews.
+	c := e.call("charge:collected")
+	a := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.advance(pastTTL)
+	p := c.reserve("agent-b", "digest-1")
+	p.Redispatch = true
+	b := e.acquire(p)
+	e.commit(c.commit("agent-b", b.Lease.Token, residual.Failed))
+	e.advance(time.Hour)
+	res, err := e.l.GC(e.ctx, ledger.GCParams{Namespace: c.ns, Before: e.now()})
+	require.NoError(e.t, err)
+	require.Equal(e.t, 1, res.Deleted)
+
+	r, err := e.l.Commit(e.ctx, c.commit("agent-a", a.Lease.Token, residual.Accepted))
+	requireErr(e.t, err, residual.ErrLeaseLost, "late commit of a collected key")
+	requireErr(e.t, err, residual.ErrNotFound, "late commit of a collected key")
+	require.Nil(e.t, r, "there is no residual to return")
+	_, err = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
+	requireErr(e.t, err, residual.ErrLeaseLost, "late renew of a collected key")
+	requireErr(e.t, err, residual.ErrNotFound, "late renew of a collected key")
+	_, err = e.l.Get(e.ctx, c.get())
+	requireErr(e.t, err, residual.ErrNotFound, "nothing is written for a refused commit of a collected key")
 }

@@ -487,3 +487,138 @@ func TestFaultResolveRetryIsNotAnothersResolution(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got.Resolutions, 1)
 }
+
+// proxiedWithSecond is a fault env whose ledger talks through a proxy (SQL text on the wire,
+// so a statement can be recognised) and a second ledger on the same schema that acts
+// between a lost reply and its retry.
+func proxiedWithSecond(t *testing.T) (*faultProxy, *faultEnv, *postgres.Ledger) {
+	t.Helper()
+	proxy := newFaultProxy(t)
+	f := newFaultEnv(t, func(v url.Values) string {
+		v.Set("default_query_exec_mode", "simple_protocol")
+		return proxy.dsn(v)
+	})
+	return proxy, f, f.openSecond("tf-fault-other")
+}
+
+// collectAndTake has other collect the settled residual of p (GC) and reserve its key
+// afresh as "newcomer"; it returns the newcomer's reservation.
+func collectAndTake(t *testing.T, other *postgres.Ledger, p ledger.ReserveParams) *ledger.ReserveResult {
+	t.Helper()
+	ctx := context.Background()
+	gc, err := other.GC(ctx, ledger.GCParams{Namespace: ns, Before: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, 1, gc.Deleted, "the settled residual is collected")
+	q := p
+	q.Holder = "newcomer"
+	res, err := other.Reserve(ctx, q)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Acquired, res.Decision)
+	return res
+}
+
+// Finding 5 of docs/reliability.md: a Reserve acquires, its reply is lost, and before the
+// retry the lease expires and another holder takes the key. The retry cannot find its own
+// attempt as the current one, and must not judge afresh (in_progress would deny an attempt
+// that stands recorded): the outcome is unknown, and nothing may be dispatched.
+func TestFaultReserveReplyLostThenTakenOver(t *testing.T) {
+	t.Parallel()
+	proxy, f, other := proxiedWithSecond(t)
+	p := params("charge:reserve-lost-taken", "worker")
+	p.TTL = time.Second
+	var taken *ledger.ReserveResult
+	proxy.onCut = func() {
+		other.SetTimeOffset(time.Minute) // the worker's lease is over on the ledger's clock
+		q := p
+		q.Holder, q.Redispatch = "successor", true
+		var err error
+		taken, err = other.Reserve(context.Background(), q)
+		require.NoError(t, err)
+	}
+	proxy.loseReplyTo("ON CONFLICT (namespace, key) DO NOTHING")
+	res, err := f.l.Reserve(context.Background(), p)
+	require.Equal(t, int32(1), proxy.cuts.Load(), "the reservation's reply was lost")
+	require.NotNil(t, taken)
+	require.Equal(t, ledger.Acquired, taken.Decision, "the successor took the expired key over")
+	require.Equal(t, uint64(2), taken.Lease.Token)
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "got %v", res)
+	require.Nil(t, res)
+	t.Log(err)
+	got, err := other.Get(context.Background(), ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Equal(t, "worker", got.Attempts[0].Holder, "the lost reply's attempt stands recorded")
+	require.Len(t, got.Attempts, 2)
+}
+
+// Finding 6: a Resolve lands, its reply is lost, and before the retry GC collects the
+// resolved residual and a new holder reserves the key. The retry cannot find its own
+// resolution and must not judge the new residual afresh: the outcome is unknown.
+func TestFaultResolveReplyLostThenCollected(t *testing.T) {
+	t.Parallel()
+	proxy, f, other := proxiedWithSecond(t)
+	ctx := context.Background()
+	p := params("charge:resolve-lost-collected", "worker")
+	p.TTL = time.Second
+	f.acquireAndExecute(p)
+	f.l.SetTimeOffset(time.Minute)
+	other.SetTimeOffset(time.Minute)
+	proxy.onCut = func() { collectAndTake(t, other, p) }
+	proxy.loseReplyTo("commit")
+	r, err := f.l.Resolve(ctx, ledger.ResolveParams{Namespace: ns, Key: p.Key, As: residual.Failed, By: "ops", Note: "checked upstream"})
+	require.Equal(t, int32(1), proxy.cuts.Load(), "the resolution's reply was lost")
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "got %v", r)
+	require.NotErrorIs(t, err, residual.ErrInProgress)
+	t.Log(err)
+	got, err := other.Get(ctx, ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Equal(t, "newcomer", got.Current().Holder)
+	require.Empty(t, got.Resolutions, "the retry resolved nothing on the new residual")
+}
+
+// Finding 7: a Commit lands, its reply is lost, and before the retry GC collects the
+// settled residual and a new holder reserves the key. The retry cannot find its attempt and
+// must not refuse the commit as a lost lease (it landed): the outcome is unknown.
+func TestFaultCommitReplyLostThenCollected(t *testing.T) {
+	t.Parallel()
+	proxy, f, other := proxiedWithSecond(t)
+	ctx := context.Background()
+	p := params("charge:commit-lost-collected", "worker")
+	res := f.acquireAndExecute(p)
+	proxy.onCut = func() { collectAndTake(t, other, p) }
+	proxy.loseReplyTo("att_released = true")
+	r, err := f.l.Commit(ctx, commitOf(p, res, residual.Failed))
+	require.Equal(t, int32(1), proxy.cuts.Load(), "the commit's reply was lost")
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "got %v", r)
+	require.NotErrorIs(t, err, residual.ErrLeaseLost)
+	t.Log(err)
+	got, err := other.Get(ctx, ledger.GetParams{Namespace: ns, Key: p.Key})
+	require.NoError(t, err)
+	require.Empty(t, got.Evidence, "no late-commit evidence on the new residual")
+}
+
+// A Reserve whose transaction is killed before its COMMIT was sent wrote nothing: the retry
+// judges the key afresh (here: free after a failed attempt, so it acquires) rather than
+// answering that the outcome is unknown.
+func TestFaultReserveKilledBeforeCommitIsNotAmbiguous(t *testing.T) {
+	t.Parallel()
+	f := newFaultEnv(t, withParams)
+	ctx := context.Background()
+	p := params("charge:reserve-killed-in-tx", "worker")
+	res := f.acquireAndExecute(p)
+	_, err := f.l.Commit(ctx, commitOf(p, res, residual.Failed))
+	require.NoError(t, err)
+
+	tx := lockRow(t, f.schema, p.Key)
+	done := make(chan error, 1)
+	var again *ledger.ReserveResult
+	go func() {
+		var err error
+		again, err = f.l.Reserve(ctx, p) // takes the failed key over: a locking transaction
+		done <- err
+	}()
+	terminate(t, f.admin, f.lockedWorkerPID(f.admin))
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-done, "the killed transaction wrote nothing; the retry decides afresh")
+	require.Equal(t, ledger.Acquired, again.Decision)
+	require.Equal(t, uint64(2), again.Lease.Token)
+}

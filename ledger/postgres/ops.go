@@ -174,7 +174,10 @@ RETURNING r.att_lease_expires`
 // the stored row; taking over an existing residual or a tombstone (a retry after failed, a
 // re-dispatch, a key reserved again after GC) locks the row in a short transaction. A
 // Reserve whose connection breaks is tried again under the same reservation id, so it
-// recognises its own insert instead of reporting it as a key in progress.
+// recognises its own insert instead of reporting it as a key in progress. When the break
+// came after the write was sent and the retry finds another attempt current (the lease
+// ran out and the key was taken over), it cannot tell whether its own attempt landed: it
+// returns an error wrapping ledger.ErrOutcomeUnknown, and nothing may be dispatched.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -184,9 +187,9 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 	}
 	reservation := rand.Text()
 	var out *ledger.ReserveResult
-	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, _ bool) error {
+	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		var err error
-		out, err = l.reserveOnce(ctx, c, p, reservation)
+		out, err = l.reserveOnce(ctx, c, p, reservation, mayHaveLanded)
 		return err
 	})
 	if err != nil {
@@ -199,7 +202,12 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 // again (rarely more than once).
 var errRaced = errors.New("postgres: raced with a concurrent step")
 
-func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string) (*ledger.ReserveResult, error) {
+// reserveOnce is one try of Reserve. After a try that may have landed (mayHaveLanded), the
+// key having no row at all proves that it did not (a landed reservation leaves a row, and
+// GC leaves a tombstone), and the current attempt carrying this call's reservation id
+// proves that it did; anything else is errOwnWriteUnseen, never a fresh decision: the
+// earlier try may hold an attempt that another holder has since taken over.
+func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string, mayHaveLanded bool) (*ledger.ReserveResult, error) {
 	for range 8 {
 		var created time.Time
 		var watched bool
@@ -213,17 +221,21 @@ func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.Rese
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, err
 		}
-		// The key has a row (a committed one: the insert waited for any in-flight one).
+		// The key has a row (a committed one: the insert waited for any in-flight one). The
+		// insert wrote nothing, so a break from here on is not ambiguous.
 		var clock time.Time
 		res, rw, err := scanRow(c.QueryRow(ctx, peekSQL, p.Namespace, p.Key, l.offset.Load()), &clock)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, noWrite(err)
 		}
 		if own := ownReservation(res, rw, reservation); own != nil {
 			return own, nil
+		}
+		if mayHaveLanded {
+			return nil, noWrite(fmt.Errorf("reserve of key %s by %s: %w", p.Key, p.Holder, errOwnWriteUnseen))
 		}
 		if !rw.collected() {
 			d, cur, _ := rules.ApplyReserve(res, p, 0, clock.UTC())
@@ -231,7 +243,7 @@ func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.Rese
 				return &ledger.ReserveResult{Decision: d, Residual: cur}, nil
 			}
 		}
-		out, err := l.reserveLocked(ctx, c, p, reservation)
+		out, err := l.reserveLocked(ctx, c, p, reservation, mayHaveLanded)
 		if errors.Is(err, errRaced) {
 			continue
 		}
@@ -276,12 +288,15 @@ func ownReservation(res *residual.Residual, rw *row, reservation string) *ledger
 // reserveLocked takes over an existing residual, or a tombstone, in a transaction: lock,
 // apply the rules, and write the new attempt with the token after the stored one. On a
 // tombstone the key starts afresh, as if it had no residual, but its token keeps growing.
-func (l *Ledger) reserveLocked(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string) (*ledger.ReserveResult, error) {
+func (l *Ledger) reserveLocked(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string, mayHaveLanded bool) (*ledger.ReserveResult, error) {
 	var out *ledger.ReserveResult
 	err := l.locked(ctx, c, p.Namespace, p.Key, true, func(r *residual.Residual, rw *row, now time.Time) (*change, error) {
 		if own := ownReservation(r, rw, reservation); own != nil {
 			out = own
 			return nil, nil
+		}
+		if mayHaveLanded {
+			return nil, fmt.Errorf("reserve of key %s by %s: %w", p.Key, p.Holder, errOwnWriteUnseen)
 		}
 		next := r.Token + 1
 		if rw.collected() {
@@ -314,26 +329,27 @@ type change struct {
 // tombstones is set, in which case decide gets it (rw.collected() reports it).
 func (l *Ledger) locked(ctx context.Context, c *pgxpool.Conn, namespace, key string, tombstones bool,
 	decide func(r *residual.Residual, rw *row, now time.Time) (*change, error)) error {
+	// Every error before COMMIT is sent comes from a transaction that wrote nothing.
 	tx, err := c.Begin(ctx)
 	if err != nil {
-		return err
+		return noWrite(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var clock time.Time
 	r, rw, err := scanRow(tx.QueryRow(ctx, lockSQL, namespace, key, l.offset.Load()), &clock)
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && rw.collected() && !tombstones {
-		return fmt.Errorf("%w: %w", errRaced, errMissing)
+		return noWrite(fmt.Errorf("%w: %w", errRaced, errMissing))
 	}
 	if err != nil {
-		return err
+		return noWrite(err)
 	}
 	ch, err := decide(r, rw, clock.UTC())
 	if err != nil || ch == nil {
-		return err
+		return noWrite(err)
 	}
 	owed, err := l.write(ctx, tx, ch)
 	if err != nil {
-		return err
+		return noWrite(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
@@ -364,9 +380,12 @@ func (l *Ledger) write(ctx context.Context, tx pgx.Tx, ch *change) (bool, error)
 // residual, even if another attempt has started since; when the fence still holds it
 // commits there; when this call's refused commit already left its evidence (recognised by
 // a write id stored with it) it reports the lost fence again without a second entry;
-// otherwise it records evidence and reports the lost fence. Only when the row cannot be
-// re-read does it return an error wrapping ledger.ErrOutcomeUnknown; the residual then
-// stays pending and turns unknown when its lease expires. It never reports a commit that
+// otherwise, when the attempt of p.Token is still stored, what it records proves that the
+// commit did not land, and Commit records evidence and reports the lost fence. When the
+// attempt is gone (the key was collected and reserved afresh, or the attempt trimmed), or
+// the row cannot be re-read, it returns an error wrapping ledger.ErrOutcomeUnknown; unless
+// the commit landed, the residual then stays pending and turns unknown when its lease
+// expires. It never reports a commit that
 // did not land as done, so nothing is dispatched twice.
 func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
@@ -410,6 +429,12 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 			n := len(r.Evidence)
 			var write bool
 			write, fenceErr = rules.ApplyCommit(r, p, now)
+			if mayHaveLanded && fenceErr != nil && !hasAttempt(r, p.Token) {
+				// The attempt is gone (trimmed, or the key was collected and started
+				// afresh): whether the earlier try committed it cannot be told.
+				out, fenceErr = nil, nil
+				return nil, fmt.Errorf("commit of key %s token %d: %w", p.Key, p.Token, errOwnWriteUnseen)
+			}
 			r.State = r.EffectiveState(now)
 			if !write {
 				return nil, nil // already recorded (by this call's lost try, or an earlier one)
@@ -420,6 +445,11 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {
+			if mayHaveLanded {
+				// Collected after a commit that may have been this call's.
+				out, fenceErr = nil, nil
+				return fmt.Errorf("commit of key %s token %d: the residual is gone: %w", p.Key, p.Token, errOwnWriteUnseen)
+			}
 			out, fenceErr = nil, fmt.Errorf("%w: %w: commit of key %s in namespace %q", residual.ErrLeaseLost, residual.ErrNotFound, p.Key, p.Namespace)
 			return nil
 		}
@@ -429,6 +459,17 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 		return nil, l.fail("commit of key "+p.Key, landed, err)
 	}
 	return out, fenceErr
+}
+
+// hasAttempt reports whether r still holds the attempt of token: if it does, what that
+// attempt records tells whether a commit under the token landed (rules.Recorded).
+func hasAttempt(r *residual.Residual, token uint64) bool {
+	for _, a := range r.Attempts {
+		if a.Token == token {
+			return true
+		}
+	}
+	return false
 }
 
 // ownEvidence reports whether r holds evidence written by the call with writeID.
@@ -498,7 +539,10 @@ func (l *Ledger) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, 
 
 // Resolve implements ledger.Ledger: a short transaction locks the residual, applies
 // rules.ApplyResolve with the next fencing token and writes it, with a write id of this
-// call in the resolution so a retry after a lost answer recognises its own.
+// call in the resolution so a retry after a lost answer recognises its own. A retry that
+// finds the same residual without its resolution (a residual keeps all of them) knows the
+// first try did not land and judges afresh; one that finds the residual collected, or
+// collected and started afresh, returns an error wrapping ledger.ErrOutcomeUnknown.
 func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -508,6 +552,7 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 	}
 	var out *residual.Residual
 	var ruleErr error
+	var wroteOn time.Time // the residual (its CreatedAt) the last written try resolved
 	writeID := rand.Text()
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
@@ -516,15 +561,24 @@ func (l *Ledger) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 				r.State = r.EffectiveState(now)
 				return nil, nil
 			}
+			if mayHaveLanded && !r.CreatedAt.Equal(wroteOn) {
+				out, ruleErr = nil, nil
+				return nil, fmt.Errorf("resolve of key %s: the residual was collected and started afresh: %w", p.Key, errOwnWriteUnseen)
+			}
+			// Not landed: the same residual, which keeps every resolution, lacks it.
 			if ruleErr = rules.ApplyResolve(r, p, r.Token+1, now); ruleErr != nil {
 				out = nil
 				return nil, nil
 			}
 			r.Resolutions[len(r.Resolutions)-1].WriteID = writeID
-			out = r
+			out, wroteOn = r, r.CreatedAt
 			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {
+			if mayHaveLanded {
+				out, ruleErr = nil, nil
+				return fmt.Errorf("resolve of key %s: the residual is gone: %w", p.Key, errOwnWriteUnseen)
+			}
 			out, ruleErr = nil, fmt.Errorf("%w: resolve of key %s in namespace %q", residual.ErrNotFound, p.Key, p.Namespace)
 			return nil
 		}
@@ -551,7 +605,8 @@ func ownResolution(r *residual.Residual, writeID string) bool {
 // AppendEvidence implements ledger.Ledger in a short transaction. An observation without a
 // time gets the ledger's clock. The stored observation carries a write id of this call, so
 // a retry after a lost answer recognises its own entry (and not another caller's identical
-// one).
+// one); like Resolve's, a retry that finds the residual collected or started afresh returns
+// an error wrapping ledger.ErrOutcomeUnknown.
 func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -561,7 +616,7 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 	}
 	var out *residual.Residual
 	var ruleErr error
-	var at time.Time
+	var at, wroteOn time.Time // wroteOn: the residual (its CreatedAt) the last written try appended to
 	writeID := rand.Text()
 	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		err := l.locked(ctx, c, p.Namespace, p.Key, false, func(r *residual.Residual, _ *row, now time.Time) (*change, error) {
@@ -569,12 +624,22 @@ func (l *Ledger) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*
 			if mayHaveLanded && ownEvidence(r, writeID) {
 				return nil, nil
 			}
+			if mayHaveLanded && !r.CreatedAt.Equal(wroteOn) {
+				out = nil
+				return nil, fmt.Errorf("append evidence to key %s: the residual was collected and started afresh: %w", p.Key, errOwnWriteUnseen)
+			}
+			// Not landed: the same residual, which never drops an observation, lacks it.
 			e := p.Evidence
 			e.WriteID = writeID
 			rules.ApplyEvidence(r, e, now)
+			wroteOn = r.CreatedAt
 			return &change{r: r}, nil
 		})
 		if errors.Is(err, errMissing) {
+			if mayHaveLanded {
+				out, ruleErr = nil, nil
+				return fmt.Errorf("append evidence to key %s: the residual is gone: %w", p.Key, errOwnWriteUnseen)
+			}
 			out, ruleErr = nil, fmt.Errorf("%w: append evidence to key %s in namespace %q", residual.ErrNotFound, p.Key, p.Namespace)
 			return nil
 		}

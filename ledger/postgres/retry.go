@@ -74,6 +74,10 @@ func (l *Ledger) try(actx, ctx context.Context, deadline time.Time, fn func(cont
 	switch {
 	case err == nil:
 		return succeeded, nil
+	case pc.IsClosed() && errors.As(err, new(unwritten)):
+		// The try broke where it provably wrote nothing: in a transaction before its
+		// COMMIT was sent, or in a read after a write that wrote nothing.
+		return notSent, err
 	case pc.IsClosed():
 		// pgx reports a write that failed as safe to retry. A read that failed after the
 		// statement was sent can surface as "conn closed", which pgx also calls safe to
@@ -140,11 +144,39 @@ func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Cont
 	}
 }
 
+// unwritten wraps the error of a try that provably wrote nothing, however the connection
+// failed: a transaction that broke before its COMMIT was sent, or a read after a write
+// statement that answered that it wrote nothing. try classifies such a break as notSent, not
+// ambiguous.
+type unwritten struct{ err error }
+
+func (u unwritten) Error() string { return u.err.Error() }
+func (u unwritten) Unwrap() error { return u.err }
+
+// noWrite wraps err (when not nil) as unwritten.
+func noWrite(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unwritten{err}
+}
+
+// errOwnWriteUnseen is returned by a retry that may follow a landed write, when the key has
+// moved on so that the write, if it landed, left no trace the retry can recognise (another
+// attempt took the key, GC collected the residual, the attempt was trimmed) and nothing
+// proves that it did not land. Judging the step afresh would answer for a write that may
+// have happened, so fail turns it into an error wrapping ledger.ErrOutcomeUnknown.
+var errOwnWriteUnseen = errors.New("the key moved on before the retry, and whether this write landed cannot be told from what is stored")
+
 // fail wraps an infrastructure failure of what (an operation and its subject):
-// ledger.ErrOutcomeUnknown when a write may have landed and could not be re-read, ErrUnavailable
+// ledger.ErrOutcomeUnknown when a write may have landed and could not be re-read or
+// recognised (errOwnWriteUnseen), ErrUnavailable
 // when the server could not be reached, and the server's error otherwise.
 func (l *Ledger) fail(what string, mayHaveLanded bool, err error) error {
 	switch {
+	case errors.Is(err, errOwnWriteUnseen):
+		return fmt.Errorf("%w: %s on %s: the connection broke after the write was sent; %w",
+			ledger.ErrOutcomeUnknown, what, l.target, err)
 	case mayHaveLanded:
 		return fmt.Errorf("%w: %s on %s: the connection broke after the write was sent and what is stored could not be re-read: %w",
 			ledger.ErrOutcomeUnknown, what, l.target, err)
