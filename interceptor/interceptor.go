@@ -214,10 +214,17 @@ var (
 // Do makes the span "execute_tool {operation}" (see Options.TracerProvider) and records the
 // call in the metrics toolfence.calls and toolfence.call.duration.
 func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result, error) {
+	t := ic.tel
+	if t.tracesOff && t.metricsOff {
+		return ic.do(ctx, call, fn)
+	}
 	start := time.Now()
-	ctx, span := ic.tel.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
 	res, err := ic.do(ctx, call, fn)
 	span.End()
+	if t.metricsOff {
+		return res, err
+	}
 	result := resultExecuted
 	switch {
 	case res != nil && res.Replayed:

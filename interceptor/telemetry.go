@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
@@ -60,11 +63,15 @@ const (
 // telemetry holds the interceptor's tracer, instruments and logger. Interceptors made by
 // ForNamespace share one.
 type telemetry struct {
-	tracer  trace.Tracer
-	log     *slog.Logger
-	db      ledger.Description
-	dbAttrs []attribute.KeyValue
-	kind    trace.SpanKind
+	tracer trace.Tracer
+	// tracesOff and metricsOff are set when the provider is a no-op one (or the global
+	// provider before a program installed one): every record is then skipped before any
+	// attribute, span or closure is made, so an uninstrumented program pays a branch.
+	tracesOff, metricsOff bool
+	log                   *slog.Logger
+	db                    ledger.Description
+	dbAttrs               []attribute.KeyValue
+	kind                  trace.SpanKind
 
 	calls, renewals, fenceRefusals, reconciled metric.Int64Counter
 	callDuration, stepDuration                 metric.Float64Histogram
@@ -83,7 +90,11 @@ func newTelemetry(cfg Options, l ledger.Ledger) (*telemetry, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	t := &telemetry{tracer: tp.Tracer(ScopeName), log: cfg.Logger, ops: map[string]struct{}{}, kind: trace.SpanKindInternal}
+	t := &telemetry{tracer: tp.Tracer(ScopeName), log: cfg.Logger, ops: map[string]struct{}{}, kind: trace.SpanKindInternal,
+		tracesOff: isNoop(tp), metricsOff: isNoop(mp)}
+	if t.tracesOff {
+		t.tracer = offTracer{}
+	}
 	if d, ok := l.(ledger.Describer); ok {
 		t.db = d.Describe()
 	}
@@ -125,6 +136,35 @@ func newTelemetry(cfg Options, l ledger.Ledger) (*telemetry, error) {
 	return t, nil
 }
 
+// isNoop says p (a TracerProvider or MeterProvider) records nothing: OpenTelemetry's no-op
+// providers, or the global delegate before a program installed a provider (telemetry is
+// bound when the interceptor is made: install providers first, as OpenTelemetry advises).
+func isNoop(p any) bool {
+	switch p.(type) {
+	case tracenoop.TracerProvider, *tracenoop.TracerProvider, metricnoop.MeterProvider, *metricnoop.MeterProvider:
+		return true
+	}
+	switch reflect.TypeOf(p).String() {
+	case "*global.tracerProvider", "*global.meterProvider":
+		return true
+	}
+	return false
+}
+
+// offTracer is the tracer of an interceptor without a trace provider: its spans are the
+// no-op span, and the context is returned as it is (no allocation).
+type offTracer struct{ tracenoop.Tracer }
+
+var offSpan = trace.SpanFromContext(context.Background())
+
+// Start returns ctx unchanged and the no-op span.
+func (offTracer) Start(ctx context.Context, _ string, _ ...trace.SpanStartOption) (context.Context, trace.Span) {
+	return ctx, offSpan
+}
+
+// noEnd ends a step that records nothing.
+func noEnd(error) {}
+
 // opLabel is the operation's metric label: its name for the first MaxOperationLabels names,
 // "_other" after that.
 func (t *telemetry) opLabel(op string) string {
@@ -160,6 +200,9 @@ func (t *telemetry) attrs(l labels, kv func() []attribute.KeyValue) metric.Measu
 
 // countCall adds one call to toolfence.calls.
 func (t *telemetry) countCall(ctx context.Context, op, result, reason string) {
+	if t.metricsOff {
+		return
+	}
 	op = t.opLabel(op)
 	t.calls.Add(ctx, 1, t.attrs(labels{"calls", op, result, reason}, func() []attribute.KeyValue {
 		return []attribute.KeyValue{attribute.String("operation", op), attribute.String("result", result), attribute.String("reason", reason)}
@@ -169,6 +212,9 @@ func (t *telemetry) countCall(ctx context.Context, op, result, reason string) {
 // step starts the span of one ledger step and returns the context for the ledger and the
 // function that ends the span and records the step's duration.
 func (t *telemetry) step(ctx context.Context, name string) (context.Context, func(error)) {
+	if t.tracesOff && t.metricsOff {
+		return ctx, noEnd
+	}
 	start := time.Now()
 	ctx, span := t.tracer.Start(ctx, t.stepName(name), trace.WithSpanKind(t.kind))
 	if span.IsRecording() {
@@ -183,6 +229,9 @@ func (t *telemetry) step(ctx context.Context, name string) (context.Context, fun
 			span.SetStatus(codes.Error, et)
 		}
 		span.End()
+		if t.metricsOff {
+			return
+		}
 		t.stepDuration.Record(ctx, time.Since(start).Seconds(), t.attrs(labels{"step", name, et, ""}, func() []attribute.KeyValue {
 			kv := []attribute.KeyValue{attribute.String("step", name), AttrDBSystem.String(t.db.System)}
 			if et != "" {
@@ -335,6 +384,9 @@ func (t *telemetry) renewed(ctx context.Context, err error) {
 	case err != nil:
 		result = "error"
 	}
+	if t.metricsOff {
+		return
+	}
 	t.renewals.Add(ctx, 1, t.attrs(labels{"renew", result, "", ""}, func() []attribute.KeyValue {
 		return []attribute.KeyValue{attribute.String("result", result)}
 	}))
@@ -342,6 +394,9 @@ func (t *telemetry) renewed(ctx context.Context, err error) {
 
 // refused counts one write the fence refused at step.
 func (t *telemetry) refused(ctx context.Context, step string) {
+	if t.metricsOff {
+		return
+	}
 	t.fenceRefusals.Add(ctx, 1, t.attrs(labels{"fence", step, "", ""}, func() []attribute.KeyValue {
 		return []attribute.KeyValue{attribute.String("step", step)}
 	}))
@@ -350,6 +405,9 @@ func (t *telemetry) refused(ctx context.Context, step string) {
 // reconciledOne counts one residual a reconcile looked at: "succeeded" or "failed" when a
 // probe settled it, "open" when it was left open.
 func (t *telemetry) reconciledOne(ctx context.Context, result string) {
+	if t.metricsOff {
+		return
+	}
 	t.reconciled.Add(ctx, 1, t.attrs(labels{"reconcile", result, "", ""}, func() []attribute.KeyValue {
 		return []attribute.KeyValue{attribute.String("result", result)}
 	}))
