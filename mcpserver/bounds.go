@@ -91,3 +91,11 @@ func (f *inFlight) release(owner string) {
 		delete(f.byOwner, owner)
 	}
 }
+
+// InFlight returns how many HTTP requests are in progress (holding a slot under
+// Options.MaxInFlight and MaxInFlightTotal), over every token.
+func (s *Server) InFlight() int {
+	s.inFlight.mu.Lock()
+	defer s.inFlight.mu.Unlock()
+	return s.inFlight.total
+}

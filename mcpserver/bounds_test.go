@@ -128,14 +128,14 @@ func TestInFlightBounded(t *testing.T) {
 		require.NoError(t, err)
 		held[i] = c
 	}
-	var status int
-	var answer string
-	deadline := time.Now().Add(60 * time.Second) // the held requests reach the handler in milliseconds; a loaded -race run may take seconds
-	for time.Now().Before(deadline) {
-		if status, answer = postModern(t, e.url, tokA, modernCall(mcpserver.ToolListPending, `{}`)); status == http.StatusTooManyRequests {
-			break
-		}
+	// Wait until the held requests are in the handler: a probe sent while one of them is
+	// still on its way could take its slot and leave it refused instead.
+	deadline := time.Now().Add(60 * time.Second)
+	for e.srv.InFlight() < perToken && time.Now().Before(deadline) {
+		runtime.Gosched()
 	}
+	require.Equal(t, perToken, e.srv.InFlight(), "the held requests hold their slots")
+	status, answer := postModern(t, e.url, tokA, modernCall(mcpserver.ToolListPending, `{}`))
 	require.Equal(t, http.StatusTooManyRequests, status, answer)
 	var rpc struct {
 		Error struct {

@@ -78,13 +78,19 @@ func (s *Server) Handler() http.Handler {
 				http.Error(w, "toolfence: a notification stream (GET) needs the Mcp-Session-Id of a live session of this token: initialize first", http.StatusNotFound)
 				return
 			}
-			if id != "" {
+			// Every initialize opens a session (mcp-go ignores a session ID it carries), so each
+			// one, whatever its headers, needs room under the token's cap.
+			if method == string(mcp.MethodInitialize) {
+				release, ok := s.sessions.makeRoom(owner, s.opts.MaxSessions)
+				if !ok {
+					busy(w, time.Minute, fmt.Sprintf("this token holds %d sessions, each with a request in flight; "+
+						"end one (DELETE) or retry later", s.opts.MaxSessions))
+					return
+				}
+				defer release()
+			} else if id != "" {
 				s.sessions.begin(id)
 				defer func() { s.sessions.end(id, sp.now()) }()
-			} else if method == string(mcp.MethodInitialize) && !s.sessions.makeRoom(owner, s.opts.MaxSessions) {
-				busy(w, time.Minute, fmt.Sprintf("this token holds %d sessions, each with a request in flight; "+
-					"end one (DELETE) or retry later", s.opts.MaxSessions))
-				return
 			}
 		}
 		sp.httpHandler().ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))

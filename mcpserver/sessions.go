@@ -34,6 +34,9 @@ type sessionTable struct {
 	byID map[string]*sessionEntry
 	// count is the number of sessions of each owner.
 	count map[string]int
+	// opening is the number of initialize requests of each owner in progress: each holds a
+	// place under the cap until it has made its session (or failed to).
+	opening map[string]int
 }
 
 type sessionEntry struct {
@@ -155,15 +158,27 @@ func (t *sessionTable) len(owner string) (all, owned int) {
 	return len(t.byID), t.count[owner]
 }
 
-// makeRoom ends the least recently used idle session of owner while it holds max or more
-// sessions. It reports false when every session of owner has a request in flight (a
+// makeRoom ends the least recently used idle session of owner while its sessions and the
+// initializes it has in progress would reach max, then holds a place for one more session
+// until release is called (after the initialize's request ends, when its session, if any,
+// is counted). It reports false when every session of owner has a request in flight (a
 // notification stream, say), so none can be ended.
-func (t *sessionTable) makeRoom(owner string, max int) bool {
+func (t *sessionTable) makeRoom(owner string, max int) (release func(), ok bool) {
 	for {
 		t.mu.Lock()
-		if t.count[owner] < max {
+		if t.count[owner]+t.opening[owner] < max {
+			if t.opening == nil {
+				t.opening = map[string]int{}
+			}
+			t.opening[owner]++
 			t.mu.Unlock()
-			return true
+			return func() {
+				t.mu.Lock()
+				defer t.mu.Unlock()
+				if t.opening[owner]--; t.opening[owner] <= 0 {
+					delete(t.opening, owner)
+				}
+			}, true
 		}
 		var lru *sessionEntry
 		for _, e := range t.byID {
@@ -173,7 +188,7 @@ func (t *sessionTable) makeRoom(owner string, max int) bool {
 		}
 		t.mu.Unlock()
 		if lru == nil {
-			return false
+			return nil, false
 		}
 		lru.sp.endSession(lru.id)
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,4 +150,24 @@ func TestStreamNeedsLiveSession(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, status, name)
 	}
 	require.Equal(t, 1, e.srv.Sessions(), "no session was opened by a GET")
+}
+
+// TestSessionCapHoldsWhateverTheHeaders: an initialize opens a session even when it carries
+// an Mcp-Session-Id (mcp-go ignores it), so a made-up header must not skip the cap; and
+// initializes sent at once cannot overshoot it either.
+func TestSessionCapHoldsWhateverTheHeaders(t *testing.T) {
+	t.Parallel()
+	const max = 8
+	e := setup(t, func(o *mcpserver.Options) { o.MaxSessions = max })
+	for range 40 {
+		status, _, body := send(t, http.MethodPost, e.url, tokA, initBody, "Mcp-Session-Id", "made-up")
+		require.Contains(t, []int{http.StatusOK, http.StatusNotFound}, status, body)
+	}
+	require.LessOrEqual(t, e.srv.Sessions(), max, "initializes with a made-up session ID")
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Go(func() { send(t, http.MethodPost, e.url, tokA, initBody) })
+	}
+	wg.Wait()
+	require.LessOrEqual(t, e.srv.Sessions(), max, "initializes at once")
 }
