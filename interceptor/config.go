@@ -52,13 +52,13 @@ type Options struct {
 	// Operations holds per-operation policies by operation name.
 	Operations map[string]Operation
 	// TracerProvider makes the spans of guarded calls (execute_tool {operation}) and their
-	// ledger steps. Defaults to otel.GetTracerProvider() as it is when New runs: install an
-	// OpenTelemetry SDK before making the interceptor. A no-op provider (or none installed)
-	// switches tracing off: no span, context or attribute is made.
+	// ledger steps. Defaults to the global provider (otel.GetTracerProvider()). While it is a
+	// no-op one, or no provider has been installed yet, tracing is off: no span, context or
+	// attribute is made; a provider installed later is used from the next call on.
 	TracerProvider trace.TracerProvider
-	// MeterProvider makes toolfence's metrics (see docs/observability.md). Defaults to
-	// otel.GetMeterProvider() as it is when New runs; a no-op provider (or none installed)
-	// switches metrics off, so nothing is built or recorded per call.
+	// MeterProvider makes toolfence's metrics (see docs/observability.md). Defaults to the
+	// global provider (otel.GetMeterProvider()); while it is a no-op one or none is
+	// installed, nothing is built or recorded per call.
 	MeterProvider metric.MeterProvider
 	// Logger, when set, gets one line per refused or ambiguous call (kind, key, operation,
 	// attempt, recovery; never arguments, results or lease secrets). Defaults to nil: no logs.

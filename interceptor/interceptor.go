@@ -215,14 +215,14 @@ var (
 // call in the metrics toolfence.calls and toolfence.call.duration.
 func (ic *Interceptor) Do(ctx context.Context, call Call, fn ToolFunc) (*Result, error) {
 	t := ic.tel
-	if t.tracesOff && t.metricsOff {
+	if t.tracesOff() && t.metricsOff() {
 		return ic.do(ctx, call, fn)
 	}
 	start := time.Now()
-	ctx, span := t.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
 	res, err := ic.do(ctx, call, fn)
 	span.End()
-	if t.metricsOff {
+	if t.metricsOff() {
 		return res, err
 	}
 	result := resultExecuted

@@ -68,7 +68,7 @@ type Unsettled struct {
 // Reconcile makes the span "toolfence.reconcile" (each resolution a child span) and counts
 // every residual it looked at in toolfence.reconcile.residuals.
 func (ic *Interceptor) Reconcile(ctx context.Context, p ReconcileParams) (*ReconcileReport, error) {
-	ctx, span := ic.tel.tracer.Start(ctx, "toolfence.reconcile")
+	ctx, span := ic.tel.start(ctx, "toolfence.reconcile")
 	defer span.End()
 	rep, err := ic.reconcile(ctx, p)
 	if err != nil {

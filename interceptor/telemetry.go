@@ -64,14 +64,18 @@ const (
 // ForNamespace share one.
 type telemetry struct {
 	tracer trace.Tracer
-	// tracesOff and metricsOff are set when the provider is a no-op one (or the global
-	// provider before a program installed one): every record is then skipped before any
-	// attribute, span or closure is made, so an uninstrumented program pays a branch.
-	tracesOff, metricsOff bool
-	log                   *slog.Logger
-	db                    ledger.Description
-	dbAttrs               []attribute.KeyValue
-	kind                  trace.SpanKind
+	// traceNoop and meterNoop are set for OpenTelemetry's no-op providers; traceGlobal and
+	// meterGlobal hold the global delegates when the providers were the globals and none was
+	// installed yet. While either holds (see tracesOff, metricsOff) every record is skipped
+	// before any attribute, span or closure is made, so an uninstrumented program pays a
+	// branch; a provider installed later is picked up by the next call.
+	traceNoop, meterNoop bool
+	traceGlobal          trace.TracerProvider
+	meterGlobal          metric.MeterProvider
+	log                  *slog.Logger
+	db                   ledger.Description
+	dbAttrs              []attribute.KeyValue
+	kind                 trace.SpanKind
 
 	calls, renewals, fenceRefusals, reconciled metric.Int64Counter
 	callDuration, stepDuration                 metric.Float64Histogram
@@ -91,9 +95,12 @@ func newTelemetry(cfg Options, l ledger.Ledger) (*telemetry, error) {
 		mp = otel.GetMeterProvider()
 	}
 	t := &telemetry{tracer: tp.Tracer(ScopeName), log: cfg.Logger, ops: map[string]struct{}{}, kind: trace.SpanKindInternal,
-		tracesOff: isNoop(tp), metricsOff: isNoop(mp)}
-	if t.tracesOff {
-		t.tracer = offTracer{}
+		traceNoop: isNoop(tp), meterNoop: isNoop(mp)}
+	if isGlobalDelegate(tp) {
+		t.traceGlobal = tp
+	}
+	if isGlobalDelegate(mp) {
+		t.meterGlobal = mp
 	}
 	if d, ok := l.(ledger.Describer); ok {
 		t.db = d.Describe()
@@ -136,14 +143,19 @@ func newTelemetry(cfg Options, l ledger.Ledger) (*telemetry, error) {
 	return t, nil
 }
 
-// isNoop says p (a TracerProvider or MeterProvider) records nothing: OpenTelemetry's no-op
-// providers, or the global delegate before a program installed a provider (telemetry is
-// bound when the interceptor is made: install providers first, as OpenTelemetry advises).
+// isNoop says p (a TracerProvider or MeterProvider) is one of OpenTelemetry's no-op providers.
 func isNoop(p any) bool {
 	switch p.(type) {
 	case tracenoop.TracerProvider, *tracenoop.TracerProvider, metricnoop.MeterProvider, *metricnoop.MeterProvider:
 		return true
 	}
+	return false
+}
+
+// isGlobalDelegate says p is OpenTelemetry's global delegate as it is before a program
+// installs a provider (named by its type: TestTelemetryOff pins it, so an OpenTelemetry
+// upgrade that renames it fails there instead of silently recording nothing).
+func isGlobalDelegate(p any) bool {
 	switch reflect.TypeOf(p).String() {
 	case "*global.tracerProvider", "*global.meterProvider":
 		return true
@@ -151,16 +163,27 @@ func isNoop(p any) bool {
 	return false
 }
 
-// offTracer is the tracer of an interceptor without a trace provider: its spans are the
-// no-op span, and the context is returned as it is (no allocation).
-type offTracer struct{ tracenoop.Tracer }
+// tracesOff says no span would be recorded: a no-op provider, or the global one while no
+// provider has been installed (an atomic load and a comparison).
+func (t *telemetry) tracesOff() bool {
+	return t.traceNoop || (t.traceGlobal != nil && otel.GetTracerProvider() == t.traceGlobal)
+}
+
+// metricsOff is tracesOff for the metrics.
+func (t *telemetry) metricsOff() bool {
+	return t.meterNoop || (t.meterGlobal != nil && otel.GetMeterProvider() == t.meterGlobal)
+}
+
+// start starts a span, or returns ctx and the no-op span without allocating while traces
+// are off.
+func (t *telemetry) start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if t.tracesOff() {
+		return ctx, offSpan
+	}
+	return t.tracer.Start(ctx, name, opts...)
+}
 
 var offSpan = trace.SpanFromContext(context.Background())
-
-// Start returns ctx unchanged and the no-op span.
-func (offTracer) Start(ctx context.Context, _ string, _ ...trace.SpanStartOption) (context.Context, trace.Span) {
-	return ctx, offSpan
-}
 
 // noEnd ends a step that records nothing.
 func noEnd(error) {}
@@ -200,7 +223,7 @@ func (t *telemetry) attrs(l labels, kv func() []attribute.KeyValue) metric.Measu
 
 // countCall adds one call to toolfence.calls.
 func (t *telemetry) countCall(ctx context.Context, op, result, reason string) {
-	if t.metricsOff {
+	if t.metricsOff() {
 		return
 	}
 	op = t.opLabel(op)
@@ -212,11 +235,11 @@ func (t *telemetry) countCall(ctx context.Context, op, result, reason string) {
 // step starts the span of one ledger step and returns the context for the ledger and the
 // function that ends the span and records the step's duration.
 func (t *telemetry) step(ctx context.Context, name string) (context.Context, func(error)) {
-	if t.tracesOff && t.metricsOff {
+	if t.tracesOff() && t.metricsOff() {
 		return ctx, noEnd
 	}
 	start := time.Now()
-	ctx, span := t.tracer.Start(ctx, t.stepName(name), trace.WithSpanKind(t.kind))
+	ctx, span := t.start(ctx, t.stepName(name), trace.WithSpanKind(t.kind))
 	if span.IsRecording() {
 		span.SetAttributes(t.dbAttrs...)
 		span.SetAttributes(AttrDBOperation.String(name))
@@ -229,7 +252,7 @@ func (t *telemetry) step(ctx context.Context, name string) (context.Context, fun
 			span.SetStatus(codes.Error, et)
 		}
 		span.End()
-		if t.metricsOff {
+		if t.metricsOff() {
 			return
 		}
 		t.stepDuration.Record(ctx, time.Since(start).Seconds(), t.attrs(labels{"step", name, et, ""}, func() []attribute.KeyValue {
@@ -384,7 +407,7 @@ func (t *telemetry) renewed(ctx context.Context, err error) {
 	case err != nil:
 		result = "error"
 	}
-	if t.metricsOff {
+	if t.metricsOff() {
 		return
 	}
 	t.renewals.Add(ctx, 1, t.attrs(labels{"renew", result, "", ""}, func() []attribute.KeyValue {
@@ -394,7 +417,7 @@ func (t *telemetry) renewed(ctx context.Context, err error) {
 
 // refused counts one write the fence refused at step.
 func (t *telemetry) refused(ctx context.Context, step string) {
-	if t.metricsOff {
+	if t.metricsOff() {
 		return
 	}
 	t.fenceRefusals.Add(ctx, 1, t.attrs(labels{"fence", step, "", ""}, func() []attribute.KeyValue {
@@ -405,7 +428,7 @@ func (t *telemetry) refused(ctx context.Context, step string) {
 // reconciledOne counts one residual a reconcile looked at: "succeeded" or "failed" when a
 // probe settled it, "open" when it was left open.
 func (t *telemetry) reconciledOne(ctx context.Context, result string) {
-	if t.metricsOff {
+	if t.metricsOff() {
 		return
 	}
 	t.reconciled.Add(ctx, 1, t.attrs(labels{"reconcile", result, "", ""}, func() []attribute.KeyValue {
