@@ -104,7 +104,7 @@ func runProxy() error {
 	if err != nil {
 		return err
 	}
-	cfg := mcpproxy.Config{ServerID: "fixture", Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	cfg := mcpproxy.Options{ServerID: "fixture", Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	if path := os.Getenv("TF_POLICY"); path != "" {
 		if cfg.Policy, err = mcpproxy.LoadPolicy(path); err != nil {
 			return err

@@ -53,7 +53,7 @@ type ToolPolicy struct {
 	// Lease is the lease of each attempt ("30s"). Defaults to the interceptor's.
 	Lease Duration `json:"lease"`
 	// Timeout bounds how long the proxy waits for upstream's answer; then the outcome is
-	// unknown. Defaults to Config.Timeout.
+	// unknown. Defaults to Options.Timeout.
 	Timeout Duration `json:"timeout"`
 	// NoEffect lists the answers that prove upstream did nothing (recorded failed, so a
 	// retry dispatches again).

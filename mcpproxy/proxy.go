@@ -24,7 +24,7 @@ import (
 // Keys of the proxy in MCP _meta objects.
 const (
 	// MetaTask is the request _meta field (a string) that names the task of a tools/call;
-	// it overrides Config.Task for that call.
+	// it overrides Options.Task for that call.
 	MetaTask = "toolfence.dev/task"
 	// MetaReplayed is true in the _meta of a replayed result.
 	MetaReplayed = "toolfence.dev/replayed"
@@ -50,8 +50,8 @@ const DefaultTimeout = 2 * time.Minute
 
 var serverIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
-// Config configures a Proxy.
-type Config struct {
+// Options configure a Proxy.
+type Options struct {
 	// ServerID names the upstream server in operations (<ServerID>/<tool>). Required:
 	// letters, digits, '.', '_' and '-', at most 64. Keep it stable: a new id is a new key space.
 	ServerID string
@@ -69,7 +69,7 @@ type Config struct {
 }
 
 // DefaultTask returns the task of calls through a proxy for serverID when neither the call's
-// _meta nor Config.Task names one: "mcp-proxy:<serverID>". It is stable across restarts, so
+// _meta nor Options.Task names one: "mcp-proxy:<serverID>". It is stable across restarts, so
 // a call repeated later with the same target and arguments is a replay, not a new effect.
 func DefaultTask(serverID string) string { return "mcp-proxy:" + serverID }
 
@@ -77,7 +77,7 @@ func DefaultTask(serverID string) string { return "mcp-proxy:" + serverID }
 // concurrent use; each Serve relays one host session.
 type Proxy struct {
 	ic     *interceptor.Interceptor
-	cfg    Config
+	cfg    Options
 	log    *slog.Logger
 	tracer trace.Tracer
 
@@ -86,7 +86,7 @@ type Proxy struct {
 
 // New returns a proxy that guards calls with ic. It returns an error for a missing or
 // malformed ServerID, a negative Timeout, or a policy lease not longer than ic's margin.
-func New(ic *interceptor.Interceptor, cfg Config) (*Proxy, error) {
+func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if ic == nil {
 		return nil, errors.New("mcpproxy: nil interceptor")
 	}

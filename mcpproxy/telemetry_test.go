@@ -65,7 +65,7 @@ func setupTraced(t *testing.T) *traced {
 	require.NoError(t, err)
 	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"append": {"target": ["/target"]}}}`))
 	require.NoError(t, err)
-	p, err := mcpproxy.New(ic, mcpproxy.Config{ServerID: "fixture", Policy: pol,
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fixture", Policy: pol,
 		Logger: slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	require.NoError(t, err)
 

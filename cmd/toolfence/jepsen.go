@@ -61,7 +61,7 @@ Example:
 			}
 			bad := 0
 			for _, b := range strings.Split(f.backends, ",") {
-				cfg := jepsen.Config{Backend: strings.TrimSpace(b), Duration: f.duration, Workers: f.workers,
+				cfg := jepsen.Options{Backend: strings.TrimSpace(b), Duration: f.duration, Workers: f.workers,
 					Clients: f.clients, Slots: f.slots, Epoch: f.epoch, FaultFor: f.faultFor, Quiet: f.quiet,
 					Dir: filepath.Join(f.dir, strings.TrimSpace(b)), Exe: exe, Args: []string{"jepsen-worker"},
 					Seed: f.seed, CheckTimeout: f.checkTimeout, Log: a.stdout}

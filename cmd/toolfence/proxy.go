@@ -95,7 +95,7 @@ Example:
 			if err != nil {
 				return usagef("%v", err)
 			}
-			p, err := mcpproxy.New(ic, mcpproxy.Config{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log})
+			p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log})
 			if err != nil {
 				return usagef("%v", err)
 			}

@@ -43,8 +43,8 @@ var (
 	BadgerFaults   = []string{FKill, FSkew, FStop}
 )
 
-// Config sets up a run. Zero fields take the defaults named.
-type Config struct {
+// Options sets up a run. Zero fields take the defaults named.
+type Options struct {
 	// Backend is "badger" or "postgres".
 	Backend string
 	// Duration of the workload. Defaults to 30 s.
@@ -78,7 +78,7 @@ type Config struct {
 	Log io.Writer
 }
 
-func (c *Config) defaults() error {
+func (c *Options) defaults() error {
 	switch c.Backend {
 	case "postgres":
 		c.Workers = cmp.Or(c.Workers, 3)
@@ -175,7 +175,7 @@ func (w *worker) send(line string) {
 
 // harness is the state of a run.
 type harness struct {
-	cfg     Config
+	cfg     Options
 	h       *History
 	start   time.Time
 	proxy   *faultproxy.Proxy
@@ -197,7 +197,7 @@ type harness struct {
 // Run runs the workload under the nemesis, checks the history and writes the report into
 // cfg.Dir. It returns an error when the run could not be set up; a history that fails its
 // checks is reported in Report.Verdict, not as an error.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Options) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 
 // runShort runs the harness with every fault kind of the backend scheduled once or more and
 // requires a clean verdict.
-func runShort(t *testing.T, cfg Config) *Report {
+func runShort(t *testing.T, cfg Options) *Report {
 	t.Helper()
 	// The report stays behind when the test fails, so the history can be read.
 	dir, err := os.MkdirTemp("", "toolfence-"+t.Name()+"-")
@@ -57,7 +57,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 // TestJepsenBadger: process kills (store reopened by a new process), stops and forward
 // jumps of the ledger's clock, each at least twice, with a checked history.
 func TestJepsenBadger(t *testing.T) {
-	rep := runShort(t, Config{Backend: "badger", Duration: 14 * time.Second, Clients: 6, Slots: 2, Epoch: 3 * time.Second,
+	rep := runShort(t, Options{Backend: "badger", Duration: 14 * time.Second, Clients: 6, Slots: 2, Epoch: 3 * time.Second,
 		FaultFor: time.Second, Quiet: time.Second, Faults: BadgerFaults, Seed: 1})
 	require.GreaterOrEqual(t, rep.Procs, 2, "a killed worker was replaced")
 }
@@ -67,7 +67,7 @@ func TestJepsenPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a PostgreSQL cluster")
 	}
-	rep := runShort(t, Config{Backend: "postgres", Duration: 28 * time.Second, Workers: 3, Clients: 3, Slots: 3,
+	rep := runShort(t, Options{Backend: "postgres", Duration: 28 * time.Second, Workers: 3, Clients: 3, Slots: 3,
 		Epoch: 4 * time.Second, FaultFor: time.Second, Quiet: 700 * time.Millisecond, Faults: PostgresFaults, Seed: 1})
 	require.GreaterOrEqual(t, rep.Procs, 4, "a killed worker was replaced")
 }
