@@ -199,8 +199,9 @@ func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (stri
 
 // classify maps upstream's answer to a claimed outcome (issue 13's rules): a result with
 // isError false → succeeded; isError true → unknown unless a no_effect pattern matches its
-// text (failed); JSON-RPC method not found, invalid params or a no_effect code → failed;
-// any other error, no answer, a timeout or a cancellation → unknown.
+// text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
+// task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a
+// no_effect code → failed; any other error, no answer, a timeout or a cancellation → unknown.
 func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
 	if resp == nil {
 		return interceptor.Report{Outcome: residual.Unknown, Error: fmt.Sprintf("no answer from upstream: %v", callErr)}
@@ -219,6 +220,9 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 	}
 	var result struct {
 		IsError bool `json:"isError"`
+		Task    *struct {
+			TaskID string `json:"taskId"`
+		} `json:"task"`
 		Content []struct {
 			Type string `json:"type"`
 			Text string `json:"text"`
@@ -226,6 +230,12 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 	}
 	if err := json.Unmarshal(resp.Result, &result); err != nil {
 		return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "upstream's result is not a tool result: " + err.Error()}
+	}
+	if result.Task != nil {
+		if result.Task.TaskID == "" {
+			return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "upstream queued the call as a task without a taskId"}
+		}
+		return interceptor.Report{Outcome: residual.Accepted, Body: resp.Result, Handle: result.Task.TaskID}
 	}
 	if !result.IsError {
 		return interceptor.Report{Outcome: residual.Succeeded, Body: resp.Result}

@@ -1,0 +1,29 @@
+package mcpproxy
+
+import (
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/toolfence/toolfence/residual"
+)
+
+// TestClassifyTaskResultIsAccepted: an upstream that answers tools/call with an MCP task
+// (the call is only queued) is recorded as accepted with the task id as handle, never as
+// succeeded (DESIGN.md: a queued answer is not a success); a task without an id is unknown.
+func TestClassifyTaskResultIsAccepted(t *testing.T) {
+	for _, c := range []struct {
+		result  string
+		outcome residual.State
+		handle  string
+	}{
+		{`{"task":{"taskId":"t-1","status":"working"}}`, residual.Accepted, "t-1"},
+		{`{"task":{"status":"working"}}`, residual.Unknown, ""},
+		{`{"content":[{"type":"text","text":"done"}]}`, residual.Succeeded, ""},
+	} {
+		rep := classify(NoEffect{}, &jsonrpc.Response{Result: []byte(c.result)}, nil)
+		if rep.Outcome != c.outcome || rep.Handle != c.handle {
+			t.Errorf("%s: outcome %s handle %q, want %s %q", c.result, rep.Outcome, rep.Handle, c.outcome, c.handle)
+		}
+	}
+}
