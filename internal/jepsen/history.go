@@ -74,7 +74,7 @@ type Output struct {
 	HasRes   bool           `json:"has_residual,omitempty"` // the fields above describe a residual
 	Started  int64          `json:"started,omitempty"`      // current attempt's start (Acquired)
 	Expires  int64          `json:"expires,omitempty"`      // lease expiry (Acquired, Renew)
-	Ended    int64          `json:"ended,omitempty"`        // current attempt's end (Commit)
+	Ended    int64          `json:"ended,omitempty"`        // end of the committed token's attempt (Commit; 0 when it is no longer stored, which judges nothing)
 }
 
 // Op is one step of the history: invoked at Call and answered at Return (wall clock, ns).

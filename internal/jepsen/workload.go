@@ -262,8 +262,12 @@ func (c *client) reserveFlow(ctx context.Context, slot string, n int) {
 		r, err := c.l.Commit(ctx, p)
 		o := describe(nil, r)
 		if err == nil && r != nil {
-			if cur := r.Current(); cur != nil {
-				o.Ended = ns(cur.Ended)
+			// The end of this token's attempt: a retried commit is answered with the
+			// residual as it stands, whose current attempt may be a later holder's.
+			for _, a := range r.Attempts {
+				if a.Token == token {
+					o.Ended = ns(a.Ended)
+				}
 			}
 		}
 		return o, err
