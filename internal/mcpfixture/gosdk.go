@@ -1,0 +1,48 @@
+package mcpfixture
+
+import (
+	"context"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// RunGoSDK serves the fixture's tools (append, note, read) over stdin/stdout with the
+// official Go SDK until the client hangs up (nil) or the transport fails (its error).
+func RunGoSDK(ctx context.Context) error {
+	s := mcp.NewServer(&mcp.Implementation{Name: "mcpfx-gosdk", Version: "1.0.0"}, nil)
+	yes := true
+	handler := func(tool string) mcp.ToolHandlerFor[Input, any] {
+		return func(ctx context.Context, req *mcp.CallToolRequest, in Input) (*mcp.CallToolResult, any, error) {
+			a, err := run(ctx, tool, in, modeOf(req.Params.Meta))
+			if err != nil {
+				return nil, nil, err
+			}
+			if a.rpcCode != 0 {
+				return nil, nil, &jsonrpc.Error{Code: a.rpcCode, Message: a.text}
+			}
+			if tok := req.Params.GetProgressToken(); tok != nil {
+				for _, p := range a.progress {
+					if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+						ProgressToken: tok, Progress: p.progress, Total: p.total, Message: p.message}); err != nil {
+						return nil, nil, err
+					}
+				}
+			}
+			return &mcp.CallToolResult{IsError: a.isError, Content: []mcp.Content{&mcp.TextContent{Text: a.text}}}, nil, nil
+		}
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: ToolAppend, Description: "Append a line to the effects file (mutating).",
+		Annotations: &mcp.ToolAnnotations{Title: "Append a line", DestructiveHint: &yes}}, handler(ToolAppend))
+	mcp.AddTool(s, &mcp.Tool{Name: ToolNote, Description: "Append a note (bypassed by policy in tests)."}, handler(ToolNote))
+	mcp.AddTool(s, &mcp.Tool{Name: ToolRead, Description: "Count the effects so far.",
+		Annotations: &mcp.ToolAnnotations{Title: "Read effects", ReadOnlyHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			a, err := run(ctx, ToolRead, Input{}, ModeOK)
+			if err != nil {
+				return nil, nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.text}}}, nil, nil
+		})
+	return s.Run(ctx, &mcp.StdioTransport{})
+}

@@ -1,0 +1,77 @@
+package mcpfixture
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+)
+
+// RunMCPGo serves the fixture's tools (append, note, read) over stdin/stdout with mcp-go
+// until the client hangs up (nil) or the transport fails (its error). Its append also
+// accepts task-augmented calls (MCP Tasks): such a call is answered at once with a task
+// (CreateTaskResult) and runs as ModeOK in the background.
+func RunMCPGo(ctx context.Context) error {
+	s := server.NewMCPServer("mcpfx-mcpgo", "1.0.0", server.WithToolCapabilities(false),
+		server.WithTaskCapabilities(true, true, true))
+	handler := func(tool string) server.ToolHandlerFunc {
+		return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var in Input
+			if err := req.BindArguments(&in); err != nil {
+				return mcp.NewToolResultError("invalid arguments: " + err.Error()), nil
+			}
+			var meta map[string]any
+			var token mcp.ProgressToken
+			if req.Params.Meta != nil {
+				meta, token = req.Params.Meta.AdditionalFields, req.Params.Meta.ProgressToken
+			}
+			mode := modeOf(meta)
+			if mode == ModeInvalid {
+				mode = ModeReject
+			}
+			a, err := run(ctx, tool, in, mode)
+			if err != nil {
+				return nil, err
+			}
+			if token != nil {
+				srv := server.ServerFromContext(ctx)
+				for _, p := range a.progress {
+					if err := srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
+						"progressToken": token, "progress": p.progress, "total": p.total, "message": p.message}); err != nil {
+						return nil, err
+					}
+				}
+			}
+			if a.isError {
+				return mcp.NewToolResultError(a.text), nil
+			}
+			return mcp.NewToolResultText(a.text), nil
+		}
+	}
+	s.AddTool(mcp.NewTool(ToolAppend,
+		mcp.WithDescription("Append a line to the effects file (mutating)."),
+		mcp.WithString("target", mcp.Required(), mcp.Description("where the line goes, e.g. inbox:bob")),
+		mcp.WithString("text", mcp.Required(), mcp.Description("the line to append")),
+		mcp.WithNumber("priority", mcp.Description("0 (default) to 9")),
+		mcp.WithTitleAnnotation("Append a line"),
+		mcp.WithDestructiveHintAnnotation(true),
+		mcp.WithTaskSupport(mcp.TaskSupportOptional),
+	), handler(ToolAppend))
+	s.AddTool(mcp.NewTool(ToolNote,
+		mcp.WithDescription("Append a note (bypassed by policy in tests)."),
+		mcp.WithString("target", mcp.Required()),
+		mcp.WithString("text", mcp.Required()),
+	), handler(ToolNote))
+	s.AddTool(mcp.NewTool(ToolRead,
+		mcp.WithDescription("Count the effects so far."),
+		mcp.WithTitleAnnotation("Read effects"),
+		mcp.WithReadOnlyHintAnnotation(true),
+	), handler(ToolRead))
+	err := server.NewStdioServer(s).Listen(ctx, os.Stdin, os.Stdout)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,90 @@
+package interop_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/mcpfixture"
+)
+
+// args is the one call most cells make.
+var args = map[string]any{"target": "inbox:bob", "text": "hello"}
+
+// requireReplayOf checks that second replays first: marked in _meta, a "[replayed]" note
+// first, then first's own content.
+func requireReplayOf(t *testing.T, first, second outcome) {
+	t.Helper()
+	require.False(t, first.IsError, first.text())
+	require.False(t, first.Replayed)
+	require.Equal(t, []string{"appended hello to inbox:bob"}, first.Texts, "the first answer is upstream's own")
+	require.False(t, second.IsError, second.text())
+	require.True(t, second.Replayed, "second call: %s", second.Raw)
+	require.Len(t, second.Texts, 2)
+	require.True(t, strings.HasPrefix(second.Texts[0], "[replayed] already done"), second.Texts[0])
+	require.Equal(t, first.Texts, second.Texts[1:])
+}
+
+// TestRawToolListIsByteFaithful: the tools/list result a host gets through the proxy is the
+// upstream's, byte for byte, for both upstream SDKs.
+func TestRawToolListIsByteFaithful(t *testing.T) {
+	t.Parallel()
+	for _, fx := range fixtures {
+		t.Run("upstream="+fx, func(t *testing.T) {
+			t.Parallel()
+			w := setup(t, fx, "")
+			want := w.rawListTools(w.directArgv())
+			got := w.rawListTools(w.proxyArgv(w.store))
+			require.Equal(t, string(want), string(got))
+			require.Contains(t, string(got), `"readOnlyHint":true`)
+		})
+	}
+}
+
+// TestHostsSeeUpstreamToolsAndReplays: every host (official Go SDK, mcp-go) × every
+// upstream (Go SDK, mcp-go) lists the tools as the upstream gives them and makes the same
+// call twice: one effect, the second answer a replay.
+func TestHostsSeeUpstreamToolsAndReplays(t *testing.T) {
+	t.Parallel()
+	for hk, newHost := range hostKinds {
+		for _, fx := range fixtures {
+			t.Run("host="+hk+"/upstream="+fx, func(t *testing.T) {
+				t.Parallel()
+				w := setup(t, fx, "")
+				direct := newHost(w, w.directArgv())
+				want := direct.tools(t)
+				require.NoError(t, direct.close())
+
+				h := newHost(w, w.proxyArgv(w.store))
+				require.JSONEq(t, string(want), string(h.tools(t)))
+				first := h.call(t, mcpfixture.ToolAppend, args, nil)
+				second := h.call(t, mcpfixture.ToolAppend, args, nil)
+				requireReplayOf(t, first, second)
+				require.Equal(t, 1, w.effectCount())
+				require.Equal(t, 1, w.dispatchCount())
+			})
+		}
+	}
+}
+
+// TestTypeScriptHostSeesUpstreamToolsAndReplays: the same with a host on the official
+// TypeScript SDK (testdata/tsclient/host.mjs).
+func TestTypeScriptHostSeesUpstreamToolsAndReplays(t *testing.T) {
+	t.Parallel()
+	nodeBin := node(t)
+	for _, fx := range fixtures {
+		t.Run("upstream="+fx, func(t *testing.T) {
+			t.Parallel()
+			w := setup(t, fx, "")
+			want, _ := w.tsRun(nodeBin, w.directArgv(), nil)
+			call := tsCall{Name: mcpfixture.ToolAppend, Arguments: args}
+			got, res := w.tsRun(nodeBin, w.proxyArgv(w.store), []tsCall{call, call})
+			require.JSONEq(t, string(want), string(got))
+			require.Len(t, res, 2)
+			requireReplayOf(t, res[0], res[1])
+			require.Equal(t, 1, w.effectCount())
+			require.Equal(t, 1, w.dispatchCount())
+		})
+	}
+}
