@@ -63,6 +63,9 @@ func RunMCPGo(ctx context.Context) error {
 		mcp.WithDescription("Append a note (bypassed by policy in tests)."),
 		mcp.WithString("target", mcp.Required()),
 		mcp.WithString("text", mcp.Required()),
+		// mcp-go marks every tool destructive unless told otherwise, and a destructive tool
+		// cannot be bypassed by policy: say it is not.
+		mcp.WithDestructiveHintAnnotation(false),
 	), handler(ToolNote))
 	s.AddTool(mcp.NewTool(ToolRead,
 		mcp.WithDescription("Count the effects so far."),

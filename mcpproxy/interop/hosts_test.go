@@ -274,3 +274,23 @@ func (w *world) tsRun(nodeBin string, argv []string, calls []tsCall) ([]byte, []
 	}
 	return rep.Tools, outs
 }
+
+// execCommand is exec.CommandContext of argv.
+func execCommand(ctx context.Context, argv []string) *exec.Cmd {
+	return exec.CommandContext(ctx, argv[0], argv[1:]...)
+}
+
+// callTask makes a task-augmented tools/call (params.task) and returns its result.
+func (h *mcpGoHost) callTask(t *testing.T, name string, args map[string]any) outcome {
+	t.Helper()
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name, req.Params.Arguments = name, args
+	req.Params.Task = &mcpgo.TaskParams{}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := h.c.CallTool(ctx, req)
+	require.NoError(t, err)
+	b, err := json.Marshal(res)
+	require.NoError(t, err)
+	return parseOutcome(t, b)
+}
