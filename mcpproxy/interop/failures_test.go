@@ -486,8 +486,9 @@ func TestTwoProxiesOnOnePostgresStore(t *testing.T) {
 }
 
 // TestBadInputIsAClearErrorAndWritesNothing: a malformed policy, a policy naming a tool the
-// upstream does not list, and an upstream that cannot start are errors that name the
-// problem; nothing is written to the store and nothing reaches the upstream.
+// upstream does not list, a target pointer to an argument the call lacks, and an upstream
+// that cannot start or exits at once are errors that name the problem; nothing is written
+// to the store and nothing reaches the upstream.
 func TestBadInputIsAClearErrorAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	t.Run("malformed policy", func(t *testing.T) {
@@ -506,6 +507,19 @@ func TestBadInputIsAClearErrorAndWritesNothing(t *testing.T) {
 		require.True(t, o.IsError)
 		require.Equal(t, kindPolicy, o.Kind, o.Raw)
 		require.Contains(t, o.text(), `the policy names tool "send_mail", which server "fx" does not list`)
+		require.NoError(t, h.close())
+		require.Zero(t, w.dispatchCount())
+		require.Empty(t, w.residuals())
+	})
+	t.Run("target pointer to a missing argument", func(t *testing.T) {
+		t.Parallel()
+		w := setup(t, "gosdk", `{"tools": {"append": {"target": ["/to"]}}}`)
+		h := w.goSDK(w.proxyArgv(w.store))
+		o := h.call(t, mcpfixture.ToolAppend, args, nil)
+		require.True(t, o.IsError)
+		require.Equal(t, "invalid_input", o.Kind, o.Raw)
+		require.Contains(t, o.text(), "/to")
+		require.Contains(t, o.text(), "nothing was sent")
 		require.NoError(t, h.close())
 		require.Zero(t, w.dispatchCount())
 		require.Empty(t, w.residuals())

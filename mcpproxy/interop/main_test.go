@@ -23,40 +23,24 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// envRole makes this test binary an upstream fixture: "gosdk" or "mcpgo".
-const envRole = "MCPFX_ROLE"
-
-// bin is the toolfence binary TestMain builds; the tests run it as a host would.
-var bin string
+// bin is the toolfence binary TestMain builds; the tests run it as a host would. fxBin is
+// the upstream fixtures' binary (internal/mcpfixture/cmd/mcpfixture), built without -race
+// so that the many fixture processes start fast.
+var bin, fxBin string
 
 func TestMain(m *testing.M) {
-	switch role := os.Getenv(envRole); role {
-	case "":
-	case "gosdk", "mcpgo":
-		run := mcpfixture.RunGoSDK
-		if role == "mcpgo" {
-			run = mcpfixture.RunMCPGo
-		}
-		if err := run(context.Background()); err != nil {
-			fmt.Fprintln(os.Stderr, "mcpfixture:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	default:
-		fmt.Fprintf(os.Stderr, "%s=%q: want gosdk or mcpgo\n", envRole, role)
-		os.Exit(2)
-	}
 	dir, err := os.MkdirTemp("", "toolfence-interop-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin = filepath.Join(dir, "toolfence")
+	bin, fxBin = filepath.Join(dir, "toolfence"), filepath.Join(dir, "mcpfixture")
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"
 	}
-	build := exec.Command(goTool, "build", "-o", bin, "github.com/toolfence/toolfence/cmd/toolfence")
+	build := exec.Command(goTool, "build", "-o", dir+"/",
+		"github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/mcpfixture/cmd/mcpfixture")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building toolfence:", err)
@@ -140,7 +124,7 @@ func (w *world) release() {
 
 // env is the environment of hosts, proxies and fixtures of this world.
 func (w *world) env() []string {
-	return append(os.Environ(), envRole+"="+w.fixture,
+	return append(os.Environ(),
 		mcpfixture.EnvEffects+"="+w.effects, mcpfixture.EnvDispatches+"="+w.dispatches,
 		mcpfixture.EnvMode+"="+w.mode, mcpfixture.EnvEntered+"="+w.entered, mcpfixture.EnvGate+"="+w.gate)
 }
@@ -152,11 +136,11 @@ func (w *world) proxyArgv(store string) []string {
 		argv = append(argv, "--config", w.policy)
 	}
 	argv = append(argv, w.flags...)
-	return append(argv, "--", os.Args[0])
+	return append(argv, "--", fxBin, w.fixture)
 }
 
 // directArgv is the command of the bare fixture (no proxy).
-func (w *world) directArgv() []string { return []string{os.Args[0]} }
+func (w *world) directArgv() []string { return []string{fxBin, w.fixture} }
 
 // lines returns the lines of the file at path (none when it does not exist).
 func (w *world) lines(path string) []string {
