@@ -62,22 +62,25 @@ func requireResidual(t *testing.T, w *world, state residual.State) {
 }
 
 // TestRestartedProxyReplays: a call made through a proxy replays through a new proxy
-// process on the same store (the default task is stable across restarts).
+// process (and a new host session) on the same store: the default task is stable across
+// restarts. Go SDK and mcp-go hosts × both upstreams.
 func TestRestartedProxyReplays(t *testing.T) {
 	t.Parallel()
-	for _, fx := range fixtures {
-		t.Run("upstream="+fx, func(t *testing.T) {
-			t.Parallel()
-			w := setup(t, fx, "")
-			h := w.goSDK(w.proxyArgv(w.store))
-			first := h.call(t, mcpfixture.ToolAppend, args, nil)
-			require.NoError(t, h.close())
-			h = w.goSDK(w.proxyArgv(w.store))
-			requireReplayOf(t, first, h.call(t, mcpfixture.ToolAppend, args, nil))
-			require.NoError(t, h.close())
-			require.Equal(t, 1, w.effectCount())
-			requireResidual(t, w, residual.Succeeded)
-		})
+	for hk, newHost := range hostKinds {
+		for _, fx := range fixtures {
+			t.Run("host="+hk+"/upstream="+fx, func(t *testing.T) {
+				t.Parallel()
+				w := setup(t, fx, "")
+				h := newHost(w, w.proxyArgv(w.store))
+				first := h.call(t, mcpfixture.ToolAppend, args, nil)
+				require.NoError(t, h.close())
+				h = newHost(w, w.proxyArgv(w.store))
+				requireReplayOf(t, first, h.call(t, mcpfixture.ToolAppend, args, nil))
+				require.NoError(t, h.close())
+				require.Equal(t, 1, w.effectCount())
+				requireResidual(t, w, residual.Succeeded)
+			})
+		}
 	}
 }
 

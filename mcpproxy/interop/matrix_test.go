@@ -69,7 +69,8 @@ func TestHostsSeeUpstreamToolsAndReplays(t *testing.T) {
 }
 
 // TestTypeScriptHostSeesUpstreamToolsAndReplays: the same with a host on the official
-// TypeScript SDK (testdata/tsclient/host.mjs).
+// TypeScript SDK (testdata/tsclient/host.mjs), and the call replays again after a restart
+// of host and proxy.
 func TestTypeScriptHostSeesUpstreamToolsAndReplays(t *testing.T) {
 	t.Parallel()
 	nodeBin := node(t)
@@ -83,6 +84,9 @@ func TestTypeScriptHostSeesUpstreamToolsAndReplays(t *testing.T) {
 			require.JSONEq(t, string(want), string(got))
 			require.Len(t, res, 2)
 			requireReplayOf(t, res[0], res[1])
+			// A new host process and a new proxy on the same store: still a replay.
+			_, again := w.tsRun(nodeBin, w.proxyArgv(w.store), []tsCall{call})
+			requireReplayOf(t, res[0], again[0])
 			require.Equal(t, 1, w.effectCount())
 			require.Equal(t, 1, w.dispatchCount())
 		})
