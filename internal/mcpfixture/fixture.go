@@ -68,6 +68,17 @@ const (
 	ToolRead = "read"
 )
 
+// The resource and prompt of both fixtures (relayed untouched by the proxy).
+const (
+	// ResourceURI is a text resource whose contents are ResourceText.
+	ResourceURI = "mcpfx://about"
+	// ResourceText is the contents of ResourceURI.
+	ResourceText = "an MCP fixture: append, note and read"
+	// PromptName is a prompt with one required argument "who"; it answers one user
+	// message "Say hello to WHO.".
+	PromptName = "greet"
+)
+
 // Input is the arguments of append and note.
 type Input struct {
 	Target   string `json:"target" jsonschema:"where the line goes, e.g. inbox:bob"`

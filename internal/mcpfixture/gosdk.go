@@ -7,8 +7,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// RunGoSDK serves the fixture's tools (append, note, read) over stdin/stdout with the
-// official Go SDK until the client hangs up (nil) or the transport fails (its error).
+// RunGoSDK serves the fixture's tools (append, note, read), resource (ResourceURI) and
+// prompt (PromptName) over stdin/stdout with the official Go SDK until the client hangs up (nil) or the transport fails (its error).
 func RunGoSDK(ctx context.Context) error {
 	s := mcp.NewServer(&mcp.Implementation{Name: "mcpfx-gosdk", Version: "1.0.0"}, nil)
 	yes := true
@@ -43,6 +43,16 @@ func RunGoSDK(ctx context.Context) error {
 				return nil, nil, err
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.text}}}, nil, nil
+		})
+	s.AddResource(&mcp.Resource{URI: ResourceURI, Name: "about", MIMEType: "text/plain"},
+		func(context.Context, *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: ResourceURI, MIMEType: "text/plain", Text: ResourceText}}}, nil
+		})
+	s.AddPrompt(&mcp.Prompt{Name: PromptName, Description: "Greet someone.",
+		Arguments: []*mcp.PromptArgument{{Name: "who", Description: "whom to greet", Required: true}}},
+		func(_ context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+			return &mcp.GetPromptResult{Messages: []*mcp.PromptMessage{{Role: "user",
+				Content: &mcp.TextContent{Text: "Say hello to " + req.Params.Arguments["who"] + "."}}}}, nil
 		})
 	return s.Run(ctx, &mcp.StdioTransport{})
 }

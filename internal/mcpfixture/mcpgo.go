@@ -9,12 +9,14 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 )
 
-// RunMCPGo serves the fixture's tools (append, note, read) over stdin/stdout with mcp-go
+// RunMCPGo serves the fixture's tools (append, note, read), resource (ResourceURI) and
+// prompt (PromptName) over stdin/stdout with mcp-go
 // until the client hangs up (nil) or the transport fails (its error). Its append also
 // accepts task-augmented calls (MCP Tasks): such a call is answered at once with a task
 // (CreateTaskResult) and runs as ModeOK in the background.
 func RunMCPGo(ctx context.Context) error {
 	s := server.NewMCPServer("mcpfx-mcpgo", "1.0.0", server.WithToolCapabilities(false),
+		server.WithResourceCapabilities(false, false), server.WithPromptCapabilities(false),
 		server.WithTaskCapabilities(true, true, true))
 	handler := func(tool string) server.ToolHandlerFunc {
 		return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -72,6 +74,16 @@ func RunMCPGo(ctx context.Context) error {
 		mcp.WithTitleAnnotation("Read effects"),
 		mcp.WithReadOnlyHintAnnotation(true),
 	), handler(ToolRead))
+	s.AddResource(mcp.NewResource(ResourceURI, "about", mcp.WithMIMEType("text/plain")),
+		func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+			return []mcp.ResourceContents{mcp.TextResourceContents{URI: ResourceURI, MIMEType: "text/plain", Text: ResourceText}}, nil
+		})
+	s.AddPrompt(mcp.NewPrompt(PromptName, mcp.WithPromptDescription("Greet someone."),
+		mcp.WithArgument("who", mcp.ArgumentDescription("whom to greet"), mcp.RequiredArgument())),
+		func(_ context.Context, req mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+			return &mcp.GetPromptResult{Messages: []mcp.PromptMessage{
+				mcp.NewPromptMessage(mcp.RoleUser, mcp.NewTextContent("Say hello to "+req.Params.Arguments["who"]+"."))}}, nil
+		})
 	err := server.NewStdioServer(s).Listen(ctx, os.Stdin, os.Stdout)
 	if errors.Is(err, context.Canceled) {
 		return nil

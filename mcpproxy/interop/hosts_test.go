@@ -142,9 +142,13 @@ func (h *mcpGoHost) call(t *testing.T, name string, args, meta map[string]any) o
 
 func (h *mcpGoHost) close() error { return h.c.Close() }
 
-// rawListTools speaks JSON-RPC to argv by hand (initialize, initialized, tools/list) and
-// returns the bytes of the tools/list result exactly as they came on the wire.
-func (w *world) rawListTools(argv []string) []byte {
+// rawRequest is one request of rawSession: a method and its params (JSON).
+type rawRequest struct{ method, params string }
+
+// rawSession speaks JSON-RPC to argv by hand: initialize, notifications/initialized, then
+// each request in turn. It returns the bytes of each result exactly as they came on the
+// wire, the initialize result first.
+func (w *world) rawSession(argv []string, reqs ...rawRequest) [][]byte {
 	w.t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env, cmd.Stderr = w.env(), w.stderr
@@ -174,12 +178,17 @@ func (w *world) rawListTools(argv []string) []byte {
 			}
 		}
 	}
-	_, err = io.WriteString(in, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw-host","version":"1"}}}`+"\n")
+	_, err = io.WriteString(in, `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw-host","version":"1"}}}`+"\n")
 	require.NoError(w.t, err)
-	read(1)
-	_, err = io.WriteString(in, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n"+`{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}`+"\n")
+	results := [][]byte{read(0)}
+	_, err = io.WriteString(in, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
 	require.NoError(w.t, err)
-	return read(2)
+	for i, req := range reqs {
+		_, err = fmt.Fprintf(in, `{"jsonrpc":"2.0","id":%d,"method":%q,"params":%s}`+"\n", i+1, req.method, req.params)
+		require.NoError(w.t, err)
+		results = append(results, read(i+1))
+	}
+	return results
 }
 
 // The TypeScript host: testdata/tsclient/host.mjs on the official TypeScript SDK.

@@ -26,18 +26,36 @@ func requireReplayOf(t *testing.T, first, second outcome) {
 	require.Equal(t, first.Texts, second.Texts[1:])
 }
 
-// TestRawToolListIsByteFaithful: the tools/list result a host gets through the proxy is the
-// upstream's, byte for byte, for both upstream SDKs.
-func TestRawToolListIsByteFaithful(t *testing.T) {
+// TestRelayIsByteFaithful: what a host gets through the proxy for initialize, tools/list,
+// resources (list, read) and prompts (list, get) is the upstream's answer, byte for byte,
+// for both upstream SDKs.
+func TestRelayIsByteFaithful(t *testing.T) {
 	t.Parallel()
+	reqs := []rawRequest{
+		{"tools/list", `{}`},
+		{"resources/list", `{}`},
+		{"resources/read", `{"uri":"` + mcpfixture.ResourceURI + `"}`},
+		{"prompts/list", `{}`},
+		{"prompts/get", `{"name":"` + mcpfixture.PromptName + `","arguments":{"who":"Bob"}}`},
+	}
 	for _, fx := range fixtures {
 		t.Run("upstream="+fx, func(t *testing.T) {
 			t.Parallel()
 			w := setup(t, fx, "")
-			want := w.rawListTools(w.directArgv())
-			got := w.rawListTools(w.proxyArgv(w.store))
-			require.Equal(t, string(want), string(got))
-			require.Contains(t, string(got), `"readOnlyHint":true`)
+			want := w.rawSession(w.directArgv(), reqs...)
+			got := w.rawSession(w.proxyArgv(w.store), reqs...)
+			require.Len(t, got, len(want))
+			for i := range want {
+				name := "initialize"
+				if i > 0 {
+					name = reqs[i-1].method
+				}
+				require.Equal(t, string(want[i]), string(got[i]), name)
+			}
+			require.Contains(t, string(got[1]), `"readOnlyHint":true`)
+			require.Contains(t, string(got[3]), mcpfixture.ResourceText)
+			require.Contains(t, string(got[5]), "Say hello to Bob.")
+			require.Empty(t, w.residuals(), "nothing of this touches the store")
 		})
 	}
 }
