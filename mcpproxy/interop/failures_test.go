@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -559,7 +560,7 @@ func (w *world) run(argv ...string) result {
 	w.t.Helper()
 	ctx, cancel := context.WithTimeout(w.t.Context(), 30*time.Second)
 	defer cancel()
-	cmd := execCommand(ctx, argv)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = w.env()
 	stdin, err := cmd.StdinPipe()
 	require.NoError(w.t, err)

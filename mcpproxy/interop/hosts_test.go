@@ -284,11 +284,6 @@ func (w *world) tsRun(nodeBin string, argv []string, calls []tsCall) ([]byte, []
 	return rep.Tools, outs
 }
 
-// execCommand is exec.CommandContext of argv.
-func execCommand(ctx context.Context, argv []string) *exec.Cmd {
-	return exec.CommandContext(ctx, argv[0], argv[1:]...)
-}
-
 // callTask makes a task-augmented tools/call (params.task) and returns its result.
 func (h *mcpGoHost) callTask(t *testing.T, name string, args map[string]any) outcome {
 	t.Helper()
