@@ -12,6 +12,23 @@ import (
 // args is the one call most cells make.
 var args = map[string]any{"target": "inbox:bob", "text": "hello"}
 
+// args2 is a second call, on another target.
+var args2 = map[string]any{"target": "inbox:carol", "text": "hi"}
+
+// requireUnknownThenRefused checks an ambiguous answer (isError after the effect, no
+// no_effect rule) and the refusal of the same call after it, as a host sees them: isError
+// results with the observation text and _meta kind unknown_outcome.
+func requireUnknownThenRefused(t *testing.T, ambiguous, retry outcome) {
+	t.Helper()
+	require.True(t, ambiguous.IsError, ambiguous.Raw)
+	require.Equal(t, kindUnknown, ambiguous.Kind, "%s", ambiguous.Raw)
+	require.Contains(t, ambiguous.text(), "outcome unknown; do not retry")
+	require.Equal(t, "boom after the write", ambiguous.Texts[len(ambiguous.Texts)-1], "upstream's own text follows the observation")
+	require.True(t, retry.IsError, retry.Raw)
+	require.Equal(t, kindUnknown, retry.Kind, "%s", retry.Raw)
+	require.Contains(t, retry.text(), "blocked: a previous attempt may have reached the upstream of append")
+}
+
 // requireReplayOf checks that second replays first: marked in _meta, a "[replayed]" note
 // first, then first's own content.
 func requireReplayOf(t *testing.T, first, second outcome) {
@@ -62,7 +79,8 @@ func TestRelayIsByteFaithful(t *testing.T) {
 
 // TestHostsSeeUpstreamToolsAndReplays: every host (official Go SDK, mcp-go) × every
 // upstream (Go SDK, mcp-go) lists the tools as the upstream gives them and makes the same
-// call twice: one effect, the second answer a replay.
+// call twice: one effect, the second answer a replay. An ambiguous answer and the refusal
+// after it reach the host as isError results with the proxy's _meta details.
 func TestHostsSeeUpstreamToolsAndReplays(t *testing.T) {
 	t.Parallel()
 	for hk, newHost := range hostKinds {
@@ -79,8 +97,10 @@ func TestHostsSeeUpstreamToolsAndReplays(t *testing.T) {
 				first := h.call(t, mcpfixture.ToolAppend, args, nil)
 				second := h.call(t, mcpfixture.ToolAppend, args, nil)
 				requireReplayOf(t, first, second)
-				require.Equal(t, 1, w.effectCount())
-				require.Equal(t, 1, w.dispatchCount())
+				requireUnknownThenRefused(t, h.call(t, mcpfixture.ToolAppend, args2, mode(mcpfixture.ModeIsError)),
+					h.call(t, mcpfixture.ToolAppend, args2, nil))
+				require.Equal(t, 2, w.effectCount())
+				require.Equal(t, 2, w.dispatchCount())
 			})
 		}
 	}
@@ -98,15 +118,18 @@ func TestTypeScriptHostSeesUpstreamToolsAndReplays(t *testing.T) {
 			w := setup(t, fx, "")
 			want, _ := w.tsRun(nodeBin, w.directArgv(), nil)
 			call := tsCall{Name: mcpfixture.ToolAppend, Arguments: args}
-			got, res := w.tsRun(nodeBin, w.proxyArgv(w.store), []tsCall{call, call})
+			got, res := w.tsRun(nodeBin, w.proxyArgv(w.store), []tsCall{call, call,
+				{Name: mcpfixture.ToolAppend, Arguments: args2, Meta: mode(mcpfixture.ModeIsError)},
+				{Name: mcpfixture.ToolAppend, Arguments: args2}})
 			require.JSONEq(t, string(want), string(got))
-			require.Len(t, res, 2)
+			require.Len(t, res, 4)
 			requireReplayOf(t, res[0], res[1])
+			requireUnknownThenRefused(t, res[2], res[3])
 			// A new host process and a new proxy on the same store: still a replay.
 			_, again := w.tsRun(nodeBin, w.proxyArgv(w.store), []tsCall{call})
 			requireReplayOf(t, res[0], again[0])
-			require.Equal(t, 1, w.effectCount())
-			require.Equal(t, 1, w.dispatchCount())
+			require.Equal(t, 2, w.effectCount())
+			require.Equal(t, 2, w.dispatchCount())
 		})
 	}
 }
