@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -27,6 +28,9 @@ const (
 	// EnvGate is a FIFO the tool reads to EOF in ModeGate before it answers: the test
 	// releases the call by opening it for writing and closing it.
 	EnvGate = "MCPFX_GATE"
+	// EnvKillPIDFile names a file holding the process id ModeKillParent kills (for a fixture
+	// served over HTTP, which is not the proxy's child). Unset: the parent process.
+	EnvKillPIDFile = "MCPFX_KILL_PIDFILE"
 )
 
 // MetaMode is the request _meta field (a string) that sets the mode of one call; it wins
@@ -47,7 +51,8 @@ const (
 	ModeInvalid = "invalid"
 	// ModeCrash: effect, then the process exits with status 3 without answering.
 	ModeCrash = "crash"
-	// ModeKillParent: effect, then SIGKILL to the parent process (the proxy), then exit.
+	// ModeKillParent: effect, then SIGKILL to the parent process (the proxy) or to the
+	// process EnvKillPIDFile names, then (stdio) exit or (HTTP) never answer.
 	ModeKillParent = "killparent"
 	// ModeHang: effect, a line to EnvEntered, then no answer until the call is cancelled.
 	ModeHang = "hang"
@@ -196,6 +201,19 @@ func run(ctx context.Context, tool string, in Input, mode string) (answer, error
 	case ModeCrash:
 		os.Exit(3)
 	case ModeKillParent:
+		if path := os.Getenv(EnvKillPIDFile); path != "" {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return answer{}, err
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				return answer{}, fmt.Errorf("%s: %w", path, err)
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			<-ctx.Done() // served over HTTP: the fixture lives on; this call never answers
+			return answer{}, errCancelled
+		}
 		_ = syscall.Kill(os.Getppid(), syscall.SIGKILL)
 		os.Exit(0)
 	case ModeHang:

@@ -2,14 +2,25 @@ package mcpfixture
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // RunGoSDK serves the fixture's tools (append, note, read), resource (ResourceURI) and
-// prompt (PromptName) over stdin/stdout with the official Go SDK until the client hangs up (nil) or the transport fails (its error).
-func RunGoSDK(ctx context.Context) error {
+// prompt (PromptName) over stdin/stdout with the official Go SDK until the client hangs up
+// (nil) or the transport fails (its error).
+func RunGoSDK(ctx context.Context) error { return newGoSDK().Run(ctx, &mcp.StdioTransport{}) }
+
+// GoSDKHandler returns the same server as RunGoSDK as a streamable-HTTP handler (the
+// official Go SDK's), to be mounted at the MCP endpoint (e.g. /mcp).
+func GoSDKHandler() http.Handler {
+	s := newGoSDK()
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+}
+
+func newGoSDK() *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "mcpfx-gosdk", Version: "1.0.0"}, nil)
 	yes := true
 	handler := func(tool string) mcp.ToolHandlerFor[Input, any] {
@@ -54,5 +65,5 @@ func RunGoSDK(ctx context.Context) error {
 			return &mcp.GetPromptResult{Messages: []*mcp.PromptMessage{{Role: "user",
 				Content: &mcp.TextContent{Text: "Say hello to " + req.Params.Arguments["who"] + "."}}}}, nil
 		})
-	return s.Run(ctx, &mcp.StdioTransport{})
+	return s
 }

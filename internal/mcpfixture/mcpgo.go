@@ -3,6 +3,7 @@ package mcpfixture
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -10,11 +11,22 @@ import (
 )
 
 // RunMCPGo serves the fixture's tools (append, note, read), resource (ResourceURI) and
-// prompt (PromptName) over stdin/stdout with mcp-go
-// until the client hangs up (nil) or the transport fails (its error). Its append also
-// accepts task-augmented calls (MCP Tasks): such a call is answered at once with a task
-// (CreateTaskResult) and runs as ModeOK in the background.
+// prompt (PromptName) over stdin/stdout with mcp-go until the client hangs up (nil) or the
+// transport fails (its error). Its append also accepts task-augmented calls (MCP Tasks):
+// such a call is answered at once with a task (CreateTaskResult) and runs in the background.
 func RunMCPGo(ctx context.Context) error {
+	err := server.NewStdioServer(newMCPGo()).Listen(ctx, os.Stdin, os.Stdout)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// MCPGoHandler returns the same server as RunMCPGo as mcp-go's streamable-HTTP handler,
+// serving the MCP endpoint at /mcp.
+func MCPGoHandler() http.Handler { return server.NewStreamableHTTPServer(newMCPGo()) }
+
+func newMCPGo() *server.MCPServer {
 	s := server.NewMCPServer("mcpfx-mcpgo", "1.0.0", server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false), server.WithPromptCapabilities(false),
 		server.WithTaskCapabilities(true, true, true))
@@ -84,9 +96,5 @@ func RunMCPGo(ctx context.Context) error {
 			return &mcp.GetPromptResult{Messages: []mcp.PromptMessage{
 				mcp.NewPromptMessage(mcp.RoleUser, mcp.NewTextContent("Say hello to "+req.Params.Arguments["who"]+"."))}}, nil
 		})
-	err := server.NewStdioServer(s).Listen(ctx, os.Stdin, os.Stdout)
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
+	return s
 }
