@@ -49,8 +49,13 @@ type goHost struct {
 // goSDK starts argv under an official Go SDK client (CommandTransport) and initializes.
 func (w *world) goSDK(argv []string) *goHost {
 	w.t.Helper()
+	return w.goSDKCmd(exec.Command(argv[0], argv[1:]...))
+}
+
+// goSDKCmd is goSDK for a command of the caller's (started here, with the world's env).
+func (w *world) goSDKCmd(cmd *exec.Cmd) *goHost {
+	w.t.Helper()
 	h := &goHost{progress: make(chan *mcp.ProgressNotificationParams, 16)}
-	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env, cmd.Stderr = w.env(), w.stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "go-sdk-host", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) { h.progress <- r.Params },

@@ -61,6 +61,7 @@ type world struct {
 	fixture                         string
 	dir, store, effects, dispatches string
 	mode, entered, gate             string
+	pidFile                         string   // the process ModeKillParent kills, "" for the parent
 	policy                          string   // path of the policy file, or ""
 	flags                           []string // more proxy flags
 	stderr                          *syncBuffer
@@ -126,7 +127,8 @@ func (w *world) release() {
 func (w *world) env() []string {
 	return append(os.Environ(),
 		mcpfixture.EnvEffects+"="+w.effects, mcpfixture.EnvDispatches+"="+w.dispatches,
-		mcpfixture.EnvMode+"="+w.mode, mcpfixture.EnvEntered+"="+w.entered, mcpfixture.EnvGate+"="+w.gate)
+		mcpfixture.EnvMode+"="+w.mode, mcpfixture.EnvEntered+"="+w.entered, mcpfixture.EnvGate+"="+w.gate,
+		mcpfixture.EnvKillPIDFile+"="+w.pidFile)
 }
 
 // proxyArgv is the command a host runs: toolfence proxy in front of the fixture.
