@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -71,6 +72,9 @@ const (
 	ToolNote = "note"
 	// ToolRead is annotated readOnlyHint: true and answers "N lines" (the effects so far).
 	ToolRead = "read"
+	// ToolFind is annotated readOnlyHint: true and answers {"found": true|false}: whether
+	// append's effect for its target and text is in the effects file (a probe for policies).
+	ToolFind = "find"
 )
 
 // The resource and prompt of both fixtures (relayed untouched by the proxy).
@@ -96,6 +100,7 @@ type answer struct {
 	text     string
 	isError  bool
 	rpcCode  int64 // non-zero: answer with this JSON-RPC error instead of a result
+	found    bool  // ToolFind's answer
 	progress []progressStep
 }
 
@@ -176,6 +181,11 @@ func run(ctx context.Context, tool string, in Input, mode string) (answer, error
 	case ToolRead:
 		b, _ := os.ReadFile(os.Getenv(EnvEffects))
 		return answer{text: fmt.Sprintf("%d lines", strings.Count(string(b), "\n"))}, nil
+	case ToolFind:
+		b, _ := os.ReadFile(os.Getenv(EnvEffects))
+		want := fmt.Sprintf("%s|%s|%s", ToolAppend, in.Target, in.Text)
+		found := slices.Contains(strings.Split(string(b), "\n"), want)
+		return answer{text: fmt.Sprintf(`{"found":%t}`, found), found: found}, nil
 	case ToolNote:
 		if err := appendLine(EnvEffects, fmt.Sprintf("note|%s|%s", in.Target, in.Text)); err != nil {
 			return answer{}, err

@@ -55,6 +55,15 @@ func newGoSDK() *mcp.Server {
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.text}}}, nil, nil
 		})
+	type found struct {
+		Found bool `json:"found"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: ToolFind, Description: "Whether append's effect for target and text happened.",
+		Annotations: &mcp.ToolAnnotations{Title: "Find an effect", ReadOnlyHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, in Input) (*mcp.CallToolResult, found, error) {
+			a, err := run(ctx, ToolFind, in, ModeOK)
+			return nil, found{a.found}, err
+		})
 	s.AddResource(&mcp.Resource{URI: ResourceURI, Name: "about", MIMEType: "text/plain"},
 		func(context.Context, *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: ResourceURI, MIMEType: "text/plain", Text: ResourceText}}}, nil

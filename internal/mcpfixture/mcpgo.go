@@ -86,6 +86,14 @@ func newMCPGo() *server.MCPServer {
 		mcp.WithTitleAnnotation("Read effects"),
 		mcp.WithReadOnlyHintAnnotation(true),
 	), handler(ToolRead))
+	s.AddTool(mcp.NewTool(ToolFind,
+		mcp.WithDescription("Whether append's effect for target and text happened."),
+		mcp.WithString("target", mcp.Required()),
+		mcp.WithString("text", mcp.Required()),
+		mcp.WithTitleAnnotation("Find an effect"),
+		mcp.WithReadOnlyHintAnnotation(true),
+		mcp.WithDestructiveHintAnnotation(false),
+	), handler(ToolFind))
 	s.AddResource(mcp.NewResource(ResourceURI, "about", mcp.WithMIMEType("text/plain")),
 		func(context.Context, mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
 			return []mcp.ResourceContents{mcp.TextResourceContents{URI: ResourceURI, MIMEType: "text/plain", Text: ResourceText}}, nil
