@@ -52,6 +52,8 @@ const (
 	ModeInvalid = "invalid"
 	// ModeCrash: effect, then the process exits with status 3 without answering.
 	ModeCrash = "crash"
+	// ModeCrashBefore: no effect; the process exits with status 3 without answering.
+	ModeCrashBefore = "crashbefore"
 	// ModeKillParent: effect, then SIGKILL to the parent process (the proxy) or to the
 	// process EnvKillPIDFile names, then (stdio) exit or (HTTP) never answer.
 	ModeKillParent = "killparent"
@@ -200,6 +202,8 @@ func run(ctx context.Context, tool string, in Input, mode string) (answer, error
 		return answer{isError: true, text: "rejected: the mailbox is full, nothing was sent"}, nil
 	case ModeInvalid:
 		return answer{rpcCode: -32602, text: "invalid params: priority must be 0 to 9"}, nil
+	case ModeCrashBefore:
+		os.Exit(3)
 	}
 	if err := appendLine(EnvEffects, fmt.Sprintf("%s|%s|%s", tool, in.Target, in.Text)); err != nil {
 		return answer{}, err

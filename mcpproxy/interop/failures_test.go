@@ -412,19 +412,24 @@ func TestProgressReachesTheHost(t *testing.T) {
 }
 
 // TestTaskResultIsAwaitingUpstream: an mcp-go host asks for a task-augmented call; the
-// mcp-go upstream answers with a task (MCP Tasks): the proxy records it accepted, tells the
-// host awaiting_upstream, and refuses the next call without sending it.
+// mcp-go upstream answers with a task (MCP Tasks) and works on it (held at its gate after
+// the effect): the proxy records it accepted and tells the host awaiting_upstream; the next
+// call, while the task works, is refused awaiting_upstream and not sent.
 func TestTaskResultIsAwaitingUpstream(t *testing.T) {
 	t.Parallel()
 	w := setup(t, "mcpgo", "")
+	w.fifos()
 	h := w.mcpGo(w.proxyArgv(w.store))
-	o := h.callTask(t, mcpfixture.ToolAppend, args)
+	o := h.callTask(t, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeGate))
 	require.True(t, o.IsError, o.Raw)
 	require.Equal(t, kindAwaiting, o.Kind, o.Raw)
+	w.awaitEntered()
 	o = h.call(t, mcpfixture.ToolAppend, args, nil)
 	require.Equal(t, kindAwaiting, o.Kind, o.Raw)
+	w.release()
 	require.NoError(t, h.close())
-	require.LessOrEqual(t, w.dispatchCount(), 1)
+	require.Equal(t, 1, w.effectCount())
+	require.Equal(t, 1, w.dispatchCount())
 	rs := w.residuals()
 	require.Len(t, rs, 1)
 	require.Equal(t, residual.Accepted, rs[0].State)

@@ -290,10 +290,13 @@ func (w *world) tsRun(nodeBin string, argv []string, calls []tsCall) ([]byte, []
 }
 
 // callTask makes a task-augmented tools/call (params.task) and returns its result.
-func (h *mcpGoHost) callTask(t *testing.T, name string, args map[string]any) outcome {
+func (h *mcpGoHost) callTask(t *testing.T, name string, args, meta map[string]any) outcome {
 	t.Helper()
 	req := mcpgo.CallToolRequest{}
 	req.Params.Name, req.Params.Arguments = name, args
+	if meta != nil {
+		req.Params.Meta = &mcpgo.Meta{AdditionalFields: meta}
+	}
 	req.Params.Task = &mcpgo.TaskParams{}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
