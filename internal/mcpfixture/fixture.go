@@ -32,6 +32,9 @@ const (
 	// EnvKillPIDFile names a file holding the process id ModeKillParent kills (for a fixture
 	// served over HTTP, which is not the proxy's child). Unset: the parent process.
 	EnvKillPIDFile = "MCPFX_KILL_PIDFILE"
+	// EnvCatalog is a file read when the server starts: when it holds "v2", append's
+	// description says so (a changed catalog, for pins). Missing or other: version 1.
+	EnvCatalog = "MCPFX_CATALOG"
 )
 
 // MetaMode is the request _meta field (a string) that sets the mode of one call; it wins
@@ -112,6 +115,16 @@ type progressStep struct {
 }
 
 var errCancelled = errors.New("mcpfixture: the call was cancelled")
+
+// appendDescription is append's description in the catalog version EnvCatalog names.
+func appendDescription() string {
+	if path := os.Getenv(EnvCatalog); path != "" {
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "v2" {
+			return "Append a line to the effects file (mutating), now in version 2."
+		}
+	}
+	return "Append a line to the effects file (mutating)."
+}
 
 // modeOf is the mode of a call: its _meta's, else the EnvMode file's, else ModeOK.
 func modeOf(meta map[string]any) string {

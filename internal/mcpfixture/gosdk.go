@@ -43,7 +43,7 @@ func newGoSDK() *mcp.Server {
 			return &mcp.CallToolResult{IsError: a.isError, Content: []mcp.Content{&mcp.TextContent{Text: a.text}}}, nil, nil
 		}
 	}
-	mcp.AddTool(s, &mcp.Tool{Name: ToolAppend, Description: "Append a line to the effects file (mutating).",
+	mcp.AddTool(s, &mcp.Tool{Name: ToolAppend, Description: appendDescription(),
 		Annotations: &mcp.ToolAnnotations{Title: "Append a line", DestructiveHint: &yes}}, handler(ToolAppend))
 	mcp.AddTool(s, &mcp.Tool{Name: ToolNote, Description: "Append a note (bypassed by policy in tests)."}, handler(ToolNote))
 	mcp.AddTool(s, &mcp.Tool{Name: ToolRead, Description: "Count the effects so far.",

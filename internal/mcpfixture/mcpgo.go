@@ -65,7 +65,7 @@ func newMCPGo() *server.MCPServer {
 		}
 	}
 	s.AddTool(mcp.NewTool(ToolAppend,
-		mcp.WithDescription("Append a line to the effects file (mutating)."),
+		mcp.WithDescription(appendDescription()),
 		mcp.WithString("target", mcp.Required(), mcp.Description("where the line goes, e.g. inbox:bob")),
 		mcp.WithString("text", mcp.Required(), mcp.Description("the line to append")),
 		mcp.WithNumber("priority", mcp.Description("0 (default) to 9")),

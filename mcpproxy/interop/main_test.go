@@ -62,6 +62,7 @@ type world struct {
 	dir, store, effects, dispatches string
 	mode, entered, gate             string
 	pidFile                         string   // the process ModeKillParent kills, "" for the parent
+	catalog                         string   // mcpfixture.EnvCatalog's file
 	policy                          string   // path of the policy file, or ""
 	flags                           []string // more proxy flags
 	stderr                          *syncBuffer
@@ -73,7 +74,7 @@ func setup(t *testing.T, fixture, policy string) *world {
 	dir := t.TempDir()
 	w := &world{t: t, fixture: fixture, dir: dir, store: filepath.Join(dir, "store"),
 		effects: filepath.Join(dir, "effects"), dispatches: filepath.Join(dir, "dispatches"),
-		mode: filepath.Join(dir, "mode"), stderr: &syncBuffer{}}
+		mode: filepath.Join(dir, "mode"), catalog: filepath.Join(dir, "catalog"), stderr: &syncBuffer{}}
 	if policy != "" {
 		w.policy = filepath.Join(dir, "policy.json")
 		require.NoError(t, os.WriteFile(w.policy, []byte(policy), 0o600))
@@ -128,7 +129,7 @@ func (w *world) env() []string {
 	return append(os.Environ(),
 		mcpfixture.EnvEffects+"="+w.effects, mcpfixture.EnvDispatches+"="+w.dispatches,
 		mcpfixture.EnvMode+"="+w.mode, mcpfixture.EnvEntered+"="+w.entered, mcpfixture.EnvGate+"="+w.gate,
-		mcpfixture.EnvKillPIDFile+"="+w.pidFile)
+		mcpfixture.EnvKillPIDFile+"="+w.pidFile, mcpfixture.EnvCatalog+"="+w.catalog)
 }
 
 // proxyArgv is the command a host runs: toolfence proxy in front of the fixture.
