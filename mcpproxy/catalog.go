@@ -195,4 +195,3 @@ func Check(serverID string, pol *Policy, pins *Pins, list []Tool) *Report {
 	}
 	return rep
 }
-
