@@ -177,7 +177,7 @@ func Check(serverID string, pol *Policy, pins *Pins, list []Tool) *Report {
 		tr.Target = strings.Join(d.rule.Target, ", ")
 		if len(d.rule.Target) == 0 {
 			tr.Target = "digest of arguments"
-			tr.Warnings = append(tr.Warnings, "no target pointers: the target is the digest of the arguments, so a re-worded retry is not recognised as the same call")
+			tr.Warnings = append(tr.Warnings, "no target pointers: the target is a digest of the arguments (a re-worded retry is not recognised as the same call)")
 		}
 		if miss := info.missingArguments(d.rule); len(miss) > 0 {
 			tr.Refused = true

@@ -274,8 +274,8 @@ func pinRefusal(tool, status string) string {
 		"changed":  "differs from its pin (the upstream changed it since it was locked)",
 		"unlisted": "is no longer listed by the upstream",
 	}[status]
-	return fmt.Sprintf("refused: the definition of tool %s %s; a changed description or schema can change what a call means, "+
-		"so protected calls are refused until a person reviews it and runs `toolfence proxy lock`; nothing was sent upstream", tool, why)
+	return fmt.Sprintf("refused: the definition of tool %s %s, and a changed description or schema can change what a call means; "+
+		"nothing was sent upstream; calls of it are refused until a person reviews the definition and runs `toolfence proxy lock` to pin it again", tool, why)
 }
 
 func mustJSON(v any) string {

@@ -302,7 +302,7 @@ tools:
 	require.False(t, byName["find"].Refused)
 	require.Equal(t, "digest of arguments", byName["send"].Target)
 	require.Equal(t, "missing", byName["send"].Pin)
-	require.Contains(t, strings.Join(byName["send"].Warnings, "\n"), "a re-worded retry is not recognised")
+	require.Contains(t, strings.Join(byName["send"].Warnings, "\n"), "a re-worded retry is not recognised as the same call")
 	require.True(t, rep.Refused())
 
 	bad, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"mail": {}, "charge": {"probe": {"tool": "lookup", "found": "/f"}}}}`))
