@@ -358,6 +358,14 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 	if catErr != nil {
 		s.p.log.Error("toolfence proxy: every tools/call is refused until the policy is fixed", "err", catErr)
 	}
+	for _, name := range s.p.cfg.Policy.names() {
+		if t, ok := cat[name]; ok {
+			if miss := t.missingArguments(s.p.cfg.Policy.Tools[name]); len(miss) > 0 {
+				s.p.log.Warn("toolfence proxy: the policy's JSON pointers name arguments the tool's inputSchema lacks; calls without them are refused",
+					"tool", name, "pointers", miss)
+			}
+		}
+	}
 	s.mu.Lock()
 	s.catalog, s.catErr = cat, catErr
 	s.mu.Unlock()

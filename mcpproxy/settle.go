@@ -37,22 +37,30 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	timeout := cmpDur(rule.Timeout, s.p.cfg.Timeout)
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no answer from upstream within %v", timeout))
 	defer cancel()
-	var got settlement
-	switch {
-	case v.Kind == interceptor.AwaitingUpstream && v.Handle != "":
+	accepted := v.Kind == interceptor.AwaitingUpstream
+	got := settlement{outcome: residual.Unknown}
+	var notes []string
+	if accepted && v.Handle != "" {
 		got = s.taskOutcome(ctx, v.Handle, rule)
-		if !got.outcome.Terminal() && rule.Probe != nil && v.RequestMatches {
-			if pr := s.probe(ctx, rule.Probe, args); pr.outcome == residual.Succeeded {
+		notes = append(notes, got.evidence)
+	}
+	if !got.outcome.Terminal() && rule.Probe != nil {
+		if !v.RequestMatches {
+			notes = append(notes, "the probe was not asked: these arguments differ from the earlier attempt's, which it would have to look up")
+		} else {
+			pr := s.probe(ctx, rule.Probe, args)
+			// "Not found" does not settle an accepted call: upstream may not have acted yet.
+			if pr.outcome == residual.Succeeded || pr.outcome == residual.Failed && !accepted {
 				got = pr
 			} else {
-				got.evidence += "; " + pr.evidence
+				notes = append(notes, pr.evidence)
 			}
 		}
-	case rule.Probe != nil && v.RequestMatches:
-		got = s.probe(ctx, rule.Probe, args)
-	case rule.Probe != nil:
-		return "toolfence did not ask the probe: these arguments differ from the earlier attempt's, which the probe would have to look up", false
-	default:
+	}
+	if !got.outcome.Terminal() {
+		got.evidence = strings.Join(notes, "; ")
+	}
+	if got.evidence == "" {
 		return "", false
 	}
 	if !got.outcome.Terminal() {
