@@ -109,6 +109,7 @@ type Report struct {
 
 // ToolReport is the proxy's verdict on one upstream tool.
 type ToolReport struct {
+	// Name is the tool's name.
 	Name string
 	// Protect is the decision: true protect (through the barrier), false bypass.
 	Protect bool

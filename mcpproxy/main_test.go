@@ -60,8 +60,8 @@ type chargeIn struct {
 // isError result), reject (no effect, an isError result "rejected: …"), hang (effect, then
 // no answer until cancelled), killparent (effect, then SIGKILL to its parent, the proxy,
 // before answering) or task (effect, then an MCP task instead of a result; tasks/get
-// answers the status in $TF_TASK's file, tasks/result the result: raw JSON-RPC, as the SDK
-// has no tasks). Its other tools: note (appends, bypassed by policy in tests), read
+// answers the status in $TF_TASK's file, tasks/result the result, an isError result
+// "rejected: …" for a failed task: raw JSON-RPC, as the SDK has no tasks). Its other tools: note (appends, bypassed by policy in tests), read
 // (read-only), find (read-only: whether an effect on a target was written, in
 // structuredContent) and charge (appends once per idempotency key, taken from its
 // idempotency_key argument or its _meta "example.com/idempotency-key"). $TF_CATALOG's file,
@@ -208,6 +208,9 @@ func (c *taskConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 			result = task(strings.TrimSpace(string(status)))
 		case req.Method == "tasks/result":
 			result = map[string]any{"content": []any{map[string]any{"type": "text", "text": "appended by task " + p.TaskID}}}
+			if status, _ := os.ReadFile(os.Getenv("TF_TASK")); strings.TrimSpace(string(status)) == "failed" {
+				result = map[string]any{"isError": true, "content": []any{map[string]any{"type": "text", "text": "rejected: the task failed before writing"}}}
+			}
 		default:
 			return msg, nil
 		}

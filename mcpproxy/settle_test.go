@@ -313,3 +313,40 @@ tools:
 	require.Equal(t, "no pins", rep.Tools[0].Pin)
 	require.True(t, rep.Refused())
 }
+
+// TestProxyFailedTaskSettlesOnlyWithANoEffectRule: a failed task whose tasks/result matches a
+// no_effect pattern is settled failed and the call dispatches again; without the rule it
+// stays awaiting upstream, nothing dispatched.
+func TestProxyFailedTaskSettlesOnlyWithANoEffectRule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, policy string
+		settled      bool
+	}{
+		{"with rule", `{"tools": {"append": {"target": ["/target"], "no_effect": {"patterns": ["^rejected:"]}}}}`, true},
+		{"without rule", `{"tools": {"append": {"target": ["/target"]}}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.policy)
+			b.setMode("task")
+			args := map[string]any{"target": "inbox:bob", "text": "hello"}
+			s := b.host("proxy")
+			first := call(t, s, "append", args, nil)
+			require.Equal(t, "awaiting_upstream", errorKind(t, first), text(first))
+			require.NoError(t, os.WriteFile(b.task, []byte("failed"), 0o600))
+			b.setMode("ok")
+			second := call(t, s, "append", args, nil)
+			if !tc.settled {
+				require.Equal(t, "awaiting_upstream", errorKind(t, second))
+				require.Contains(t, text(second), "the task is failed and tasks/result does not prove it had no effect")
+				require.Equal(t, 1, b.effectCount())
+				return
+			}
+			require.False(t, second.IsError, text(second))
+			require.Nil(t, second.Meta[mcpproxy.MetaReplayed])
+			require.Equal(t, "appended hello to inbox:bob", text(second), "settled failed: dispatched again")
+			require.Equal(t, 2, b.effectCount())
+		})
+	}
+}
