@@ -350,3 +350,46 @@ func TestProxyFailedTaskSettlesOnlyWithANoEffectRule(t *testing.T) {
 		})
 	}
 }
+
+// TestProxyConcurrentCallsSettleAnUnknownOnce: 20 concurrent calls meet the unknown left by a
+// killed proxy; each may ask the probe, but the residual is resolved once (the interceptor's
+// Resolve refuses a second settlement) and every call replays; effects = 1.
+func TestProxyConcurrentCallsSettleAnUnknownOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, `{"tools": {"append": {"target": ["/target"], "lease": "400ms",
+		"probe": {"tool": "find", "arguments": {"target": "/target"}, "found": "/found"}}}}`)
+	args := map[string]any{"target": "inbox:bob", "text": "hello"}
+	killedAfterEffect(t, b, args)
+
+	s := b.host("proxy")
+	results := make(chan *mcp.CallToolResult, 20)
+	for range 20 {
+		go func() {
+			for range 20 {
+				res, err := callOnce(s, "append", args)
+				if err != nil {
+					results <- &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
+					return
+				}
+				if res.IsError && strings.Contains(text(res), "still running") {
+					time.Sleep(100 * time.Millisecond) // the dead holder's lease runs out on the ledger's clock
+					continue
+				}
+				results <- res
+				return
+			}
+			results <- &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "still in progress after 2 s"}}}
+		}()
+	}
+	for range 20 {
+		res := <-results
+		require.False(t, res.IsError, text(res))
+		require.Equal(t, true, res.Meta[mcpproxy.MetaReplayed])
+	}
+	require.Equal(t, 1, b.effectCount())
+	require.NoError(t, s.Close())
+	rs := b.residuals()
+	require.Len(t, rs, 1)
+	require.Equal(t, residual.Succeeded, rs[0].State)
+	require.Len(t, rs[0].Resolutions, 1, "resolved once")
+}
