@@ -1,0 +1,118 @@
+package interop_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/mcpfixture"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// probePolicy protects append by its target and names find as its probe.
+const probePolicy = `{"tools": {"append": {"target": ["/target"],
+	"probe": {"tool": "find", "arguments": {"target": "/target", "text": "/text"}, "found": "/found"}}}}`
+
+// untilAnswered calls append with args until the answer is not an in_progress refusal (the
+// dead proxy's lease has to run out first) and returns it; it fails after 20 s.
+func untilAnswered(t *testing.T, h *goHost) outcome {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		o := h.call(t, mcpfixture.ToolAppend, args, nil)
+		if o.Kind != kindInProgress {
+			return o
+		}
+		require.True(t, time.Now().Before(deadline), "still in_progress after 20 s: %s", o.Raw)
+		time.Sleep(50 * time.Millisecond) // a lease expiry is a matter of time: poll the refusal
+	}
+}
+
+// TestProbeSettlesAKilledProxysCall: the upstream SIGKILLs the proxy after its effect; with
+// a probe in the policy, the call through a new proxy (once the lease is over) asks the
+// probe, which finds the effect: the call is recorded succeeded and replayed. Effects = 1.
+func TestProbeSettlesAKilledProxysCall(t *testing.T) {
+	t.Parallel()
+	for _, fx := range fixtures {
+		t.Run("upstream="+fx, func(t *testing.T) {
+			t.Parallel()
+			w := setup(t, fx, probePolicy)
+			w.flags = []string{"--lease", "1s"}
+			h := w.goSDK(w.proxyArgv(w.store))
+			_, err := h.callErr(t.Context(), mcpfixture.ToolAppend, args, mode(mcpfixture.ModeKillParent))
+			require.Error(t, err, "the proxy died: the host gets no answer")
+			_ = h.close()
+
+			h = w.goSDK(w.proxyArgv(w.store))
+			o := untilAnswered(t, h)
+			require.False(t, o.IsError, o.Raw)
+			require.True(t, o.Replayed, "the probe found the effect: a replay, %s", o.Raw)
+			again := h.call(t, mcpfixture.ToolAppend, args, nil)
+			require.True(t, again.Replayed, again.Raw)
+			require.NoError(t, h.close())
+			require.Equal(t, 1, w.effectCount())
+			require.Equal(t, 1, w.dispatchCount())
+			requireResidual(t, w, residual.Succeeded)
+		})
+	}
+}
+
+// TestProbeNotFoundDispatchesAgain: the upstream dies before any effect; with a probe, the
+// call through a new proxy asks it, it finds nothing, the attempt is recorded failed and
+// the call is sent again and acts. Effects = 1, dispatches = 2.
+func TestProbeNotFoundDispatchesAgain(t *testing.T) {
+	t.Parallel()
+	for _, fx := range fixtures {
+		t.Run("upstream="+fx, func(t *testing.T) {
+			t.Parallel()
+			w := setup(t, fx, probePolicy)
+			h := w.goSDK(w.proxyArgv(w.store))
+			o := h.call(t, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeCrashBefore))
+			require.Equal(t, kindUnknown, o.Kind, o.Raw)
+			_ = h.close()
+			require.Zero(t, w.effectCount())
+
+			h = w.goSDK(w.proxyArgv(w.store))
+			o = h.call(t, mcpfixture.ToolAppend, args, nil)
+			require.False(t, o.IsError, o.Raw)
+			require.False(t, o.Replayed)
+			require.Equal(t, []string{"appended hello to inbox:bob"}, o.Texts)
+			require.NoError(t, h.close())
+			require.Equal(t, 1, w.effectCount())
+			require.Equal(t, 2, w.dispatchCount())
+			requireResidual(t, w, residual.Succeeded)
+		})
+	}
+}
+
+// TestTaskSettledByTasksGet: after the task of TestTaskResultIsAwaitingUpstream completes
+// upstream, the next call asks tasks/get (and tasks/result), records the call succeeded and
+// replays the task's result. Effects = 1.
+func TestTaskSettledByTasksGet(t *testing.T) {
+	t.Parallel()
+	w := setup(t, "mcpgo", "")
+	w.fifos()
+	h := w.mcpGo(w.proxyArgv(w.store))
+	o := h.callTask(t, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeGate))
+	require.Equal(t, kindAwaiting, o.Kind, o.Raw)
+	w.awaitEntered()
+	o = h.call(t, mcpfixture.ToolAppend, args, nil)
+	require.Equal(t, kindAwaiting, o.Kind, "the task is still working: %s", o.Raw)
+	w.release()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		o = h.call(t, mcpfixture.ToolAppend, args, nil)
+		if o.Kind != kindAwaiting {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "still awaiting upstream after 20 s: %s", o.Raw)
+		time.Sleep(50 * time.Millisecond) // the task completes in the upstream's own time
+	}
+	require.True(t, o.Replayed, o.Raw)
+	require.Contains(t, o.Texts, "appended hello to inbox:bob", "the task's result is replayed")
+	require.NoError(t, h.close())
+	require.Equal(t, 1, w.effectCount())
+	require.Equal(t, 1, w.dispatchCount())
+	requireResidual(t, w, residual.Succeeded)
+}
