@@ -1,6 +1,8 @@
 package interop_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,4 +117,44 @@ func TestTaskSettledByTasksGet(t *testing.T) {
 	require.Equal(t, 1, w.effectCount())
 	require.Equal(t, 1, w.dispatchCount())
 	requireResidual(t, w, residual.Succeeded)
+}
+
+// TestChangedCatalogRefusedUntilLocked: with pins written by `toolfence proxy lock`, a
+// protected tool whose definition changes upstream is refused (kind pin, nothing sent)
+// until `proxy lock` runs again; both upstream SDKs.
+func TestChangedCatalogRefusedUntilLocked(t *testing.T) {
+	t.Parallel()
+	for _, fx := range fixtures {
+		t.Run("upstream="+fx, func(t *testing.T) {
+			t.Parallel()
+			w := setup(t, fx, `{"tools": {"append": {"target": ["/target"]}}}`)
+			lock := func() {
+				t.Helper()
+				r := w.run(bin, "proxy", "lock", "--config", w.policy, "--server-id", "fx", "--", fxBin, fx)
+				require.Zero(t, r.code, r.stderr)
+			}
+			lock()
+			require.FileExists(t, strings.TrimSuffix(w.policy, ".json")+".pins.json")
+			h := w.goSDK(w.proxyArgv(w.store))
+			require.False(t, h.call(t, mcpfixture.ToolAppend, args, nil).IsError)
+			require.NoError(t, h.close())
+
+			require.NoError(t, os.WriteFile(w.catalog, []byte("v2"), 0o600))
+			h = w.goSDK(w.proxyArgv(w.store))
+			o := h.call(t, mcpfixture.ToolAppend, args2, nil)
+			require.True(t, o.IsError)
+			require.Equal(t, "pin", o.Kind, o.Raw)
+			require.Contains(t, o.text(), "proxy lock")
+			require.Equal(t, []string{"1 lines"}, h.call(t, mcpfixture.ToolRead, map[string]any{}, nil).Texts, "read-only tools are not pinned")
+			require.NoError(t, h.close())
+			require.Equal(t, 1, w.dispatchCount(), "nothing sent for the refused call")
+
+			lock()
+			h = w.goSDK(w.proxyArgv(w.store))
+			o = h.call(t, mcpfixture.ToolAppend, args2, nil)
+			require.False(t, o.IsError, o.Raw)
+			require.NoError(t, h.close())
+			require.Equal(t, 2, w.effectCount())
+		})
+	}
 }
