@@ -98,7 +98,14 @@ func New(endpoint string, opts Options) (*Client, error) {
 			return nil, fmt.Errorf("%w: %q names no socket path (want unix:/PATH)", ErrInvalidEndpoint, endpoint)
 		}
 		var d net.Dialer
-		dial = func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", sock) }
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			addr, release, err := sockAddr(sock)
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+			return d.DialContext(ctx, "unix", addr)
+		}
 		c.base, c.where = "http://toolfence"+Path, "unix:"+sock
 	default:
 		return nil, fmt.Errorf("%w: %q: want http://HOST:PORT, https://HOST:PORT or unix:/PATH", ErrInvalidEndpoint, redact(endpoint))

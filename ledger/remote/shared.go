@@ -255,7 +255,12 @@ func (s *Shared) own(l ledger.Ledger) *link {
 func listenPrivate(path string) (net.Listener, error) {
 	tmp := path + ".tmp" + strconv.Itoa(os.Getpid())
 	_ = os.Remove(tmp)
-	ln, err := net.Listen("unix", tmp)
+	addr, release, err := sockAddr(tmp)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", addr)
+	release()
 	if err != nil {
 		return nil, err
 	}

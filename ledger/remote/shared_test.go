@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -91,6 +92,22 @@ func TestSocketIsPrivateAndStaleOneReplaced(t *testing.T) {
 	require.NoError(t, os.WriteFile(opts.Socket, nil, 0o600))
 	s2 := openShared(t, opts)
 	require.True(t, s2.Owner())
+}
+
+// A store whose socket path is longer than a unix socket address takes is shared all the
+// same (through /proc/self/fd on Linux).
+func TestLongSocketPath(t *testing.T) {
+	dir := filepath.Join(shortDir(t), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	owner := openShared(t, sharedOpts(dir, nil))
+	require.True(t, owner.Owner())
+	guest := openShared(t, sharedOpts(dir, nil))
+	require.False(t, guest.Owner())
+	_, err := guest.Reserve(t.Context(), reserveParams("ns", "long"))
+	require.NoError(t, err)
+	got, err := owner.Get(t.Context(), ledger.GetParams{Namespace: "ns", Key: reserveParams("ns", "long").Key})
+	require.NoError(t, err)
+	require.Equal(t, residual.Pending, got.State)
 }
 
 // When the owner closes, a guest's next call takes the store over; what was recorded
