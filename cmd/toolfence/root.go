@@ -32,7 +32,7 @@ const storeEnv = "TOOLFENCE_STORE"
 // subcommand constructor receives it and reads a.store / a.namespace in its RunE (after
 // flag parsing), and opens the store with a.open.
 type app struct {
-	// store is --store: a badger directory or a postgres:// DSN.
+	// store is --store: a badger directory, a postgres:// DSN or an http(s):// server.
 	store string
 	// namespace is --namespace.
 	namespace string
@@ -45,6 +45,9 @@ type app struct {
 	stderr    io.Writer
 	// log is --log-format and --log-level of the commands that log (serve).
 	log logFlags
+	// minFree, set by serve before it opens the store, makes the owner of a badger store
+	// refuse new reservations below this much free space.
+	minFree uint64
 }
 
 // commands holds the constructors of subcommands defined in other files of this package.
@@ -86,7 +89,7 @@ Example:
 	}
 	root.SetVersionTemplate("toolfence {{.Version}}\n")
 	root.PersistentFlags().StringVar(&a.store, "store", cmp.Or(os.Getenv(storeEnv), defaultStore),
-		"ledger store: a badger directory or a postgres:// DSN; $"+storeEnv+" overrides the default")
+		"ledger store: a badger directory (shared by the processes that use it), a postgres:// DSN, or http(s)://HOST:PORT of a toolfence serve --http; $"+storeEnv+" overrides the default")
 	root.PersistentFlags().StringVar(&a.namespace, "namespace", interceptor.DefaultNamespace,
 		"namespace of the residuals (a tenant or environment)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
@@ -179,7 +182,16 @@ func args(names ...string) cobra.PositionalArgs {
 
 // open opens the store named by --store (see openStore). With mustExist, a badger
 // directory that is not a store yet, or a PostgreSQL schema without toolfence tables, is an
-// error instead of being created.
+// error instead of being created. An http(s):// store is reached with the token of
+// --token, --token-file or $TOOLFENCE_TOKEN, for --namespace.
 func (a *app) open(ctx context.Context, mustExist bool) (ledger.Ledger, error) {
-	return openStore(ctx, a.store, mustExist)
+	o := storeOptions{mustExist: mustExist, namespace: a.namespace, minFree: a.minFree}
+	if isServerURL(a.store) {
+		tok, err := a.bearerToken()
+		if err != nil {
+			return nil, err
+		}
+		o.token = tok
+	}
+	return openStore(ctx, a.store, o)
 }
