@@ -8,12 +8,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
@@ -247,6 +245,3 @@ func TestServeStdioOnStoreHTTP(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, residual.Succeeded, v.State)
 }
-
-var _ = ledger.MaxListLimit
-var _ = time.Second

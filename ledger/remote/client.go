@@ -116,7 +116,7 @@ func New(endpoint string, opts Options) (*Client, error) {
 		if dial != nil {
 			t.DialContext, t.Proxy = dial, nil
 		}
-		t.MaxIdleConnsPerHost = 16
+		t.MaxIdleConnsPerHost = 128
 		c.own, rt = t, t
 	}
 	c.hc = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

@@ -1,0 +1,108 @@
+package remote_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/ledger/remote"
+)
+
+// benchLedgers returns the badger ledger itself ("direct") and a Client of it over a unix
+// socket ("socket": what a guest of a shared store uses), on a fresh store.
+func benchLedgers(b *testing.B) map[string]ledger.Ledger {
+	b.Helper()
+	dir := shortDirB(b)
+	l, err := badger.Open(dir, badger.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close() })
+	endpoint := serveB(b, remote.Handler(l, remote.HandlerOptions{Authorize: remote.AllNamespaces()}), dir)
+	c, err := remote.New(endpoint, remote.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.Close() })
+	return map[string]ledger.Ledger{"direct": l, "socket": c}
+}
+
+func noopTool(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
+	return interceptor.Response{Status: 200, Body: []byte(`{"ok":true}`)}, nil
+}
+
+// BenchmarkGuardedCall: interceptor.Do (no-op tool, distinct keys: reserve and commit, both
+// durable) on the badger ledger directly and through the ledger protocol over a unix
+// socket, sequentially and from ~64 goroutines.
+func BenchmarkGuardedCall(b *testing.B) {
+	for _, par := range []bool{false, true} {
+		for _, name := range []string{"direct", "socket"} {
+			sub := name
+			if par {
+				sub += "-parallel"
+			}
+			b.Run(sub, func(b *testing.B) {
+				ic, err := interceptor.New(benchLedgers(b)[name], interceptor.Options{Holder: "bench"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx := interceptor.WithTask(context.Background(), "bench")
+				var next atomic.Int64
+				call := func() {
+					target := strconv.FormatInt(next.Add(1), 10)
+					res, err := ic.Do(ctx, interceptor.Call{Operation: "noop", Target: target}, noopTool)
+					if err != nil || res.Replayed {
+						b.Errorf("call %s: %v", target, err)
+					}
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				if !par {
+					for b.Loop() {
+						call()
+					}
+					return
+				}
+				b.SetParallelism(32)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						call()
+					}
+				})
+			})
+		}
+	}
+}
+
+// shortDirB is shortDir for benchmarks.
+func shortDirB(b *testing.B) string {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "tfb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// serveB serves h on a unix socket in dir and returns its endpoint.
+func serveB(b *testing.B, h http.Handler, dir string) string {
+	b.Helper()
+	sock := filepath.Join(dir, "bench.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "unix:" + sock
+}
