@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
@@ -80,6 +81,38 @@ func BenchmarkGuardedCall(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkGuardedCallAB alternates a guarded call on the badger ledger directly and one
+// through the socket (separate stores, same disk), so both see the same noise, and reports
+// each one's mean (direct-µs/op, socket-µs/op) and their ratio.
+func BenchmarkGuardedCallAB(b *testing.B) {
+	direct := benchLedgers(b)["direct"]
+	socket := benchLedgers(b)["socket"]
+	var ics []*interceptor.Interceptor
+	for _, l := range []ledger.Ledger{direct, socket} {
+		ic, err := interceptor.New(l, interceptor.Options{Holder: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ics = append(ics, ic)
+	}
+	ctx := interceptor.WithTask(context.Background(), "bench")
+	var spent [2]time.Duration
+	n := 0
+	for i := 0; b.Loop(); i++ {
+		for j, ic := range ics {
+			start := time.Now()
+			if _, err := ic.Do(ctx, interceptor.Call{Operation: "noop", Target: strconv.Itoa(i)}, noopTool); err != nil {
+				b.Fatal(err)
+			}
+			spent[j] += time.Since(start)
+		}
+		n++
+	}
+	b.ReportMetric(float64(spent[0].Microseconds())/float64(n), "direct-µs/op")
+	b.ReportMetric(float64(spent[1].Microseconds())/float64(n), "socket-µs/op")
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "socket/direct")
 }
 
 // shortDirB is shortDir for benchmarks.
