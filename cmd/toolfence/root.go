@@ -75,8 +75,11 @@ Every guarded call leaves a residual in a ledger store: pending while in flight,
 succeeded, failed, accepted (queued upstream) or unknown (it may have reached upstream; it
 blocks until reconciled). These commands inspect and settle residuals.
 
-The store is a badger directory (the embedded default) or a PostgreSQL DSN
-(postgres://…). It defaults to ./.toolfence, or to $TOOLFENCE_STORE when set.
+The store is a badger directory (the embedded default), a PostgreSQL DSN (postgres://…),
+or http(s)://HOST:PORT of a running toolfence serve --http (with a bearer token). It
+defaults to ./.toolfence, or to $TOOLFENCE_STORE when set. Several toolfence processes may
+use one badger directory at once: the first one serves it to the others on
+DIR/toolfence.sock, and another takes over when it exits (docs/shared-store.md).
 
 Example:
   toolfence demo                      # the crash-and-hand-over story; prints where its store is
