@@ -245,3 +245,38 @@ func TestServeStdioOnStoreHTTP(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, residual.Succeeded, v.State)
 }
+
+// TestTwoProxiesShareOneStore: two hosts each start `toolfence proxy` with the same embedded
+// --store (in front of their own upstream, a toolfence serve --stdio, themselves sharing one
+// store): both serve, and the same call through both is dispatched once (the second is a
+// replay).
+func TestTwoProxiesShareOneStore(t *testing.T) {
+	t.Parallel()
+	store, upstreamStore := sharedStore(t), sharedStore(t)
+	connect := func() *mcp.ClientSession {
+		cmd := exec.Command(bin, "proxy", "--store", store, "--server-id", "tf", "--", bin, "serve", "--stdio", "--store", upstreamStore)
+		cmd.Stderr = os.Stderr
+		c := mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "1"}, nil)
+		s, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a, b := connect(), connect()
+	args := map[string]any{"task": "t", "operation": "charge", "target": "invoice:1", "args": map[string]any{"amount": 5}}
+	first, err := a.CallTool(t.Context(), &mcp.CallToolParams{Name: "begin_call", Arguments: args})
+	require.NoError(t, err)
+	require.False(t, first.IsError)
+	require.Nil(t, first.Meta["toolfence.dev/replayed"])
+	second, err := b.CallTool(t.Context(), &mcp.CallToolParams{Name: "begin_call", Arguments: args})
+	require.NoError(t, err)
+	require.False(t, second.IsError)
+	require.Equal(t, true, second.Meta["toolfence.dev/replayed"], "the second proxy replays what the first recorded")
+
+	rs := jsonLines(t, ok(t, "ls", "--store", upstreamStore, "--json").stdout)
+	require.Len(t, rs, 1, "the upstream was called once")
+	require.Equal(t, 1, rs[0].AttemptCount)
+	rs = jsonLines(t, ok(t, "ls", "--store", store, "--json").stdout)
+	require.Len(t, rs, 1, "one residual in the proxies' store")
+	require.Equal(t, residual.Succeeded, rs[0].State)
+}
