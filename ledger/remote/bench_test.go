@@ -15,6 +15,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/remote"
+	"github.com/toolfence/toolfence/residual"
 )
 
 // benchLedgers returns the badger ledger itself ("direct") and a Client of it over a unix
@@ -113,6 +114,31 @@ func BenchmarkGuardedCallAB(b *testing.B) {
 	b.ReportMetric(float64(spent[0].Microseconds())/float64(n), "direct-µs/op")
 	b.ReportMetric(float64(spent[1].Microseconds())/float64(n), "socket-µs/op")
 	b.ReportMetric(float64(spent[1])/float64(spent[0]), "socket/direct")
+}
+
+// BenchmarkGetAB alternates a Get of one residual on the badger ledger directly and through
+// the socket: the protocol's own cost per request, without a sync.
+func BenchmarkGetAB(b *testing.B) {
+	ls := benchLedgers(b)
+	ctx := context.Background()
+	p := ledger.ReserveParams{Namespace: "ns", Key: residual.Key("ns", "t", "o", "x"), Task: "t", Operation: "o", Target: "x", Holder: "h", RequestDigest: "d", TTL: time.Hour}
+	if _, err := ls["direct"].Reserve(ctx, p); err != nil {
+		b.Fatal(err)
+	}
+	var spent [2]time.Duration
+	n := 0
+	for b.Loop() {
+		for j, name := range []string{"direct", "socket"} {
+			start := time.Now()
+			if _, err := ls[name].Get(ctx, ledger.GetParams{Namespace: "ns", Key: p.Key}); err != nil {
+				b.Fatal(err)
+			}
+			spent[j] += time.Since(start)
+		}
+		n++
+	}
+	b.ReportMetric(float64(spent[0].Nanoseconds())/1e3/float64(n), "direct-µs/op")
+	b.ReportMetric(float64(spent[1].Nanoseconds())/1e3/float64(n), "socket-µs/op")
 }
 
 // shortDirB is shortDir for benchmarks.
