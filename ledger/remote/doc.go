@@ -15,7 +15,9 @@
 // the backend's own answer: result, error or both (a Commit refused for a lost fence
 // returns the stored residual and the error). The error's codes name every sentinel of
 // package ledger and residual the backend's error wraps, so errors.Is works on the client
-// exactly as on the backend. Any other status means the step did not run: 400 (malformed
+// exactly as on the backend (the ledger contract has no typed errors with fields: the
+// interceptor's *Violation is built on the caller's side from these sentinels and the
+// returned residual). Any other status means the step did not run: 400 (malformed
 // or unknown JSON fields), 401 (no or unknown bearer token), 403 (a namespace the request
 // may not use), 404, 405, 413 (body over HandlerOptions.MaxBody), 503 (the server's ledger
 // is closed). watch answers a stream of JSON lines, one ledger.Change each.
