@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -213,7 +215,7 @@ func TestStoreHTTP(t *testing.T) {
 	r = tf(t, []string{tokenEnv + "=" + serveToken}, "ls", "--store", base, "--namespace", "team")
 	require.Equal(t, 0, r.code, "%s", r)
 
-	fails(t, 1, []string{`server ` + base + ` refused namespace "default" for this token (403)`, `bound to namespace "team"`, "--namespace"},
+	fails(t, 1, []string{`server ` + base + ` refused namespace "default" (403)`, `bound to namespace "team"`, "--namespace"},
 		"ls", "--store", base, "--token", serveToken)
 	fails(t, 1, []string{"server " + base + " refused the bearer token (401 Unauthorized)"},
 		"ls", "--store", base, "--token", "wrong-token-0123456789abcdef", "--namespace", "team")
@@ -279,4 +281,27 @@ func TestTwoProxiesShareOneStore(t *testing.T) {
 	rs = jsonLines(t, ok(t, "ls", "--store", store, "--json").stdout)
 	require.Len(t, rs, 1, "one residual in the proxies' store")
 	require.Equal(t, residual.Succeeded, rs[0].State)
+}
+
+// TestStoreHTTPWithoutTokens: a serve --http without tokens (loopback only) serves the ledger
+// bound to its --namespace: that namespace works, another is refused.
+func TestStoreHTTPWithoutTokens(t *testing.T) {
+	t.Parallel()
+	store := filepath.Join(t.TempDir(), "store")
+	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--store", store, "--namespace", "solo")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line := make([]byte, 512)
+	n, err := stderr.Read(line)
+	require.NoError(t, err)
+	m := regexp.MustCompile(`serving MCP at (http://\S+)/mcp `).FindStringSubmatch(string(line[:n]))
+	require.NotNil(t, m, "%s", line[:n])
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	base := m[1]
+
+	r := ok(t, "ls", "--store", base, "--namespace", "solo")
+	require.Contains(t, r.stderr, "no residuals")
+	fails(t, 1, []string{`refused namespace "default" (403)`, `bound to namespace "solo"`}, "ls", "--store", base)
 }

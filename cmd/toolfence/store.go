@@ -171,7 +171,7 @@ func openServer(ctx context.Context, url string, o storeOptions) (ledger.Ledger,
 			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", where, tokenEnv)}
 	case errors.Is(err, remote.ErrForbidden):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
-			"server %s refused namespace %q for this token (403): %v; pass the token's namespace with --namespace", where, ns, messageOf(err))}
+			"server %s refused namespace %q (403): %v; pass the namespace of your token with --namespace", where, ns, messageOf(err))}
 	case errors.Is(err, remote.ErrUnavailable), errors.Is(err, remote.ErrConnectionLost):
 		return nil, fmt.Errorf("cannot reach the toolfence server at %s (is `toolfence serve --http` running there?): %w", where, err)
 	case errors.Is(err, remote.ErrProtocol):

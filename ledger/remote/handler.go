@@ -183,7 +183,7 @@ func allowed(method string, acc Access, ns string, spans bool) *refusal {
 	case ns == "" && method == "open":
 		return refuse(http.StatusForbidden, ErrForbidden, "open: counting open residuals spans every namespace; this request is bound to namespace %q", acc.Namespace)
 	case ns != acc.Namespace:
-		return refuse(http.StatusForbidden, ErrForbidden, "%s: this request is bound to namespace %q (by its bearer token) and may not use namespace %q", method, acc.Namespace, ns)
+		return refuse(http.StatusForbidden, ErrForbidden, "%s: this request is bound to namespace %q and may not use namespace %q", method, acc.Namespace, ns)
 	}
 	return nil
 }
