@@ -274,8 +274,23 @@ func (c *Client) post(ctx context.Context, method string, in any, timeout time.D
 	if err != nil {
 		return nil, false, fmt.Errorf("%w: %s: encoding the parameters: %w", ledger.ErrInvalidParams, method, err)
 	}
-	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+	// What the last attempt of the transport wrote (it retries a request on a fresh
+	// connection when a reused one failed before anything reached it): headers buffered,
+	// the whole request handed to the kernel, or a write that failed. Only a request
+	// written whole can have been decoded and run by the server (Handler reads the whole
+	// body before it runs anything); headers without an outcome of the write are counted
+	// as sent, to be safe.
+	var wrote atomic.Int32
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { wrote.Store(wroteHeaders) },
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err != nil {
+				wrote.Store(writeFailed)
+			} else {
+				wrote.Store(wroteAll)
+			}
+		},
+	})
 	var cancel context.CancelFunc = func() {}
 	if timeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, timeout)
@@ -292,11 +307,20 @@ func (c *Client) post(ctx context.Context, method string, in any, timeout time.D
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		cancel()
-		return nil, wrote.Load(), err
+		w := wrote.Load()
+		return nil, w == wroteHeaders || w == wroteAll, err
 	}
 	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 	return resp, true, nil
 }
+
+// States of a request's write, as its trace reports them.
+const (
+	wroteNothing int32 = iota
+	wroteHeaders
+	wroteAll
+	writeFailed
+)
 
 // cancelBody ends a request's context when its body is closed.
 type cancelBody struct {

@@ -238,6 +238,9 @@ func TestOwnerKilled(t *testing.T) {
 	err = <-inFlight
 	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "the answer of a step in flight was lost with its owner")
 
+	res, err = guest.Reserve(ctx, reserveParams("ns", "after"))
+	require.NoError(t, err, "the first step after the kill (a mutating one) moves to the store, not unknown")
+	require.Equal(t, ledger.Acquired, res.Decision)
 	got, err := guest.Get(ctx, ledger.GetParams{Namespace: "ns", Key: a.Key})
 	require.NoError(t, err)
 	require.Equal(t, residual.Succeeded, got.State, "what the old owner recorded survives")
