@@ -305,3 +305,44 @@ func TestStoreHTTPWithoutTokens(t *testing.T) {
 	require.Contains(t, r.stderr, "no residuals")
 	fails(t, 1, []string{`refused namespace "default" (403)`, `bound to namespace "solo"`}, "ls", "--store", base)
 }
+
+// TestStoreInTheMakingIsAStore: a directory holding only what badger writes before its
+// manifest (another process is creating the store) may be opened; one with other files not.
+func TestStoreInTheMakingIsAStore(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, n := range []string{"LOCK", "KEYREGISTRY", ownerSocket + ".tmp42"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), nil, 0o600))
+	}
+	require.NoError(t, checkStoreDir(dir, false))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), nil, 0o600))
+	require.ErrorContains(t, checkStoreDir(dir, false), "is a directory with other files in it")
+}
+
+// TestTwoServeStdioStartTogether: two serves started at the same moment on a store that does
+// not exist yet both serve (one creates it, the other goes through it).
+func TestTwoServeStdioStartTogether(t *testing.T) {
+	t.Parallel()
+	store := sharedStore(t)
+	started := make(chan *stdioServe, 2)
+	for range 2 {
+		go func() {
+			cmd := exec.Command(bin, "serve", "--stdio", "--store", store)
+			cmd.Stderr = os.Stderr
+			c := mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "1"}, nil)
+			s, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+			if err != nil {
+				t.Errorf("connect: %v", err)
+				started <- nil
+				return
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			started <- &stdioServe{cmd: cmd, s: s}
+		}()
+	}
+	a, b := <-started, <-started
+	require.NotNil(t, a)
+	require.NotNil(t, b)
+	key := a.charge(t, "invoice:1")
+	require.Equal(t, residual.Succeeded, b.inspect(t, key).State)
+}

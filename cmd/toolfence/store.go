@@ -227,7 +227,7 @@ func checkStoreDir(dir string, mustExist bool) error {
 	if err != nil {
 		return fmt.Errorf("opening store %s: %w", dir, err)
 	}
-	if len(entries) > 0 {
+	if len(entries) > 0 && !storeInTheMaking(entries) {
 		return fmt.Errorf("%s is a directory with other files in it, not a toolfence store (it holds no badger %s); "+
 			"name a new or empty directory, or the store itself", dir, badgerMarker)
 	}
@@ -235,6 +235,23 @@ func checkStoreDir(dir string, mustExist bool) error {
 		return fmt.Errorf("no store at %s: the directory is empty, nothing has been recorded there (set --store or $%s)", dir, storeEnv)
 	}
 	return nil
+}
+
+// storeInTheMaking reports whether a directory without badger's manifest holds only files
+// badger writes (its LOCK, the manifest being written, key registry, logs, tables) and our
+// socket: another process is creating the store right now, so this one may open it (and
+// then goes through that process).
+func storeInTheMaking(entries []os.DirEntry) bool {
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case n == "LOCK", n == "DISCARD", strings.HasPrefix(n, "MANIFEST"), strings.Contains(n, "KEYREGISTRY"),
+			strings.HasSuffix(n, ".vlog"), strings.HasSuffix(n, ".mem"), strings.HasSuffix(n, ".sst"),
+			strings.HasPrefix(n, ownerSocket):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // openPostgres opens the PostgreSQL ledger at dsn, applying pending migrations; with
