@@ -1,0 +1,587 @@
+package mcpproxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	mcpgo "github.com/mark3labs/mcp-go/client"
+	mcpgotransport "github.com/mark3labs/mcp-go/client/transport"
+	mcpgomcp "github.com/mark3labs/mcp-go/mcp"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// world is an in-process proxy on a badger store of its own, with an effects and a mode
+// file for its upstreams.
+type world struct {
+	t             *testing.T
+	dir           string
+	l             ledger.Ledger
+	p             *mcpproxy.Proxy
+	effects, mode string
+}
+
+func newWorld(t *testing.T, policy string) *world {
+	t.Helper()
+	dir := t.TempDir()
+	l, err := badger.Open(filepath.Join(dir, "store"), badger.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second})
+	require.NoError(t, err)
+	cfg := mcpproxy.Options{ServerID: "fixture", Timeout: 20 * time.Second, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+	if policy != "" {
+		path := filepath.Join(dir, "policy.json")
+		require.NoError(t, os.WriteFile(path, []byte(policy), 0o600))
+		cfg.Policy, err = mcpproxy.LoadPolicy(path)
+		require.NoError(t, err)
+	}
+	p, err := mcpproxy.New(ic, cfg)
+	require.NoError(t, err)
+	w := &world{t: t, dir: dir, l: l, p: p, effects: filepath.Join(dir, "effects"), mode: filepath.Join(dir, "mode")}
+	w.setMode("ok")
+	return w
+}
+
+func (w *world) setMode(m string) { require.NoError(w.t, os.WriteFile(w.mode, []byte(m), 0o600)) }
+
+func (w *world) effectCount() int {
+	data, err := os.ReadFile(w.effects)
+	if os.IsNotExist(err) {
+		return 0
+	}
+	require.NoError(w.t, err)
+	return strings.Count(string(data), "\n")
+}
+
+func (w *world) residuals(ns string) []*residual.Residual {
+	page, err := w.l.List(context.Background(), ledger.ListParams{Namespace: ns})
+	require.NoError(w.t, err)
+	return page.Residuals
+}
+
+// host relays an official Go SDK client (in memory) to up through the proxy; the session
+// ends with the test.
+func (w *world) host(up mcp.Connection, opts *mcp.ClientOptions) *mcp.ClientSession {
+	w.t.Helper()
+	ct, st := mcp.NewInMemoryTransports()
+	down, err := st.Connect(context.Background())
+	require.NoError(w.t, err)
+	served := make(chan error, 1)
+	go func() { served <- w.p.Serve(context.Background(), down, up) }()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "1"}, opts).Connect(context.Background(), ct, nil)
+	require.NoError(w.t, err)
+	w.t.Cleanup(func() {
+		_ = s.Close()
+		select {
+		case <-served:
+		case <-time.After(30 * time.Second):
+			w.t.Error("the proxy's session did not end")
+		}
+	})
+	return s
+}
+
+// httpUpstream is an MCP server of the official Go SDK behind its streamable HTTP handler,
+// with the append tool of the stdio fixture. Its mode file also makes the HTTP layer
+// misbehave on tools/call after the tool ran: "502" answers 502, "drop" closes the
+// connection without an answer, "garbage" answers 200 with a body that is not JSON-RPC.
+// "hang" writes the effect, sends a progress notification, then waits for cancellation.
+type httpUpstream struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	keys []string // X-Api-Key of every request
+}
+
+func (u *httpUpstream) seen() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.keys...)
+}
+
+func newHTTPUpstream(t *testing.T, effects, modeFile string) *httpUpstream {
+	t.Helper()
+	s := mcp.NewServer(&mcp.Implementation{Name: "http-fixture", Version: "1.0.0"}, nil)
+	mode := func() string { m, _ := os.ReadFile(modeFile); return strings.TrimSpace(string(m)) }
+	textOf := func(s string) []mcp.Content { return []mcp.Content{&mcp.TextContent{Text: s}} }
+	mcp.AddTool(s, &mcp.Tool{Name: "append", Description: "Append a line to the effects file."},
+		func(ctx context.Context, req *mcp.CallToolRequest, in appendIn) (*mcp.CallToolResult, any, error) {
+			f, err := os.OpenFile(effects, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+			if err != nil {
+				return nil, nil, err
+			}
+			_, err = fmt.Fprintf(f, "append|%s|%s\n", in.Target, in.Text)
+			if err == nil {
+				err = f.Sync()
+			}
+			f.Close()
+			if err != nil {
+				return nil, nil, err
+			}
+			if tok := req.Params.GetProgressToken(); tok != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 1, Message: "effect written"})
+			}
+			if mode() == "hang" {
+				<-ctx.Done()
+				return nil, nil, ctx.Err()
+			}
+			return &mcp.CallToolResult{Content: textOf("appended " + in.Text + " to " + in.Target)}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "read", Description: "Read the effects file.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			b, _ := os.ReadFile(effects)
+			return &mcp.CallToolResult{Content: textOf(fmt.Sprintf("%d lines", strings.Count(string(b), "\n")))}, nil, nil
+		})
+	inner := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+	u := &httpUpstream{}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.keys = append(u.keys, r.Header.Get("X-Api-Key"))
+		u.mu.Unlock()
+		if r.Method != http.MethodPost {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		m := mode()
+		if !strings.Contains(string(body), `"tools/call"`) || (m != "502" && m != "drop" && m != "garbage") {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		inner.ServeHTTP(rec, r) // the tool runs: the effect happens
+		switch m {
+		case "502":
+			http.Error(w, "bad gateway", http.StatusBadGateway)
+		case "garbage":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, "<html>this is not JSON-RPC</html>")
+		case "drop":
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+// TestHTTPUpstreamSameCallTwiceIsOneEffectAndHeadersReachIt: through an HTTP upstream, the
+// same protected call twice is one effect and a replay; the upstream's progress
+// notification reaches the host; every request upstream carries the --header value.
+func TestHTTPUpstreamSameCallTwiceIsOneEffectAndHeadersReachIt(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	up := newHTTPUpstream(t, w.effects, w.mode)
+	hdr, err := mcpproxy.ParseHeaders([]string{"X-Api-Key=sk-secret-123"})
+	require.NoError(t, err)
+	conn, err := mcpproxy.DialUpstream(context.Background(), up.srv.URL, hdr)
+	require.NoError(t, err)
+	progress := make(chan string, 4)
+	s := w.host(conn, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+		progress <- r.Params.Message
+	}})
+
+	args := map[string]any{"target": "inbox:bob", "text": "hello"}
+	first := call(t, s, "append", args, mcp.Meta{"progressToken": "p1"})
+	require.False(t, first.IsError, text(first))
+	require.Equal(t, "appended hello to inbox:bob", text(first))
+	select {
+	case m := <-progress:
+		require.Equal(t, "effect written", m)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream's progress notification did not reach the host")
+	}
+	second := call(t, s, "append", args, nil)
+	require.Equal(t, true, second.Meta[mcpproxy.MetaReplayed], text(second))
+	require.Equal(t, 1, w.effectCount())
+	res := call(t, s, "read", nil, nil)
+	require.Equal(t, "1 lines", text(res), "a read-only tool is forwarded")
+
+	keys := up.seen()
+	require.NotEmpty(t, keys)
+	for _, k := range keys {
+		require.Equal(t, "sk-secret-123", k, "every request upstream carries the header")
+	}
+}
+
+// TestHTTPUpstreamFailureMidCallIsUnknown: an upstream that answers 502, drops the
+// connection or answers garbage after the effect gives an unknown outcome; the next call is
+// refused without a second dispatch, and the proxy keeps serving.
+func TestHTTPUpstreamFailureMidCallIsUnknown(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"502", "drop", "garbage"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, "")
+			up := newHTTPUpstream(t, w.effects, w.mode)
+			conn, err := mcpproxy.DialUpstream(context.Background(), up.srv.URL, nil)
+			require.NoError(t, err)
+			s := w.host(conn, nil)
+			require.False(t, call(t, s, "read", nil, nil).IsError, "the session works")
+			w.setMode(mode)
+			args := map[string]any{"target": "inbox:bob", "text": "hello"}
+			first := call(t, s, "append", args, nil)
+			require.True(t, first.IsError, text(first))
+			require.Equal(t, string(interceptor.UnknownOutcome), errorKind(t, first), text(first))
+			require.Equal(t, 1, w.effectCount())
+
+			w.setMode("ok")
+			second := call(t, s, "append", args, nil)
+			require.True(t, second.IsError, text(second))
+			require.Equal(t, string(interceptor.UnknownOutcome), errorKind(t, second))
+			require.Equal(t, 1, w.effectCount(), "no second dispatch")
+			rs := w.residuals("default")
+			require.Len(t, rs, 1)
+			require.Equal(t, residual.Unknown, rs[0].State)
+			require.Equal(t, "1 lines", text(call(t, s, "read", nil, nil)), "the proxy still serves")
+		})
+	}
+}
+
+// TestHTTPUpstreamRefusesBadURLAndHeaders: malformed URLs and headers are clear errors
+// that never quote a header's value.
+func TestHTTPUpstreamRefusesBadURLAndHeaders(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		"ftp://host/mcp":        `scheme "ftp": want http or https`,
+		"/mcp":                  `scheme "": want http or https`,
+		"http:///mcp":           "no host",
+		"http://host/mcp#frag":  "a fragment",
+		"http://h%zz/":          "not a valid URL",
+		"localhost:8080/mcp":    "want http or https",
+		"https://[::1/mcp":      "not a valid URL",
+		"http://user:pw@/x?k=v": "no host",
+	} {
+		_, err := mcpproxy.DialUpstream(context.Background(), raw, nil)
+		require.ErrorContains(t, err, want, raw)
+		require.NotContains(t, err.Error(), "pw", raw)
+	}
+	for _, tc := range []struct {
+		flag, want string
+	}{
+		{"X-Api-Key", "header 1: want NAME=VALUE"},
+		{"Bad Name=secret-value", `"Bad Name" is not a valid header name`},
+		{"X-Key=secret-value\nInjected: 1", "header 1 (X-Key): the value holds characters"},
+		{"mcp-session-id=secret-value", "Mcp-Session-Id is set by the proxy itself"},
+		{"Content-Type=secret-value", "Content-Type is set by the proxy itself"},
+	} {
+		_, err := mcpproxy.ParseHeaders([]string{tc.flag})
+		require.ErrorContains(t, err, tc.want, tc.flag)
+		require.NotContains(t, err.Error(), "secret-value")
+	}
+	h, err := mcpproxy.ParseHeaders([]string{"Authorization=Bearer abc=def", "X-A=1", "x-a=2"})
+	require.NoError(t, err)
+	require.Equal(t, "Bearer abc=def", h.Get("Authorization"), "only the first '=' separates")
+	require.Equal(t, []string{"1", "2"}, h.Values("X-A"))
+}
+
+// stdioDial starts the stdio fixture (this test binary, role upstream) for each session
+// and sends its pid on pids.
+func (w *world) stdioDial(pids chan<- int) mcpproxy.Dialer {
+	return func(ctx context.Context) (mcp.Connection, io.Closer, error) {
+		up, err := mcpproxy.StartUpstream(ctx, []string{"env", "TF_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode, os.Args[0]}, os.Stderr)
+		if err != nil {
+			return nil, nil, err
+		}
+		if pids != nil {
+			pids <- up.Pid()
+		}
+		return up.Conn(), up, nil
+	}
+}
+
+// serveHTTP serves w's proxy over HTTP with tokens (token → namespace) and returns its
+// URL and server.
+func (w *world) serveHTTP(opts mcpproxy.HTTPOptions, tokens map[string]string) (string, *mcpproxy.HTTPServer) {
+	w.t.Helper()
+	for tok, ns := range tokens {
+		require.NoError(w.t, opts.Tokens.Add(tok, ns))
+	}
+	h, err := w.p.NewHTTPServer(opts)
+	require.NoError(w.t, err)
+	srv := httptest.NewServer(h)
+	w.t.Cleanup(srv.Close)
+	w.t.Cleanup(func() { require.NoError(w.t, h.Close()) })
+	return srv.URL, h
+}
+
+// bearerTransport adds a bearer token to every request.
+type bearerTransport struct{ token string }
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// sdkHost connects an official Go SDK client to url with token.
+func sdkHost(t *testing.T, url, token string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "sdk-host", Version: "1"}, opts).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearerTransport{token}}, MaxRetries: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// mcpgoHost connects an mcp-go client to url with token.
+func mcpgoHost(t *testing.T, url, token string) *mcpgo.Client {
+	t.Helper()
+	tr, err := mcpgotransport.NewStreamableHTTP(url, mcpgotransport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + token}))
+	require.NoError(t, err)
+	c := mcpgo.NewClient(tr)
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var init mcpgomcp.InitializeRequest
+	init.Params.ClientInfo = mcpgomcp.Implementation{Name: "mcp-go-host", Version: "1"}
+	init.Params.ProtocolVersion = mcpgomcp.LATEST_PROTOCOL_VERSION
+	_, err = c.Initialize(ctx, init)
+	require.NoError(t, err)
+	return c
+}
+
+const (
+	tokenA = "token-aaaaaaaaaaaaaaaaaaaaaaaa"
+	tokenB = "token-bbbbbbbbbbbbbbbbbbbbbbbb"
+)
+
+// TestHTTPDownstreamGoSDKAndMCPGoHosts: a Go SDK host and an mcp-go host reach a stdio
+// upstream (a child process per session) over HTTP with a token: the tool list is
+// upstream's exactly, the first call runs once and the other host's identical call is a
+// replay.
+func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	pids := make(chan int, 8)
+	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(pids)}, map[string]string{tokenA: "default"})
+
+	direct, err := mcp.NewClient(&mcp.Implementation{Name: "direct", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.CommandTransport{Command: commandWithEnv(os.Args[0], "TF_ROLE=upstream", "TF_EFFECTS="+w.effects, "TF_MODE="+w.mode)}, nil)
+	require.NoError(t, err)
+	want, err := direct.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	require.NoError(t, direct.Close())
+
+	s := sdkHost(t, url, tokenA, nil)
+	got, err := s.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	// The tools, not the envelope: a direct stdio client and an HTTP one negotiate
+	// different protocol versions, whose results carry different extra fields.
+	wj, _ := json.Marshal(want.Tools)
+	gj, _ := json.Marshal(got.Tools)
+	require.JSONEq(t, string(wj), string(gj), "the tool list is upstream's")
+
+	args := map[string]any{"target": "inbox:bob", "text": "hello"}
+	first := call(t, s, "append", args, nil)
+	require.False(t, first.IsError, text(first))
+	require.Equal(t, "appended hello to inbox:bob", text(first))
+
+	c := mcpgoHost(t, url, tokenA)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := c.ListTools(ctx, mcpgomcp.ListToolsRequest{})
+	require.NoError(t, err)
+	names := []string{}
+	for _, tl := range list.Tools {
+		names = append(names, tl.Name)
+	}
+	require.ElementsMatch(t, []string{"append", "note", "read"}, names)
+	var req mcpgomcp.CallToolRequest
+	req.Params.Name, req.Params.Arguments = "append", args
+	res, err := c.CallTool(ctx, req)
+	require.NoError(t, err)
+	require.False(t, res.IsError)
+	require.Equal(t, true, res.Meta.AdditionalFields[mcpproxy.MetaReplayed], "the mcp-go host's identical call is a replay")
+	require.Equal(t, 1, w.effectCount())
+	require.Len(t, pids, 2, "one upstream child per session")
+}
+
+// TestHTTPDownstreamNamespaceIsolation: two tokens of two namespaces make the same call:
+// it runs once per namespace, and each namespace holds only its own residual.
+func TestHTTPDownstreamNamespaceIsolation(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(nil)}, map[string]string{tokenA: "team-a", tokenB: "team-b"})
+	a, b := sdkHost(t, url, tokenA, nil), sdkHost(t, url, tokenB, nil)
+	args := map[string]any{"target": "inbox:bob", "text": "hello"}
+	require.False(t, call(t, a, "append", args, nil).IsError)
+	require.Equal(t, 1, w.effectCount())
+	require.False(t, call(t, b, "append", args, nil).IsError)
+	require.Equal(t, 2, w.effectCount(), "another namespace is another key space")
+	require.Equal(t, true, call(t, a, "append", args, nil).Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, call(t, b, "append", args, nil).Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, 2, w.effectCount())
+	for _, ns := range []string{"team-a", "team-b"} {
+		rs := w.residuals(ns)
+		require.Len(t, rs, 1, ns)
+		require.Equal(t, ns, rs[0].Namespace)
+		require.Equal(t, residual.Succeeded, rs[0].State)
+	}
+	require.Empty(t, w.residuals("default"))
+}
+
+// TestHTTPDownstreamWrongTokenIs401: a missing or unknown token gets 401 with a message
+// saying which, and opens no session (no upstream child).
+func TestHTTPDownstreamWrongTokenIs401(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	pids := make(chan int, 2)
+	url, h := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(pids)}, map[string]string{tokenA: "default"})
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+	for token, want := range map[string]string{"": "missing bearer token", "token-wrong-wrong-wrong-wrong": "invalid bearer token"} {
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(init))
+		require.NoError(t, err)
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+		require.Contains(t, string(body), want)
+		require.Contains(t, resp.Header.Get("WWW-Authenticate"), "Bearer")
+	}
+	_, err := mcp.NewClient(&mcp.Implementation{Name: "x", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearerTransport{"token-wrong-wrong-wrong-wrong"}}, MaxRetries: -1}, nil)
+	require.Error(t, err, "a Go SDK host with a wrong token cannot connect")
+	require.Zero(t, h.Sessions())
+	require.Empty(t, pids, "no upstream was started")
+}
+
+// TestHTTPDownstreamSessionEndKillsTheChild: a host that ends its session (DELETE), and a
+// session idle past --session-idle on the server's clock, each end their upstream child.
+func TestHTTPDownstreamSessionEndKillsTheChild(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	pids := make(chan int, 4)
+	ended := make(chan string, 4)
+	clock := lease.NewFake(time.Now())
+	url, h := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(pids), Clock: clock, SessionIdle: time.Hour,
+		OnSessionEnd: func(id string) { ended <- id }}, map[string]string{tokenA: "default"})
+	gone := func(pid int) {
+		t.Helper()
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the session did not end")
+		}
+		require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "the upstream child %d is gone", pid)
+	}
+
+	s := sdkHost(t, url, tokenA, nil)
+	require.False(t, call(t, s, "read", nil, nil).IsError)
+	pid := <-pids
+	require.NoError(t, syscall.Kill(pid, 0), "the child runs while the session lives")
+	require.NoError(t, s.Close()) // DELETE
+	gone(pid)
+
+	// An mcp-go host (no notification stream) that goes quiet: its session expires.
+	c := mcpgoHost(t, url, tokenA)
+	pid = <-pids
+	require.Zero(t, h.Sweep(), "not idle yet")
+	clock.Advance(time.Hour)
+	require.Equal(t, 1, h.Sweep())
+	gone(pid)
+	_, err := c.ListTools(context.Background(), mcpgomcp.ListToolsRequest{})
+	require.Error(t, err, "the expired session is unknown")
+	require.Zero(t, h.Sessions())
+}
+
+// TestHTTPDownstreamSessionCap: at --max-sessions, a token's new session ends its least
+// recently used idle one.
+func TestHTTPDownstreamSessionCap(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	ended := make(chan string, 4)
+	url, h := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(nil), MaxSessions: 1,
+		OnSessionEnd: func(id string) { ended <- id }}, map[string]string{tokenA: "default"})
+	mcpgoHost(t, url, tokenA)
+	second := mcpgoHost(t, url, tokenA)
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first session was not ended")
+	}
+	require.Equal(t, 1, h.Sessions())
+	_, err := second.ListTools(context.Background(), mcpgomcp.ListToolsRequest{})
+	require.NoError(t, err)
+}
+
+// TestHTTPEndToEndCancellation: a host over HTTP cancels a protected call that an HTTP
+// upstream runs and never answers: the cancellation reaches the call, whose outcome is
+// unknown; the next call is refused and nothing runs twice.
+func TestHTTPEndToEndCancellation(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	up := newHTTPUpstream(t, w.effects, w.mode)
+	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
+		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
+		return c, c, err
+	}}, map[string]string{tokenA: "default"})
+	progress := make(chan struct{}, 1)
+	s := sdkHost(t, url, tokenA, &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+		progress <- struct{}{}
+	}})
+	w.setMode("hang")
+	args := map[string]any{"target": "inbox:bob", "text": "hello"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "append", Arguments: args, Meta: mcp.Meta{"progressToken": 7}})
+		done <- err
+	}()
+	select {
+	case <-progress: // the effect is written; the progress notification followed its token
+	case <-time.After(30 * time.Second):
+		t.Fatal("no progress notification")
+	}
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.Eventually(t, func() bool {
+		rs := w.residuals("default")
+		return len(rs) == 1 && rs[0].State == residual.Unknown
+	}, 30*time.Second, 20*time.Millisecond, "the cancelled call is recorded unknown")
+	w.setMode("ok")
+	res := call(t, s, "append", args, nil)
+	require.True(t, res.IsError)
+	require.Equal(t, string(interceptor.UnknownOutcome), errorKind(t, res))
+	require.Equal(t, 1, w.effectCount())
+}
+
+// commandWithEnv is exec.Command(name) with env added to this process's environment.
+func commandWithEnv(name string, env ...string) *exec.Cmd {
+	cmd := exec.Command(name)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
