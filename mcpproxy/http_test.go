@@ -153,6 +153,15 @@ func newHTTPUpstream(t *testing.T, effects, modeFile string) *httpUpstream {
 			b, _ := os.ReadFile(effects)
 			return &mcp.CallToolResult{Content: textOf(fmt.Sprintf("%d lines", strings.Count(string(b), "\n")))}, nil, nil
 		})
+	mcp.AddTool(s, &mcp.Tool{Name: "notify", Description: "Log a line and add a tool (list_changed).", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: "log from upstream"})
+			mcp.AddTool(s, &mcp.Tool{Name: "extra", Description: "Added at run time."},
+				func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+					return &mcp.CallToolResult{Content: textOf("extra")}, nil, nil
+				})
+			return &mcp.CallToolResult{Content: textOf("notified")}, nil, nil
+		})
 	inner := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
 	u := &httpUpstream{}
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -584,4 +593,85 @@ func commandWithEnv(name string, env ...string) *exec.Cmd {
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	return cmd
+}
+
+// TestHTTPNotificationsReachHosts: over HTTP on both sides, the upstream's logging,
+// list_changed and progress notifications reach a Go SDK host (which holds a notification
+// stream) and an mcp-go host (which holds none: they ride its request streams).
+func TestHTTPNotificationsReachHosts(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	up := newHTTPUpstream(t, w.effects, w.mode)
+	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
+		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
+		return c, c, err
+	}}, map[string]string{tokenA: "default"})
+	wait := func(ch <-chan string, want string) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case got := <-ch:
+				if got == want {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("the host did not get %s", want)
+			}
+		}
+	}
+
+	sdk := make(chan string, 16)
+	s := sdkHost(t, url, tokenA, &mcp.ClientOptions{
+		LoggingMessageHandler:  func(_ context.Context, r *mcp.LoggingMessageRequest) { sdk <- fmt.Sprint("log:", r.Params.Data) },
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { sdk <- "list_changed" },
+	})
+	require.NoError(t, s.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "info"}))
+	require.Equal(t, "notified", text(call(t, s, "notify", nil, nil)))
+	wait(sdk, "log:log from upstream")
+	wait(sdk, "list_changed")
+
+	got := make(chan string, 64)
+	c := mcpgoHost(t, url, tokenA)
+	c.OnNotification(func(n mcpgomcp.JSONRPCNotification) {
+		switch n.Method {
+		case "notifications/message":
+			got <- fmt.Sprint("log:", n.Params.AdditionalFields["data"])
+		case "notifications/progress":
+			got <- fmt.Sprint("progress:", n.Params.AdditionalFields["message"])
+		default:
+			got <- n.Method
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, c.SetLevel(ctx, mcpgomcp.SetLevelRequest{Params: mcpgomcp.SetLevelParams{Level: mcpgomcp.LoggingLevelInfo}}))
+	var req mcpgomcp.CallToolRequest
+	req.Params.Name, req.Params.Arguments = "append", map[string]any{"target": "inbox:bob", "text": "hello"}
+	req.Params.Meta = &mcpgomcp.Meta{ProgressToken: "p-7"}
+	res, err := c.CallTool(ctx, req)
+	require.NoError(t, err)
+	require.False(t, res.IsError)
+	wait(got, "progress:effect written")
+	req = mcpgomcp.CallToolRequest{}
+	req.Params.Name = "notify"
+	_, err = c.CallTool(ctx, req)
+	require.NoError(t, err)
+	wait(got, "log:log from upstream")
+	// list_changed comes outside any call (the upstream sends it a little later): it waits
+	// for the host's next request stream, which carries it before its answer.
+	req.Params.Name = "read"
+	for seen := false; !seen; {
+		_, err = c.CallTool(ctx, req)
+		require.NoError(t, err)
+	drain:
+		for {
+			select {
+			case m := <-got:
+				seen = seen || m == "notifications/tools/list_changed"
+			default:
+				break drain
+			}
+		}
+	}
 }
