@@ -225,6 +225,12 @@ func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, o
 			http.Error(w, "toolfence proxy: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
 			return "", "", false
 		}
+		// Without a token, a web page could reach a loopback proxy through a DNS name it
+		// controls (DNS rebinding): only loopback names are served.
+		if !loopbackHost(r.Host) {
+			http.Error(w, "toolfence proxy: no bearer tokens are configured, so only requests to a loopback host name (localhost, 127.0.0.1, [::1]) are served", http.StatusForbidden)
+			return "", "", false
+		}
 		return h.p.ic.Namespace(), "loopback", true
 	}
 	tok := ""
@@ -244,6 +250,20 @@ func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, o
 	}
 	sum := sha256.Sum256([]byte(tok))
 	return ns, hex.EncodeToString(sum[:8]), true
+}
+
+// loopbackHost reports whether the host[:port] of a Host header names a loopback address.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 func loopback(r *http.Request) bool {

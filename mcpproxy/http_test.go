@@ -21,6 +21,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/client"
 	mcpgotransport "github.com/mark3labs/mcp-go/client/transport"
 	mcpgomcp "github.com/mark3labs/mcp-go/mcp"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -674,4 +675,53 @@ func TestHTTPNotificationsReachHosts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestHTTPUpstreamNotThere: a request to an upstream that refuses connections gets a
+// made-up CodeUpstreamHTTP answer saying it was not sent, naming the URL without its
+// secrets; the connection stays usable.
+func TestHTTPUpstreamNotThere(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := strings.Replace(srv.URL, "http://", "http://user:pw-secret@", 1) + "/mcp?key=q-secret"
+	srv.Close() // nothing listens there now
+	conn, err := mcpproxy.DialUpstream(context.Background(), url, nil)
+	require.NoError(t, err)
+	defer conn.Close()
+	for i := 1; i <= 2; i++ {
+		id, _ := jsonrpc.MakeID(float64(i))
+		require.NoError(t, conn.Write(context.Background(), &jsonrpc.Request{ID: id, Method: "tools/list", Params: json.RawMessage(`{}`)}))
+		msg, err := conn.Read(context.Background())
+		require.NoError(t, err)
+		resp, ok := msg.(*jsonrpc.Response)
+		require.True(t, ok)
+		require.Equal(t, id, resp.ID)
+		var we *jsonrpc.Error
+		require.ErrorAs(t, resp.Error, &we)
+		require.EqualValues(t, mcpproxy.CodeUpstreamHTTP, we.Code)
+		require.JSONEq(t, `{"sent": false}`, string(we.Data))
+		require.Contains(t, we.Message, strings.TrimPrefix(srv.URL, "http://"))
+		require.NotContains(t, we.Message, "secret")
+	}
+}
+
+// TestHTTPDownstreamLoopbackOnlyWithoutTokens: without tokens, a request whose Host is not
+// a loopback name (DNS rebinding) is refused.
+func TestHTTPDownstreamLoopbackOnlyWithoutTokens(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	url, h := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(nil)}, nil)
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(init))
+	require.NoError(t, err)
+	req.Host = "evil.example:80"
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	require.Contains(t, string(body), "loopback host name")
+	require.Zero(t, h.Sessions())
+	s := sdkHost(t, url, "", nil) // 127.0.0.1: served
+	require.False(t, call(t, s, "read", nil, nil).IsError)
 }

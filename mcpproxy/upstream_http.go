@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -304,15 +305,21 @@ func (c *httpConn) setHeaders(req *http.Request) {
 
 // call posts one request and delivers what comes back until its answer; when no answer
 // comes, it delivers a CodeUpstreamHTTP error answer instead.
-func (c *httpConn) call(req *jsonrpc.Request, data []byte) {
-	answered, err := c.exchange(req, data)
+func (c *httpConn) call(req *jsonrpc.Request, body []byte) {
+	answered, err := c.exchange(req, body)
 	if answered {
 		return
 	}
 	if err == nil {
 		err = errors.New("the upstream ended its answer without answering the request")
 	}
-	c.deliver(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: CodeUpstreamHTTP,
+	// data.sent is false when the connection could not even be made: the request never
+	// left. The proxy still classifies the call as unknown (it cannot prove the upstream
+	// did not get the request otherwise); the flag is for the host and the logs.
+	var op *net.OpError
+	sent := !(errors.As(err, &op) && op.Op == "dial")
+	data, _ := json.Marshal(map[string]any{"sent": sent})
+	c.deliver(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: CodeUpstreamHTTP, Data: data,
 		Message: fmt.Sprintf("toolfence proxy: no answer from the HTTP upstream %s to %s: %v", c.name, req.Method, err)}})
 }
 
