@@ -687,6 +687,9 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 		c.pending = nil
 	}
 	c.mu.Unlock()
+	if st != nil {
+		defer c.forget(st)
+	}
 	for _, m := range msgs {
 		select {
 		case c.incoming <- m:
@@ -702,7 +705,6 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
-	defer c.forget(st)
 	if !accepts(r, "text/event-stream") {
 		c.serveJSON(w, r, st, batch)
 		return

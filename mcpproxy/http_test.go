@@ -725,3 +725,63 @@ func TestHTTPDownstreamLoopbackOnlyWithoutTokens(t *testing.T) {
 	s := sdkHost(t, url, "", nil) // 127.0.0.1: served
 	require.False(t, call(t, s, "read", nil, nil).IsError)
 }
+
+// TestHTTPDownstreamJSONOnlyHost: a host that accepts only application/json gets each
+// answer as one JSON body, its notifications 202, and DELETE ends its session.
+func TestHTTPDownstreamJSONOnlyHost(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	ended := make(chan string, 1)
+	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(nil), OnSessionEnd: func(id string) { ended <- id }},
+		map[string]string{tokenA: "default"})
+	post := func(session, method, body string) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, url, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+tokenA)
+		req.Header.Set("Accept", "application/json")
+		req.Header.Set("Content-Type", "application/json")
+		if session != "" {
+			req.Header.Set("Mcp-Session-Id", session)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	resp, body := post("", http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	session := resp.Header.Get("Mcp-Session-Id")
+	require.NotEmpty(t, session)
+	var init struct {
+		ID     int `json:"id"`
+		Result struct {
+			ServerInfo struct{ Name string } `json:"serverInfo"`
+		} `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &init), body)
+	require.Equal(t, 1, init.ID)
+	require.Equal(t, "fixture", init.Result.ServerInfo.Name)
+
+	resp, body = post(session, http.MethodPost, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	require.Equal(t, http.StatusAccepted, resp.StatusCode, body)
+	resp, body = post(session, http.MethodPost, `{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"append","arguments":{"target":"inbox:bob","text":"hi"}}}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.JSONEq(t, `{"jsonrpc":"2.0","id":"c1","result":{"content":[{"type":"text","text":"appended hi to inbox:bob"}]}}`, body)
+	require.Equal(t, 1, w.effectCount())
+
+	resp, body = post("tf-proxy-unknown", http.MethodPost, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+	resp, _ = post(session, http.MethodDelete, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	select {
+	case id := <-ended:
+		require.Equal(t, session, id)
+	case <-time.After(30 * time.Second):
+		t.Fatal("DELETE did not end the session")
+	}
+	resp, body = post(session, http.MethodPost, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+}
