@@ -24,12 +24,14 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -784,4 +786,47 @@ func TestHTTPDownstreamJSONOnlyHost(t *testing.T) {
 	}
 	resp, body = post(session, http.MethodPost, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+}
+
+// TestHTTPServerCloseStopsEverything: after hosts used the HTTP server (a stdio and an
+// HTTP upstream), Close ends every session and no goroutine of the proxy is left.
+// Not parallel: it counts goroutines.
+func TestHTTPServerCloseStopsEverything(t *testing.T) {
+	w := newWorld(t, "")
+	up := newHTTPUpstream(t, w.effects, w.mode)
+	ignore := goleak.IgnoreCurrent()
+	for _, dial := range []mcpproxy.Dialer{w.stdioDial(nil), func(ctx context.Context) (mcp.Connection, io.Closer, error) {
+		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
+		return c, c, err
+	}} {
+		var tokens mcpserver.Tokens
+		require.NoError(t, tokens.Add(tokenA, "default"))
+		h, err := w.p.NewHTTPServer(mcpproxy.HTTPOptions{Dial: dial, Tokens: tokens})
+		require.NoError(t, err)
+		srv := httptest.NewServer(h)
+		tr := &http.Transport{}
+		s, err := mcp.NewClient(&mcp.Implementation{Name: "h", Version: "1"}, nil).Connect(context.Background(),
+			&mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: bearerOver{tokenA, tr}}, MaxRetries: -1}, nil)
+		require.NoError(t, err)
+		require.False(t, call(t, s, "append", map[string]any{"target": "t", "text": "x"}, nil).IsError)
+		require.NoError(t, h.Close(), "Close with a live session")
+		require.Zero(t, h.Sessions())
+		_ = s.Close()
+		srv.Close()
+		tr.CloseIdleConnections()
+	}
+	up.srv.CloseClientConnections()
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	goleak.VerifyNone(t, ignore)
+}
+
+type bearerOver struct {
+	token string
+	rt    http.RoundTripper
+}
+
+func (b bearerOver) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.rt.RoundTrip(r)
 }
