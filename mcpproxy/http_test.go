@@ -830,3 +830,52 @@ func (b bearerOver) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return b.rt.RoundTrip(r)
 }
+
+// TestHTTPDownstreamSessionEndKillsTheProcessGroup: a child that left a process of its own
+// behind (in its process group) has it killed too when its session ends.
+func TestHTTPDownstreamSessionEndKillsTheProcessGroup(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	pidFile := filepath.Join(w.dir, "grandchild")
+	ended := make(chan string, 1)
+	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{
+		Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
+			up, err := mcpproxy.StartUpstream(ctx, []string{"sh", "-c", `sleep 300 & echo $! > "$0"; exec env TF_ROLE=upstream TF_EFFECTS="$1" TF_MODE="$2" "$3"`,
+				pidFile, w.effects, w.mode, os.Args[0]}, os.Stderr)
+			if err != nil {
+				return nil, nil, err
+			}
+			return up.Conn(), up, nil
+		},
+		OnSessionEnd: func(id string) { ended <- id },
+	}, map[string]string{tokenA: "default"})
+	s := sdkHost(t, url, tokenA, nil)
+	require.False(t, call(t, s, "read", nil, nil).IsError)
+	raw, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	var pid int
+	_, err = fmt.Sscan(string(raw), &pid)
+	require.NoError(t, err)
+	require.True(t, alive(pid), "the grandchild runs while the session lives")
+	require.NoError(t, s.Close())
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the session did not end")
+	}
+	// SIGKILL is delivered asynchronously, and the grandchild is no child of ours to wait for.
+	require.Eventually(t, func() bool { return !alive(pid) }, 10*time.Second, 10*time.Millisecond,
+		"the grandchild %d was killed with the process group", pid)
+}
+
+// alive reports whether pid runs (a zombie, killed and not yet reaped by its new parent,
+// does not).
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses: "pid (comm) S ...".
+	rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
+	return !strings.HasPrefix(strings.TrimSpace(rest), "Z")
+}
