@@ -147,9 +147,11 @@ func (f *proxyFlags) check(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-// upstream opens one upstream session: a connection to --upstream URL, or the command of
-// args started as a stdio child in its own process group. Closing the closer ends it (the
-// child's process group is killed if it does not exit).
+// upstream opens one upstream session: a connection to --upstream URL (with the --header
+// values), or the command of args started as a stdio child in its own process group.
+// Closing the closer ends it (the child's process group is killed). Call check first: it
+// parses the headers. Every subcommand that talks to the upstream (proxy, lock, check)
+// opens it here.
 func (f *proxyFlags) upstream(ctx context.Context, args []string, stderr io.Writer, log *slog.Logger) (mcp.Connection, io.Closer, error) {
 	if f.upstreamURL != "" {
 		conn, err := mcpproxy.HTTPUpstream{URL: f.upstreamURL, Header: f.header, Logger: log}.Connect(ctx)
