@@ -147,8 +147,8 @@ func (h *HTTPServer) space(ns string) (*Proxy, error) {
 // Every request needs "Authorization: Bearer TOKEN" of HTTPOptions.Tokens (401 otherwise);
 // without tokens, only loopback connections (403 otherwise). An initialize without a
 // session id opens a session (its upstream session too; 502 when that fails); every other
-// request needs the Mcp-Session-Id of a live session of the same token (404 otherwise, so
-// the host initializes anew).
+// request needs an Mcp-Session-Id (400 without) of a live session of the same token (404
+// otherwise, so the host initializes anew).
 func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ns, owner, ok := h.authenticate(w, r)
 	if !ok {
@@ -192,6 +192,9 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if sess = h.open(w, r, p, owner); sess == nil {
 			return
 		}
+	} else if id == "" {
+		http.Error(w, "toolfence proxy: no Mcp-Session-Id: send initialize first (this server keeps a session per host)", http.StatusBadRequest)
+		return
 	} else if sess = h.use(id, owner); sess == nil {
 		http.Error(w, "toolfence proxy: unknown or ended session (Mcp-Session-Id): initialize a new one", http.StatusNotFound)
 		return
