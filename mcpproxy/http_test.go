@@ -1,12 +1,14 @@
 package mcpproxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -125,6 +127,14 @@ func (u *httpUpstream) seen() []string {
 
 func newHTTPUpstream(t *testing.T, effects, modeFile string) *httpUpstream {
 	t.Helper()
+	u := &httpUpstream{}
+	u.srv = httptest.NewServer(u.handler(effects, modeFile))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+// handler is the fixture's HTTP handler (see httpUpstream).
+func (u *httpUpstream) handler(effects, modeFile string) http.Handler {
 	s := mcp.NewServer(&mcp.Implementation{Name: "http-fixture", Version: "1.0.0"}, nil)
 	mode := func() string { m, _ := os.ReadFile(modeFile); return strings.TrimSpace(string(m)) }
 	textOf := func(s string) []mcp.Content { return []mcp.Content{&mcp.TextContent{Text: s}} }
@@ -166,8 +176,7 @@ func newHTTPUpstream(t *testing.T, effects, modeFile string) *httpUpstream {
 			return &mcp.CallToolResult{Content: textOf("notified")}, nil, nil
 		})
 	inner := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
-	u := &httpUpstream{}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
 		u.keys = append(u.keys, r.Header.Get("X-Api-Key"))
 		u.mu.Unlock()
@@ -196,9 +205,81 @@ func newHTTPUpstream(t *testing.T, effects, modeFile string) *httpUpstream {
 				conn.Close()
 			}
 		}
-	}))
-	t.Cleanup(u.srv.Close)
-	return u
+	})
+}
+
+// The test binary is also an HTTP upstream process (TF_ROLE=httpupstream): it serves the
+// fixture's handler on a loopback port it prints on stdout, until it is killed. Chosen in
+// init, before TestMain.
+func init() {
+	if os.Getenv("TF_ROLE") != "httpupstream" {
+		return
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "httpupstream:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("http://%s/mcp\n", ln.Addr())
+	_ = http.Serve(ln, (&httpUpstream{}).handler(os.Getenv("TF_EFFECTS"), os.Getenv("TF_MODE")))
+	os.Exit(1)
+}
+
+// TestHTTPUpstreamProcessKilledMidCall: an HTTP upstream process SIGKILLed after the
+// effect and before its answer gives an unknown outcome; the next call, with the upstream
+// back, is refused and nothing runs twice.
+func TestHTTPUpstreamProcessKilledMidCall(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "")
+	start := func() (*exec.Cmd, string) {
+		cmd := commandWithEnv(os.Args[0], "TF_ROLE=httpupstream", "TF_EFFECTS="+w.effects, "TF_MODE="+w.mode)
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		return cmd, strings.TrimSpace(line)
+	}
+	proc, url := start()
+	conn, err := mcpproxy.DialUpstream(context.Background(), url, nil)
+	require.NoError(t, err)
+	progress := make(chan struct{}, 1)
+	s := w.host(conn, &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+		progress <- struct{}{}
+	}})
+	w.setMode("hang")
+	args := map[string]any{"target": "inbox:bob", "text": "hello"}
+	done := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "append", Arguments: args, Meta: mcp.Meta{"progressToken": "k"}})
+		if err != nil {
+			res = &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
+		}
+		done <- res
+	}()
+	select {
+	case <-progress: // the effect is on disk
+	case <-time.After(30 * time.Second):
+		t.Fatal("no progress from the upstream")
+	}
+	require.NoError(t, proc.Process.Kill())
+	first := <-done
+	require.True(t, first.IsError, text(first))
+	require.Equal(t, string(interceptor.UnknownOutcome), errorKind(t, first), text(first))
+	require.Equal(t, 1, w.effectCount())
+
+	// The upstream process is gone for good, so is its session; a new proxy session with a
+	// new upstream process still refuses the key.
+	w.setMode("ok")
+	_, url = start()
+	conn, err = mcpproxy.DialUpstream(context.Background(), url, nil)
+	require.NoError(t, err)
+	s = w.host(conn, nil)
+	second := call(t, s, "append", args, nil)
+	require.True(t, second.IsError, text(second))
+	require.Equal(t, string(interceptor.UnknownOutcome), errorKind(t, second))
+	require.Equal(t, 1, w.effectCount(), "no second dispatch")
 }
 
 // TestHTTPUpstreamSameCallTwiceIsOneEffectAndHeadersReachIt: through an HTTP upstream, the
