@@ -502,11 +502,20 @@ func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
 	defer cancel()
 	list, err := c.ListTools(ctx, mcpgomcp.ListToolsRequest{})
 	require.NoError(t, err)
-	names := []string{}
-	for _, tl := range list.Tools {
-		names = append(names, tl.Name)
-	}
-	require.ElementsMatch(t, []string{"append", "note", "read"}, names)
+	mdirect, err := mcpgo.NewStdioMCPClient(os.Args[0], []string{"TF_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode})
+	require.NoError(t, err)
+	var init mcpgomcp.InitializeRequest
+	init.Params.ClientInfo = mcpgomcp.Implementation{Name: "direct", Version: "1"}
+	init.Params.ProtocolVersion = mcpgomcp.LATEST_PROTOCOL_VERSION
+	_, err = mdirect.Initialize(ctx, init)
+	require.NoError(t, err)
+	mwant, err := mdirect.ListTools(ctx, mcpgomcp.ListToolsRequest{})
+	require.NoError(t, err)
+	require.NoError(t, mdirect.Close())
+	wj, _ = json.Marshal(mwant.Tools)
+	gj, _ = json.Marshal(list.Tools)
+	require.JSONEq(t, string(wj), string(gj), "the mcp-go host sees upstream's tool list")
+	require.Len(t, list.Tools, 3)
 	var req mcpgomcp.CallToolRequest
 	req.Params.Name, req.Params.Arguments = "append", args
 	res, err := c.CallTool(ctx, req)
