@@ -138,11 +138,11 @@ func newStream() *sseStream {
 }
 
 // push queues data; answer is the hostKey data answers ("" for other messages). It reports
-// false when the stream has ended.
+// false when the stream has ended or is complete (its writer may be gone already).
 func (s *sseStream) push(data []byte, answer string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended {
+	if s.ended || (s.waiting != nil && len(s.waiting) == 0) {
 		return false
 	}
 	s.queue = append(s.queue, data)
@@ -175,6 +175,16 @@ func (s *sseStream) end() {
 	case s.signal <- struct{}{}:
 	default:
 	}
+}
+
+// leftovers ends the stream and returns what its writer never took.
+func (s *sseStream) leftovers() [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	q := s.queue
+	s.queue = nil
+	return q
 }
 
 // servePOST hands the host's messages to the relay. Without requests among them it
@@ -304,12 +314,21 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream)
 	}
 }
 
-// forget ends st and drops it from the routing tables; its unanswered requests' answers
-// will be dropped.
+// forget ends st (its writer has returned) and drops it from the routing tables; its
+// unanswered requests' answers will be dropped.
 func (c *downConn) forget(st *sseStream) {
-	st.end()
+	left := st.leftovers()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// What the host never got but answers waits for the next stream (an answer has no
+	// other stream to go to: its request's HTTP response is gone).
+	for _, data := range left {
+		if m, err := jsonrpc.DecodeMessage(data); err == nil {
+			if _, answer := m.(*jsonrpc.Response); !answer && len(c.pending) < maxPending {
+				c.pending = append(c.pending, data)
+			}
+		}
+	}
 	for k, s := range c.byRequest {
 		if s == st {
 			delete(c.byRequest, k)

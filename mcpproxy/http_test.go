@@ -321,11 +321,17 @@ func TestHTTPDownstreamSessionEndKillsTheChild(t *testing.T) {
 	// An mcp-go host (no notification stream) that goes quiet: its session expires.
 	c := mcpgoHost(t, url, tokenA)
 	pid = <-pids
-	require.Zero(t, h.Sweep(), "not idle yet")
-	clock.Advance(time.Hour)
-	require.Equal(t, 1, h.Sweep())
-	gone(pid)
 	_, err := c.ListTools(context.Background(), mcpgomcp.ListToolsRequest{})
+	require.NoError(t, err)
+	require.Zero(t, h.Sweep(), "not idle yet")
+	// A request of the host may still be finishing (its end marks the session active at
+	// the clock's time then): advance until the sweep sees an hour of quiet.
+	require.Eventually(t, func() bool {
+		clock.Advance(time.Hour)
+		return h.Sweep() == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	gone(pid)
+	_, err = c.ListTools(context.Background(), mcpgomcp.ListToolsRequest{})
 	require.Error(t, err, "the expired session is unknown")
 	require.Zero(t, h.Sessions())
 }
@@ -410,17 +416,21 @@ func TestHTTPNotificationsReachHosts(t *testing.T) {
 		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
 		return c, c, err
 	}}, map[string]string{tokenA: "default"})
+	// wait returns once ch has given want; what it gives meanwhile is kept for later waits
+	// (notifications of one call may come in any order).
+	seen := map[<-chan string]map[string]bool{}
 	wait := func(ch <-chan string, want string) {
 		t.Helper()
+		if seen[ch] == nil {
+			seen[ch] = map[string]bool{}
+		}
 		timeout := time.After(30 * time.Second)
-		for {
+		for !seen[ch][want] {
 			select {
 			case got := <-ch:
-				if got == want {
-					return
-				}
+				seen[ch][got] = true
 			case <-timeout:
-				t.Fatalf("the host did not get %s", want)
+				t.Fatalf("the host did not get %s (got %v)", want, seen[ch])
 			}
 		}
 	}
@@ -465,14 +475,14 @@ func TestHTTPNotificationsReachHosts(t *testing.T) {
 	// list_changed comes outside any call (the upstream sends it a little later): it waits
 	// for the host's next request stream, which carries it before its answer.
 	req.Params.Name = "read"
-	for seen := false; !seen; {
+	for !seen[got]["notifications/tools/list_changed"] {
 		_, err = c.CallTool(ctx, req)
 		require.NoError(t, err)
 	drain:
 		for {
 			select {
 			case m := <-got:
-				seen = seen || m == "notifications/tools/list_changed"
+				seen[got][m] = true
 			default:
 				break drain
 			}

@@ -170,7 +170,10 @@ type httpConn struct {
 	sessionID string
 	protocol  string
 	initID    string // hostKey of the initialize request, until answered
-	listening bool   // the GET stream was started
+	// listenReady is made when the GET stream starts and closed once its first request
+	// was answered.
+	listenReady chan struct{}
+	readyOnce   sync.Once
 }
 
 var _ mcp.Connection = (*httpConn)(nil)
@@ -246,7 +249,13 @@ func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		c.log.Warn("toolfence proxy: the HTTP upstream refused a message", "upstream", c.name, "status", resp.StatusCode)
 	}
 	if r, ok := msg.(*jsonrpc.Request); ok && r.Method == "notifications/initialized" {
-		c.startListening()
+		// Wait (a little) until the upstream holds the notification stream: what it sends
+		// outside any call before then (a list_changed, say) is lost.
+		select {
+		case <-c.startListening():
+		case <-time.After(5 * time.Second):
+		case <-c.ctx.Done():
+		}
 	}
 	return nil
 }
@@ -467,20 +476,24 @@ func (c *httpConn) deliver(msg jsonrpc.Message) {
 	}
 }
 
-// startListening opens the notification stream (GET) once, in the background.
-func (c *httpConn) startListening() {
+// startListening opens the notification stream (GET) once, in the background. The channel
+// it returns is closed once the first GET has been answered (or has failed).
+func (c *httpConn) startListening() <-chan struct{} {
 	c.mu.Lock()
-	start := !c.listening
-	c.listening = true
-	c.mu.Unlock()
-	if start {
+	defer c.mu.Unlock()
+	if c.listenReady == nil {
+		c.listenReady = make(chan struct{})
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
 			c.listen()
 		}()
 	}
+	return c.listenReady
 }
+
+// listenAnswered closes listenReady once.
+func (c *httpConn) listenAnswered() { c.readyOnce.Do(func() { close(c.listenReady) }) }
 
 // listen reads the upstream's notification stream, opening it again when it drops (after
 // 1 s, up to 5 failures in a row). An upstream without one (405, any 4xx) is left alone.
@@ -509,11 +522,13 @@ func (c *httpConn) listen() {
 func (c *httpConn) listenOnce() (got, retry bool) {
 	req, err := http.NewRequestWithContext(c.ctx, http.MethodGet, c.url, nil)
 	if err != nil {
+		c.listenAnswered()
 		return false, false
 	}
 	c.setHeaders(req)
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := c.client.Do(req)
+	c.listenAnswered()
 	if err != nil {
 		return false, c.ctx.Err() == nil
 	}
