@@ -130,7 +130,9 @@ type sseStream struct {
 	queue   [][]byte
 	waiting map[string]bool // answers it still carries (none for GET)
 	ended   bool            // no more messages: it is done or its request is gone
-	signal  chan struct{}
+	// jsonOnly: the host takes one JSON body of answers; other messages go elsewhere.
+	jsonOnly bool
+	signal   chan struct{}
 }
 
 func newStream() *sseStream {
@@ -142,7 +144,7 @@ func newStream() *sseStream {
 func (s *sseStream) push(data []byte, answer string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended || (s.waiting != nil && len(s.waiting) == 0) {
+	if s.ended || (s.waiting != nil && len(s.waiting) == 0) || (s.jsonOnly && answer == "") {
 		return false
 	}
 	s.queue = append(s.queue, data)
@@ -192,6 +194,7 @@ func (s *sseStream) leftovers() [][]byte {
 // until every request is answered, the host goes away or the session ends.
 func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []jsonrpc.Message, batch bool) {
 	var st *sseStream
+	sse := accepts(r, "text/event-stream")
 	c.mu.Lock()
 	for _, m := range msgs {
 		req, ok := m.(*jsonrpc.Request)
@@ -200,6 +203,7 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 		}
 		if st == nil {
 			st = newStream()
+			st.jsonOnly = !sse
 		}
 		k := hostKey(req.ID)
 		st.waiting[k] = true
@@ -213,7 +217,7 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 			c.byProgress[fmt.Sprint(p.Meta.Token)] = st
 		}
 	}
-	if st != nil {
+	if st != nil && sse {
 		c.recent = append(c.recent, st)
 		for _, data := range c.pending {
 			st.push(data, "")
@@ -239,7 +243,7 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
-	if !accepts(r, "text/event-stream") {
+	if !sse {
 		c.serveJSON(w, r, st, batch)
 		return
 	}
@@ -264,15 +268,10 @@ func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStre
 			return
 		}
 	}
-	// Only answers belong in a JSON body; other messages were queued on st in order, so
-	// keep the answers.
-	var answers []json.RawMessage
-	for _, d := range all {
-		if m, err := jsonrpc.DecodeMessage(d); err == nil {
-			if _, ok := m.(*jsonrpc.Response); ok {
-				answers = append(answers, d)
-			}
-		}
+	// Only answers were queued on st (jsonOnly).
+	answers := make([]json.RawMessage, len(all))
+	for i, d := range all {
+		answers[i] = d
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if len(answers) == 1 && !batch {
