@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +30,27 @@ import (
 // answer). For a protected call it means an unknown outcome; do not list it in a policy's
 // no_effect codes.
 const CodeUpstreamHTTP = -32099
+
+// notSentMark marks the CodeUpstreamHTTP answers this process made for requests that never
+// left it (the connection could not be made); see notSent.
+var notSentMark = func() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}()
+
+// notSent reports whether e is this process's own answer for a request to an HTTP upstream
+// that could not be sent at all (nothing reached the upstream).
+func notSent(e *jsonrpc.Error) bool {
+	if e.Code != CodeUpstreamHTTP {
+		return false
+	}
+	var d struct {
+		Sent *bool  `json:"sent"`
+		Mark string `json:"mark"`
+	}
+	return json.Unmarshal(e.Data, &d) == nil && d.Sent != nil && !*d.Sent && d.Mark == notSentMark
+}
 
 // MaxUpstreamMessage bounds one message (a JSON body or one server-sent event) read from an
 // HTTP upstream; a larger one fails its exchange.
@@ -323,11 +346,16 @@ func (c *httpConn) call(req *jsonrpc.Request, body []byte) {
 		err = errors.New("the upstream ended its answer without answering the request")
 	}
 	// data.sent is false when the connection could not even be made: the request never
-	// left. The proxy still classifies the call as unknown (it cannot prove the upstream
-	// did not get the request otherwise); the flag is for the host and the logs.
+	// left, so a protected call is recorded failed (never ran) and may be retried. Such an
+	// answer carries this process's notSentMark, which an upstream cannot know: an upstream
+	// that answers -32099 {"sent": false} itself is not believed (unknown).
 	var op *net.OpError
 	sent := !(errors.As(err, &op) && op.Op == "dial")
-	data, _ := json.Marshal(map[string]any{"sent": sent})
+	fields := map[string]any{"sent": sent}
+	if !sent {
+		fields["mark"] = notSentMark
+	}
+	data, _ := json.Marshal(fields)
 	c.deliver(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: CodeUpstreamHTTP, Data: data,
 		Message: fmt.Sprintf("toolfence proxy: no answer from the HTTP upstream %s to %s: %v", c.name, req.Method, err)}})
 }

@@ -332,7 +332,14 @@ func TestHTTPUpstreamNotThere(t *testing.T) {
 		var we *jsonrpc.Error
 		require.ErrorAs(t, resp.Error, &we)
 		require.EqualValues(t, mcpproxy.CodeUpstreamHTTP, we.Code)
-		require.JSONEq(t, `{"sent": false}`, string(we.Data))
+		var data struct {
+			Sent *bool  `json:"sent"`
+			Mark string `json:"mark"`
+		}
+		require.NoError(t, json.Unmarshal(we.Data, &data))
+		require.NotNil(t, data.Sent)
+		require.False(t, *data.Sent)
+		require.NotEmpty(t, data.Mark)
 		require.Contains(t, we.Message, strings.TrimPrefix(srv.URL, "http://"))
 		require.NotContains(t, we.Message, "secret")
 	}
