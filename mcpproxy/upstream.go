@@ -61,8 +61,9 @@ func (u *Upstream) Conn() mcp.Connection { return u.conn }
 // Pid returns the upstream's process id (also its process group id).
 func (u *Upstream) Pid() int { return u.cmd.Process.Pid }
 
-// Close closes the upstream's stdin, gives it 2 s to exit, then kills its process group. It
-// returns nil once the process has exited.
+// Close closes the upstream's stdin, gives it 2 s to exit, then kills its process group,
+// and kills what is left of the group once it has exited (processes it started and left
+// behind). It returns nil once the process has exited.
 func (u *Upstream) Close() error {
 	u.once.Do(func() {
 		if u.conn != nil {
@@ -71,9 +72,9 @@ func (u *Upstream) Close() error {
 		select {
 		case <-u.done:
 		case <-time.After(2 * time.Second):
-			_ = syscall.Kill(-u.cmd.Process.Pid, syscall.SIGKILL)
-			<-u.done
 		}
+		_ = syscall.Kill(-u.cmd.Process.Pid, syscall.SIGKILL)
+		<-u.done
 	})
 	return nil
 }
