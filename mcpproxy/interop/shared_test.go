@@ -1,6 +1,7 @@
 package interop_test
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -56,4 +57,42 @@ func TestOwnerProxyKilledAfterTheEffect(t *testing.T) {
 	require.Equal(t, 1, w.effectCount())
 	require.Equal(t, 1, w.dispatchCount())
 	requireResidual(t, w, residual.Unknown)
+}
+
+// TestTwentyConcurrentCallsThroughTwoProxiesOnOneEmbeddedStore: 20 identical calls at once,
+// 10 through each of two proxies on one badger store (one the owner, one through its
+// socket): one reaches the upstream (held there), the 19 others are in_progress; a call
+// through either proxy after it replays.
+func TestTwentyConcurrentCallsThroughTwoProxiesOnOneEmbeddedStore(t *testing.T) {
+	t.Parallel()
+	w := setup(t, "gosdk", "")
+	w.fifos()
+	w.setMode(mcpfixture.ModeGate)
+	hosts := []*goHost{w.goSDK(w.proxyArgv(w.store)), w.goSDK(w.proxyArgv(w.store))}
+	results := make(chan outcome, 20)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			o, err := hosts[i%2].callErr(t.Context(), mcpfixture.ToolAppend, args, nil)
+			if err != nil {
+				o = outcome{Texts: []string{"protocol error: " + err.Error()}, IsError: true}
+			}
+			results <- o
+		})
+	}
+	w.awaitEntered()
+	for range 19 {
+		o := <-results
+		require.True(t, o.IsError, o.Raw)
+		require.Equal(t, kindInProgress, o.Kind, "%s", o.Raw)
+	}
+	w.release()
+	wg.Wait()
+	first := <-results
+	w.setMode(mcpfixture.ModeOK)
+	for _, h := range hosts {
+		requireReplayOf(t, first, h.call(t, mcpfixture.ToolAppend, args, nil))
+	}
+	require.Equal(t, 1, w.effectCount())
+	require.Equal(t, 1, w.dispatchCount())
 }
