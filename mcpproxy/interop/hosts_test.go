@@ -255,8 +255,8 @@ type tsCall struct {
 	Meta      map[string]any `json:"_meta,omitempty"`
 }
 
-// tsRun runs host.mjs against argv: it lists the tools and makes calls in order. It returns
-// the tool list (JSON, as the TypeScript SDK parsed it) and the results.
+// tsRun runs host.mjs against argv (over stdio): it lists the tools and makes calls in
+// order. It returns the tool list (JSON, as the TypeScript SDK parsed it) and the results.
 func (w *world) tsRun(nodeBin string, argv []string, calls []tsCall) ([]byte, []outcome) {
 	w.t.Helper()
 	env := map[string]string{}
@@ -264,7 +264,18 @@ func (w *world) tsRun(nodeBin string, argv []string, calls []tsCall) ([]byte, []
 		k, v, _ := bytes.Cut([]byte(kv), []byte("="))
 		env[string(k)] = string(v)
 	}
-	job, err := json.Marshal(map[string]any{"command": argv[0], "args": argv[1:], "env": env, "calls": calls})
+	return w.tsJob(nodeBin, map[string]any{"command": argv[0], "args": argv[1:], "env": env, "calls": calls})
+}
+
+// tsRunHTTP is tsRun over streamable HTTP to url with a bearer token.
+func (w *world) tsRunHTTP(nodeBin, url, token string, calls []tsCall) ([]byte, []outcome) {
+	w.t.Helper()
+	return w.tsJob(nodeBin, map[string]any{"url": url, "token": token, "calls": calls})
+}
+
+func (w *world) tsJob(nodeBin string, spec map[string]any) ([]byte, []outcome) {
+	w.t.Helper()
+	job, err := json.Marshal(spec)
 	require.NoError(w.t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

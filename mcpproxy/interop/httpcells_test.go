@@ -169,3 +169,23 @@ func TestHTTPUpstreamProxyKilledAfterTheEffect(t *testing.T) {
 	require.Equal(t, 1, w.dispatchCount())
 	requireResidual(t, w, residual.Unknown)
 }
+
+// TestTypeScriptHostOverHTTP: a host on the official TypeScript SDK over streamable HTTP to
+// `toolfence proxy --http`: its tool list is the one it gets from the upstream over stdio;
+// the same call twice is one effect and a replay; an ambiguous answer and its refused retry.
+func TestTypeScriptHostOverHTTP(t *testing.T) {
+	t.Parallel()
+	nodeBin := node(t)
+	w := setup(t, "gosdk", "")
+	want, _ := w.tsRun(nodeBin, w.directArgv(), nil)
+	call := tsCall{Name: mcpfixture.ToolAppend, Arguments: args}
+	got, res := w.tsRunHTTP(nodeBin, w.httpProxy(w.store), tokenA, []tsCall{call, call,
+		{Name: mcpfixture.ToolAppend, Arguments: args2, Meta: mode(mcpfixture.ModeIsError)},
+		{Name: mcpfixture.ToolAppend, Arguments: args2}})
+	require.JSONEq(t, string(want), string(got))
+	require.Len(t, res, 4)
+	requireReplayOf(t, res[0], res[1])
+	requireUnknownThenRefused(t, res[2], res[3])
+	require.Equal(t, 2, w.effectCount())
+	require.Equal(t, 2, w.dispatchCount())
+}
