@@ -226,7 +226,7 @@ func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
 	wj, _ = json.Marshal(mwant.Tools)
 	gj, _ = json.Marshal(list.Tools)
 	require.JSONEq(t, string(wj), string(gj), "the mcp-go host sees upstream's tool list")
-	require.Len(t, list.Tools, 3)
+	require.NotEmpty(t, list.Tools)
 	var req mcpgomcp.CallToolRequest
 	req.Params.Name, req.Params.Arguments = "append", args
 	res, err := c.CallTool(ctx, req)

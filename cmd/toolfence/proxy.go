@@ -251,7 +251,13 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 			return err
 		}
 		defer closer.Close()
-		return p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up)
+		err = p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up)
+		if u, ok := closer.(*mcpproxy.Upstream); ok && err != nil {
+			if state, ended := u.Exit(2 * time.Second); ended {
+				err = fmt.Errorf("%w: upstream %q ended (%s)", err, args[0], state)
+			}
+		}
+		return err
 	}
 	h, err := p.NewHTTPServer(mcpproxy.HTTPOptions{
 		Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
