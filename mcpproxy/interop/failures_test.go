@@ -546,8 +546,9 @@ func TestBadInputIsAClearErrorAndWritesNothing(t *testing.T) {
 
 // TestUpstreamThatExitsAtOnceIsNamed: an upstream command that starts but exits at once
 // (here `false`) while the host waits for its initialize answer: the proxy exits 1 with an
-// error that says the upstream ended, and writes nothing. (Fails on the proxy of 2026-12-02:
-// it exits 1 with "read |0: file already closed", or 0 with nothing on stderr.)
+// error that says the upstream ended, and writes nothing. (It exited 1 with "read |0: file
+// already closed", or 0 with nothing on stderr, before the proxy waited for the upstream's
+// output and named its exit.)
 func TestUpstreamThatExitsAtOnceIsNamed(t *testing.T) {
 	t.Parallel()
 	w := setup(t, "gosdk", "")
