@@ -114,12 +114,16 @@ func Serve(ctx context.Context, b Backend) error {
 }
 
 // FileLedger is a Backend that appends each charge as a JSON line to a file and fsyncs it
-// before it answers. Charge ids are "ch_<n>", n counting the file's lines, so processes
-// that use the file one after another never reuse an id. It is safe for concurrent use
-// within one process.
+// before it answers. Charge ids are "ch_<n>", n counting the file's lines (read once, at
+// the first charge), so processes that use the file one after another never reuse an id.
+// It is safe for concurrent use within one process; two processes must not charge into one
+// file at once.
 type FileLedger struct {
 	Path string
-	mu   sync.Mutex
+
+	mu     sync.Mutex
+	loaded bool
+	n      int // charges in the file
 }
 
 // Charge appends and fsyncs the charge. It returns an error naming the file when it
@@ -127,11 +131,14 @@ type FileLedger struct {
 func (f *FileLedger) Charge(_ context.Context, orderID string, amountCents int64) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	cs, err := ReadLedger(f.Path)
-	if err != nil {
-		return "", err
+	if !f.loaded {
+		cs, err := ReadLedger(f.Path)
+		if err != nil {
+			return "", err
+		}
+		f.n, f.loaded = len(cs), true
 	}
-	c := Charge{ID: fmt.Sprintf("ch_%d", len(cs)+1), OrderID: orderID, AmountCents: amountCents, At: time.Now().UTC()}
+	c := Charge{ID: fmt.Sprintf("ch_%d", f.n+1), OrderID: orderID, AmountCents: amountCents, At: time.Now().UTC()}
 	line, _ := json.Marshal(c)
 	file, err := os.OpenFile(f.Path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -144,6 +151,7 @@ func (f *FileLedger) Charge(_ context.Context, orderID string, amountCents int64
 	if err := file.Sync(); err != nil {
 		return "", fmt.Errorf("payments: ledger %s: %w", f.Path, err)
 	}
+	f.n++
 	return c.ID, nil
 }
 
