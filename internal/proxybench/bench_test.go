@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,8 +43,19 @@ func TestMain(m *testing.M) {
 }
 
 // runProxy is what `toolfence proxy --store $TF_STORE --config $TF_POLICY --server-id
-// payments -- payments` does, the payments server being this binary.
+// payments -- payments` does, the payments server being this binary. With $TF_CPUPROFILE
+// set it writes the proxy process's CPU profile there.
 func runProxy() error {
+	if path := os.Getenv("TF_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	l, err := badger.Open(os.Getenv("TF_STORE"), badger.Options{})
 	if err != nil {
 		return err
