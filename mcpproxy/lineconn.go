@@ -15,11 +15,12 @@ import (
 )
 
 // lineConn is the MCP stdio framing (one JSON-RPC message per line) over a reader and a
-// writer, as mcp.IOTransport makes it, but decoding each line once with
-// jsonrpc.DecodeMessage: the SDK's connection first tries every message as a batch, and that
-// attempt cleared a large buffer per message (28 % of a relaying proxy's CPU, measured in
-// internal/proxybench). A batch (a line holding an array) is read as its messages, one
-// after the other. Read and Close may be called concurrently; so may Writes.
+// writer, as mcp.IOTransport makes it, but decoding each line once with encoding/json
+// (decodeMessage): the SDK's connection first tries every message as a batch and its JSON
+// decoder allocates and clears a large buffer per call, which took a third of a relaying
+// proxy's CPU (measured in internal/proxybench). A batch (a line holding an array) is read
+// as its messages, one after the other. Read and Close may be called concurrently; so may
+// Writes.
 type lineConn struct {
 	w        io.Writer
 	closer   func() error // closes the underlying streams; nil: nothing to close
@@ -102,7 +103,7 @@ func decodeLine(line []byte) ([]jsonrpc.Message, error) {
 		return nil, nil
 	}
 	if line[0] != '[' {
-		msg, err := jsonrpc.DecodeMessage(line)
+		msg, err := decodeMessage(line)
 		if err != nil {
 			return nil, err
 		}
@@ -117,13 +118,52 @@ func decodeLine(line []byte) ([]jsonrpc.Message, error) {
 	}
 	msgs := make([]jsonrpc.Message, 0, len(raws))
 	for _, raw := range raws {
-		msg, err := jsonrpc.DecodeMessage(raw)
+		msg, err := decodeMessage(raw)
 		if err != nil {
 			return nil, err
 		}
 		msgs = append(msgs, msg)
 	}
 	return msgs, nil
+}
+
+// wireMsg is a JSON-RPC 2.0 message on the wire.
+type wireMsg struct {
+	Version string          `json:"jsonrpc"`
+	ID      any             `json:"id"`
+	Method  *string         `json:"method"`
+	Params  json.RawMessage `json:"params"`
+	Result  json.RawMessage `json:"result"`
+	Error   *jsonrpc.Error  `json:"error"`
+}
+
+// decodeMessage decodes one JSON-RPC message as jsonrpc.DecodeMessage does: a request when
+// it has a method, else a response, which needs an id; the version must be "2.0". (Keys
+// match case-insensitively here; what the proxy relays is its own encoding of what it
+// decoded, so upstream sees the same message the proxy judged.)
+func decodeMessage(data []byte) (jsonrpc.Message, error) {
+	var w wireMsg
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, fmt.Errorf("mcpproxy: unmarshaling jsonrpc message: %w", err)
+	}
+	if w.Version != "2.0" {
+		return nil, fmt.Errorf("mcpproxy: invalid message version tag %q; expected \"2.0\"", w.Version)
+	}
+	id, err := jsonrpc.MakeID(w.ID)
+	if err != nil {
+		return nil, err
+	}
+	if w.Method != nil {
+		return &jsonrpc.Request{Method: *w.Method, ID: id, Params: w.Params}, nil
+	}
+	if !id.IsValid() {
+		return nil, errors.New("mcpproxy: a JSON-RPC message with neither a method nor an id")
+	}
+	r := &jsonrpc.Response{ID: id, Result: w.Result}
+	if w.Error != nil {
+		r.Error = w.Error
+	}
+	return r, nil
 }
 
 // Read returns the next message; io.EOF once the reader ended or the connection is closed.

@@ -78,3 +78,33 @@ func TestLineConnWriteAndClose(t *testing.T) {
 	require.Error(t, c.Write(context.Background(), &jsonrpc.Request{Method: "x"}))
 	_ = pw.Close()
 }
+
+// TestDecodeMessageMatchesTheSDK: the proxy's decoder gives the SDK's messages (requests,
+// notifications, results, errors, string and number ids) and refuses what it refuses.
+func TestDecodeMessageMatchesTheSDK(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":[1,2]}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"r"}}`,
+		`{"jsonrpc":"2.0","id":"s-1","result":{"content":[]}}`,
+		`{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"nope","data":{"k":1}}}`,
+		`{"jsonrpc":"2.0","id":3,"method":""}`,
+	} {
+		want, err := jsonrpc.DecodeMessage([]byte(in))
+		require.NoError(t, err, in)
+		got, err := decodeMessage([]byte(in))
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{
+		`{"jsonrpc":"1.0","id":1,"method":"x"}`,
+		`{"jsonrpc":"2.0","result":{}}`,
+		`{"jsonrpc":"2.0","id":true,"method":"x"}`,
+		`[1,2]`,
+	} {
+		_, sdkErr := jsonrpc.DecodeMessage([]byte(in))
+		require.Error(t, sdkErr, in)
+		_, err := decodeMessage([]byte(in))
+		require.Error(t, err, in)
+	}
+}

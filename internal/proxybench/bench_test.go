@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -44,7 +45,8 @@ func TestMain(m *testing.M) {
 
 // runProxy is what `toolfence proxy --store $TF_STORE --config $TF_POLICY --server-id
 // payments -- payments` does, the payments server being this binary. With $TF_CPUPROFILE
-// set it writes the proxy process's CPU profile there.
+// set it writes the proxy process's CPU profile there; with $TF_MEMSTATS set it prints what
+// the proxy process allocated in all when it ends.
 func runProxy() error {
 	if path := os.Getenv("TF_CPUPROFILE"); path != "" {
 		f, err := os.Create(path)
@@ -79,7 +81,13 @@ func runProxy() error {
 		return err
 	}
 	defer up.Close()
-	return p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn())
+	err = p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn())
+	if os.Getenv("TF_MEMSTATS") != "" {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		fmt.Fprintf(os.Stderr, "proxy: allocated %d bytes in %d allocations\n", ms.TotalAlloc, ms.Mallocs)
+	}
+	return err
 }
 
 const (
