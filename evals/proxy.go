@@ -137,7 +137,8 @@ func (w *worker) runProxyHost(ctx context.Context, emit func(Belief)) {
 }
 
 // proxyAgent is the host's agent runtime for one trial: it calls charge (the trial's task in
-// _meta), waits out in-progress refusals, retries an upstream error up to 4 times (as agent
+// _meta; at most spec.Active calls of the process at once, as a host would pace them),
+// waits out in-progress refusals, retries an upstream error up to 4 times (as agent
 // runtimes do), believes a result (first or replayed) and gives up as blocked on an
 // unknown outcome (awaiting reconciliation), another refusal, or a dead proxy.
 func (w *worker) proxyAgent(ctx context.Context, sess *mcp.ClientSession) Belief {
@@ -146,12 +147,22 @@ func (w *worker) proxyAgent(ctx context.Context, sess *mcp.ClientSession) Belief
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(10*time.Minute)) // a held answer outlives the budget
 	defer cancel()
 	var last string
+	tk := &ticket{gate: w.gate}
+	defer tk.leave()
+	first := true
 	for errs := 0; errs < 4 && time.Now().Before(deadline); {
+		// At most Active calls of the batch are in flight at once (as for the other
+		// subjects), but for a first call whose answer the sink will hold.
+		if !first || !w.spec.Hold {
+			tk.enter()
+		}
+		first = false
 		res, err := sess.CallTool(ctx, &mcp.CallToolParams{
 			Name:      "charge",
 			Arguments: map[string]any{"order_id": w.spec.Intent, "amount_cents": 4200},
 			Meta:      mcp.Meta{mcpproxy.MetaTask: w.spec.Task},
 		})
+		tk.leave()
 		if err != nil {
 			return Belief{State: BeliefBlocked, Reason: "the proxy is gone: " + err.Error()}
 		}
