@@ -76,6 +76,13 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		}
 		return
 	}
+	if pins := s.p.cfg.Pins; pins != nil {
+		if st := pins.status(params.Name, info); st != "ok" {
+			s.p.log.Warn("toolfence proxy: call refused: tool definition not pinned", "kind", KindPin, "tool", params.Name, "pin", st)
+			answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
+			return
+		}
+	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 	key := hostKey(req.ID)
 	s.mu.Lock()
@@ -118,6 +125,12 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	if err != nil {
 		return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 	}
+	if k := rule.Key; k != nil && k.Argument != "" {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(args, &obj) != nil || obj == nil {
+			return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: the arguments must be a JSON object to carry the key in argument %q", params.Name, k.Argument))
+		}
+	}
 	up := "the upstream of " + params.Name
 	call := interceptor.Call{Operation: p.cfg.ServerID + "/" + params.Name, Target: target, Args: args, CallID: fmt.Sprint(req.ID.Raw())}
 	// The guarded call's span, as Do makes it: Begin and Report set its gen_ai.* and
@@ -125,12 +138,28 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	ctx, span := p.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
-	a, replay, err := p.ic.Begin(bctx, call, interceptor.BeginOptions{LeaseTTL: time.Duration(rule.Lease)})
+	bopts := interceptor.BeginOptions{LeaseTTL: time.Duration(rule.Lease)}
+	a, replay, err := p.ic.Begin(bctx, call, bopts)
+	var v *interceptor.Violation
+	var learned string // what upstream said about an open residual (probe, tasks/get)
+	if errors.As(err, &v) && (v.Kind == interceptor.UnknownOutcome || v.Kind == interceptor.AwaitingUpstream) {
+		// Ask upstream what became of the earlier attempt; when that settles it (through
+		// the interceptor's Resolve), begin again: a replay, or a new attempt.
+		var resolved bool
+		if learned, resolved = s.settle(ctx, bctx, v, params.Name, rule, args); resolved {
+			a, replay, err = p.ic.Begin(bctx, call, bopts)
+		}
+	}
 	switch {
 	case replay != nil:
 		return &jsonrpc.Response{ID: req.ID, Result: replayed(replay)}
 	case err != nil:
-		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
+		return &jsonrpc.Response{ID: req.ID, Result: withNote(errorResult(params.Name, up, nil, err), learned)}
+	}
+	sent, err := withKey(req.Params, rule.Key, a.Dispatch.Key)
+	if err != nil {
+		_ = a.Abandon(bctx, err)
+		return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 	}
 
 	// Dispatch once, under the lease, until upstream answers, the timeout, the host's
@@ -138,7 +167,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	sess := a.KeepAlive(ctx)
 	dctx, stop := context.WithTimeoutCause(sess.Ctx(), time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout)),
 		fmt.Errorf("no answer from upstream within %v", time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout))))
-	resp, callErr := s.roundTrip(dctx, "tools/call", withTraceContext(ctx, req.Params))
+	resp, callErr := s.roundTrip(dctx, "tools/call", withTraceContext(ctx, sent))
 	stop()
 	sess.Close()
 
@@ -158,7 +187,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		// effect, or a JSON-RPC error that means the call never ran.
 		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
 	}
-	v := &interceptor.Violation{
+	v = &interceptor.Violation{
 		Kind: interceptor.UnknownOutcome, Key: res.Key, Task: task, Operation: call.Operation, Target: target,
 		State: res.State, Attempt: res.Attempt, Holder: a.Holder, Token: res.Token, Since: a.Since,
 		Recovery: interceptor.Recovery(interceptor.UnknownOutcome), Cause: errors.New(rep.Error),

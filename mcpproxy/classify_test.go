@@ -6,6 +6,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/toolfence/toolfence/residual"
+	"github.com/toolfence/toolfence/tools"
 )
 
 // TestClassifyTaskResultIsAccepted: an upstream that answers tools/call with an MCP task
@@ -24,6 +25,25 @@ func TestClassifyTaskResultIsAccepted(t *testing.T) {
 		rep := classify(NoEffect{}, &jsonrpc.Response{Result: []byte(c.result)}, nil)
 		if rep.Outcome != c.outcome || rep.Handle != c.handle {
 			t.Errorf("%s: outcome %s handle %q, want %s %q", c.result, rep.Outcome, rep.Handle, c.outcome, c.handle)
+		}
+	}
+}
+
+// TestTruthyFoundValues: what a probe's found value means (issue 13's probe rules).
+func TestTruthyFoundValues(t *testing.T) {
+	for _, c := range []struct {
+		doc  string
+		want bool
+	}{
+		{`true`, true}, {`"ch_1"`, true}, {`1`, true}, {`0.5`, true}, {`[1]`, true}, {`{"id": 1}`, true},
+		{`false`, false}, {`null`, false}, {`""`, false}, {`0`, false}, {`0.0`, false}, {`[]`, false}, {`{}`, false},
+	} {
+		v, ok, err := tools.Lookup("", []byte(c.doc))
+		if err != nil || !ok {
+			t.Fatalf("%s: %v", c.doc, err)
+		}
+		if got := truthy(v); got != c.want {
+			t.Errorf("found %s: truthy %v, want %v", c.doc, got, c.want)
 		}
 	}
 }

@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/toolfence/toolfence/tools"
 )
@@ -26,12 +30,19 @@ const (
 	Bypass = "bypass"
 )
 
-// Policy is the proxy's policy file (JSON):
+// Policy is the proxy's policy file, JSON or YAML (docs/proxy-policy.example.yaml):
 //
-//	{"tools": {
-//	  "send_email": {"mode": "protect", "target": ["/to"], "lease": "30s", "timeout": "2m",
-//	                 "no_effect": {"codes": [-32000], "patterns": ["^invalid address"]}},
-//	  "search":     {"mode": "bypass"}}}
+//	tools:
+//	  charge:
+//	    mode: protect
+//	    target: ["/order_id"]
+//	    lease: 30s
+//	    timeout: 2m
+//	    no_effect: {codes: [-32000], patterns: ["^card declined"]}
+//	    probe: {tool: find_charge, arguments: {order_id: /order_id}, found: /found}
+//	    key: {argument: idempotency_key}
+//	  search:
+//	    mode: bypass
 //
 // The zero Policy is valid: read-only tools (annotation readOnlyHint: true) are bypassed,
 // every other tool is protected with the digest of its arguments as target.
@@ -58,6 +69,40 @@ type ToolPolicy struct {
 	// NoEffect lists the answers that prove upstream did nothing (recorded failed, so a
 	// retry dispatches again).
 	NoEffect NoEffect `json:"no_effect"`
+	// Probe, when set, asks upstream what became of an attempt whose outcome is unknown, so
+	// the next call settles it instead of being refused. Nil: such calls stay refused until
+	// the key is resolved by hand.
+	Probe *ProbeRule `json:"probe"`
+	// Key, when set, says that upstream deduplicates by a key and where to send toolfence's
+	// key; an attempt whose outcome is unknown is then dispatched again under the same key.
+	Key *KeyRule `json:"key"`
+}
+
+// ProbeRule is the probe of a protected tool: another upstream tool, called with arguments
+// taken from the call, whose result says whether the call's effect happened.
+type ProbeRule struct {
+	// Tool is the upstream tool to call (a read; it must be listed upstream and must not be
+	// the protected tool itself). Required.
+	Tool string `json:"tool"`
+	// Arguments maps each argument of the probe to an RFC 6901 JSON pointer into the
+	// protected call's arguments.
+	Arguments map[string]string `json:"arguments"`
+	// Found is a JSON pointer into the probe's result (its structuredContent, else its first
+	// text block parsed as JSON). A value true, a non-empty string, array or object, or a
+	// non-zero number means the effect happened; false, null, "", 0, [] or {} that it did
+	// not; an absent value leaves the outcome unknown. Required.
+	Found string `json:"found"`
+}
+
+// KeyRule says where the proxy puts toolfence's idempotency key in the request it sends
+// upstream. Exactly one field is set.
+type KeyRule struct {
+	// Argument is the name of a top-level argument that gets the key (set after the target
+	// and the digest were computed on the host's own arguments; a value the host sent for it
+	// is replaced).
+	Argument string `json:"argument"`
+	// Meta is the name of a params._meta field that gets the key.
+	Meta string `json:"meta"`
 }
 
 // NoEffect are answers of a tool that prove it had no effect.
@@ -92,24 +137,68 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// LoadPolicy reads and parses the policy file at path (see ParsePolicy). Its errors wrap
+// LoadPolicy reads and parses the policy file at path: YAML when its name ends in .yaml or
+// .yml, JSON when it ends in .json, else by its content (see ParsePolicy). Its errors wrap
 // ErrPolicy and name the file.
 func LoadPolicy(path string) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
 	}
-	p, err := ParsePolicy(data)
+	var p *Policy
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".yaml", ".yml":
+		p, err = parseYAML(data)
+	case ".json":
+		p, err = parseJSON(data)
+	default:
+		p, err = ParsePolicy(data)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return p, nil
 }
 
-// ParsePolicy parses a policy document. It refuses unknown keys, trailing data, a mode
-// other than protect or bypass, a bad JSON pointer or pattern, and target or no_effect on a
-// bypassed tool (they would never apply); every error wraps ErrPolicy and names the tool.
+// ParsePolicy parses a policy document, JSON when its first non-blank byte is '{' and YAML
+// otherwise. Both are held to the same rules: it refuses unknown keys at any level, trailing
+// data (a second YAML document), a mode other than protect or bypass, a bad JSON pointer or
+// pattern, a probe without tool or found (or naming the tool itself), a key with neither or
+// both of argument and meta, and target, no_effect, probe or key on a bypassed tool (they
+// would never apply); every error wraps ErrPolicy and names the tool.
 func ParsePolicy(data []byte) (*Policy, error) {
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+		return parseJSON(data)
+	}
+	return parseYAML(data)
+}
+
+// parseYAML turns a YAML policy into JSON and parses that, so both forms meet one decoder
+// and one set of rules.
+func parseYAML(data []byte) (*Policy, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: the policy is empty (want a mapping with \"tools\")", ErrPolicy)
+		}
+		return nil, fmt.Errorf("%w: YAML: %w", ErrPolicy, err)
+	}
+	var more any
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: trailing data after the policy (a second YAML document)", ErrPolicy)
+	}
+	if _, ok := doc.(map[string]any); !ok {
+		return nil, fmt.Errorf("%w: YAML: the policy must be a mapping with \"tools\", not %T", ErrPolicy, doc)
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: YAML: %w (keys must be strings)", ErrPolicy, err)
+	}
+	return parseJSON(js)
+}
+
+func parseJSON(data []byte) (*Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p Policy
@@ -127,8 +216,8 @@ func ParsePolicy(data []byte) (*Policy, error) {
 		switch tp.Mode {
 		case "", Protect:
 		case Bypass:
-			if len(tp.Target) > 0 || len(tp.NoEffect.Codes) > 0 || len(tp.NoEffect.Patterns) > 0 {
-				return nil, bad("mode bypass takes no target or no_effect (a bypassed call is not recorded)")
+			if len(tp.Target) > 0 || len(tp.NoEffect.Codes) > 0 || len(tp.NoEffect.Patterns) > 0 || tp.Probe != nil || tp.Key != nil {
+				return nil, bad("mode bypass takes no target, no_effect, probe or key (a bypassed call is not recorded)")
 			}
 		default:
 			return nil, bad("mode %q: want %q or %q", tp.Mode, Protect, Bypass)
@@ -148,33 +237,66 @@ func ParsePolicy(data []byte) (*Policy, error) {
 			}
 			tp.NoEffect.res = append(tp.NoEffect.res, re)
 		}
+		if pr := tp.Probe; pr != nil {
+			switch {
+			case pr.Tool == "":
+				return nil, bad("probe: tool is required (the upstream tool that looks the effect up)")
+			case pr.Tool == name:
+				return nil, bad("probe: tool %q is the protected tool itself; a probe must be another tool that only reads", name)
+			case pr.Found == "":
+				return nil, bad("probe: found is required (a JSON pointer into the probe's result, e.g. /found)")
+			}
+			if err := tools.CheckPointer(pr.Found); err != nil {
+				return nil, bad("probe found: %v", err)
+			}
+			for _, arg := range sortedKeys(pr.Arguments) {
+				if arg == "" {
+					return nil, bad("probe arguments: an argument has an empty name")
+				}
+				if err := tools.CheckPointer(pr.Arguments[arg]); err != nil {
+					return nil, bad("probe argument %q: %v", arg, err)
+				}
+			}
+		}
+		if k := tp.Key; k != nil && (k.Argument == "") == (k.Meta == "") {
+			return nil, bad("key: set exactly one of argument (an argument name) or meta (a _meta field name)")
+		}
 		p.Tools[name] = tp
 	}
 	return &p, nil
 }
 
-// names returns the policy's tool names, sorted.
-func (p *Policy) names() []string {
-	names := make([]string, 0, len(p.Tools))
-	for n := range p.Tools {
-		names = append(names, n)
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	sort.Strings(names)
-	return names
+	sort.Strings(keys)
+	return keys
 }
 
-// checkCatalog returns an error wrapping ErrPolicy naming the first tool of the policy that
-// the upstream does not list.
+// names returns the policy's tool names, sorted.
+func (p *Policy) names() []string { return sortedKeys(p.Tools) }
+
+// checkCatalog returns an error wrapping ErrPolicy naming the first tool of the policy, or
+// the first probe tool, that the upstream does not list.
 func (p *Policy) checkCatalog(serverID string, cat map[string]toolInfo) error {
+	listed := func() string {
+		names := sortedKeys(cat)
+		return strings.Join(names, ", ")
+	}
 	for _, name := range p.names() {
 		if _, ok := cat[name]; !ok {
-			listed := make([]string, 0, len(cat))
-			for n := range cat {
-				listed = append(listed, n)
-			}
-			sort.Strings(listed)
 			return fmt.Errorf("%w: the policy names tool %q, which server %q does not list (it lists: %s)",
-				ErrPolicy, name, serverID, strings.Join(listed, ", "))
+				ErrPolicy, name, serverID, listed())
+		}
+	}
+	for _, name := range p.names() {
+		if pr := p.Tools[name].Probe; pr != nil {
+			if _, ok := cat[pr.Tool]; !ok {
+				return fmt.Errorf("%w: tool %q: its probe tool %q is not listed by server %q (it lists: %s)",
+					ErrPolicy, name, pr.Tool, serverID, listed())
+			}
 		}
 	}
 	return nil
@@ -187,6 +309,54 @@ type toolInfo struct {
 		ReadOnlyHint    *bool `json:"readOnlyHint"`
 		DestructiveHint *bool `json:"destructiveHint"`
 	} `json:"annotations"`
+	InputSchema struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	} `json:"inputSchema"`
+
+	// digest is the pin digest of the definition as upstream listed it (ToolDigest).
+	digest string
+}
+
+// parseTool reads one tool definition as upstream listed it.
+func parseTool(raw json.RawMessage) (toolInfo, error) {
+	var t toolInfo
+	if err := json.Unmarshal(raw, &t); err != nil {
+		return t, fmt.Errorf("a tool definition is not a JSON object: %w", err)
+	}
+	if t.Name == "" {
+		return t, errors.New("a tool definition has no name")
+	}
+	d, err := ToolDigest(raw)
+	if err != nil {
+		return t, fmt.Errorf("tool %q: %w", t.Name, err)
+	}
+	t.digest = d
+	return t, nil
+}
+
+// missingArguments returns the target and probe-argument pointers of rule whose first token
+// names no property of the tool's inputSchema (nil when the schema lists no properties).
+func (t toolInfo) missingArguments(rule ToolPolicy) []string {
+	if len(t.InputSchema.Properties) == 0 {
+		return nil
+	}
+	var missing []string
+	check := func(ptr string) {
+		tok, _, _ := strings.Cut(strings.TrimPrefix(ptr, "/"), "/")
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		if _, ok := t.InputSchema.Properties[tok]; !ok && ptr != "" {
+			missing = append(missing, ptr)
+		}
+	}
+	for _, ptr := range rule.Target {
+		check(ptr)
+	}
+	if rule.Probe != nil {
+		for _, arg := range sortedKeys(rule.Probe.Arguments) {
+			check(rule.Probe.Arguments[arg])
+		}
+	}
+	return missing
 }
 
 // decision is what the proxy does with calls of one tool.

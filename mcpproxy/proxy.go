@@ -66,6 +66,10 @@ type Options struct {
 	// Logger gets warnings (policy problems, calls keyed by an argument digest). Defaults to
 	// discarding them.
 	Logger *slog.Logger
+	// Pins, when set, are the catalog pins (LoadPins): a protected tool whose definition
+	// upstream differs from its pin, or has none, is refused (KindPin) and nothing is sent.
+	// Nil: definitions are not checked.
+	Pins *Pins
 }
 
 // DefaultTask returns the task of calls through a proxy for serverID when neither the call's
@@ -101,10 +105,26 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if cfg.Policy == nil {
 		cfg.Policy = &Policy{}
 	}
+	if cfg.Pins != nil && cfg.Pins.ServerID != cfg.ServerID {
+		return nil, fmt.Errorf("%w: the pins were locked for server %q, not %q: run toolfence proxy lock --server-id %s", ErrPins, cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
+	}
 	margin := ic.Settings().Margin
 	for _, name := range cfg.Policy.names() {
 		if l := time.Duration(cfg.Policy.Tools[name].Lease); l != 0 && l <= margin {
 			return nil, fmt.Errorf("%w: tool %q: lease %v is not longer than the safety margin %v", ErrPolicy, name, l, margin)
+		}
+	}
+	// A tool whose upstream deduplicates by our key may be dispatched again over an unknown
+	// outcome, under the same key: the interceptor's barrier decides that (Redispatch).
+	for _, name := range cfg.Policy.names() {
+		if cfg.Policy.Tools[name].Key == nil {
+			continue
+		}
+		op := cfg.ServerID + "/" + name
+		reg := ic.Operation(op)
+		reg.UpstreamIdempotent = true
+		if err := ic.Register(op, reg); err != nil {
+			return nil, fmt.Errorf("%w: tool %q: %w", ErrPolicy, name, err)
 		}
 	}
 	log := cfg.Logger
@@ -316,13 +336,17 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
 		}
 		var page struct {
-			Tools      []toolInfo `json:"tools"`
-			NextCursor string     `json:"nextCursor"`
+			Tools      []json.RawMessage `json:"tools"`
+			NextCursor string            `json:"nextCursor"`
 		}
 		if err := json.Unmarshal(r.Result, &page); err != nil {
 			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
 		}
-		for _, t := range page.Tools {
+		for _, def := range page.Tools {
+			t, err := parseTool(def)
+			if err != nil {
+				return nil, fmt.Errorf("listing the upstream's tools: %w", err)
+			}
 			cat[t.Name] = t
 		}
 		if page.NextCursor == "" {
@@ -333,6 +357,14 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 	catErr = s.p.cfg.Policy.checkCatalog(s.p.cfg.ServerID, cat)
 	if catErr != nil {
 		s.p.log.Error("toolfence proxy: every tools/call is refused until the policy is fixed", "err", catErr)
+	}
+	for _, name := range s.p.cfg.Policy.names() {
+		if t, ok := cat[name]; ok {
+			if miss := t.missingArguments(s.p.cfg.Policy.Tools[name]); len(miss) > 0 {
+				s.p.log.Warn("toolfence proxy: the policy's JSON pointers name arguments the tool's inputSchema lacks; calls without them are refused",
+					"tool", name, "pointers", miss)
+			}
+		}
 	}
 	s.mu.Lock()
 	s.catalog, s.catErr = cat, catErr

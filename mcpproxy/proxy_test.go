@@ -23,14 +23,21 @@ import (
 type bundle struct {
 	t                         *testing.T
 	store, effects, mode, pol string
+	// catalog holds append's description (absent: the default), task the status tasks/get
+	// answers, pins the pins file the proxy loads when it exists.
+	catalog, task, pins string
 }
 
 func setup(t *testing.T, policy string) *bundle {
 	t.Helper()
 	dir := t.TempDir()
-	b := &bundle{t: t, store: filepath.Join(dir, "store"), effects: filepath.Join(dir, "effects"), mode: filepath.Join(dir, "mode")}
+	b := &bundle{t: t, store: filepath.Join(dir, "store"), effects: filepath.Join(dir, "effects"), mode: filepath.Join(dir, "mode"),
+		catalog: filepath.Join(dir, "catalog"), task: filepath.Join(dir, "task"), pins: filepath.Join(dir, "pins.json")}
 	if policy != "" {
 		b.pol = filepath.Join(dir, "policy.json")
+		if !strings.HasPrefix(strings.TrimSpace(policy), "{") {
+			b.pol = filepath.Join(dir, "policy.yaml")
+		}
 		require.NoError(t, os.WriteFile(b.pol, []byte(policy), 0o600))
 	}
 	b.setMode("ok")
@@ -40,7 +47,8 @@ func setup(t *testing.T, policy string) *bundle {
 func (b *bundle) setMode(m string) { require.NoError(b.t, os.WriteFile(b.mode, []byte(m), 0o600)) }
 
 func (b *bundle) env(role string) []string {
-	return append(os.Environ(), "TF_ROLE="+role, "TF_STORE="+b.store, "TF_EFFECTS="+b.effects, "TF_MODE="+b.mode, "TF_POLICY="+b.pol)
+	return append(os.Environ(), "TF_ROLE="+role, "TF_STORE="+b.store, "TF_EFFECTS="+b.effects, "TF_MODE="+b.mode, "TF_POLICY="+b.pol,
+		"TF_CATALOG="+b.catalog, "TF_TASK="+b.task, "TF_PINS="+b.pins)
 }
 
 // host connects an official Go SDK client over stdio to a fresh proxy process (role
@@ -287,7 +295,7 @@ func TestParsePolicyRefusesBadInput(t *testing.T) {
 		{"bad lease", `{"tools": {"a": {"lease": 30}}}`, `want a duration string`},
 		{"bypass with target", `{"tools": {"a": {"mode": "bypass", "target": ["/x"]}}}`, `tool "a": mode bypass takes no target`},
 		{"trailing data", `{"tools": {}} {}`, `trailing data`},
-		{"not JSON", `tools: {}`, `invalid character`},
+		{"not JSON", `{tools: {}}`, `invalid character`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))

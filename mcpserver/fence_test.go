@@ -265,9 +265,12 @@ func TestWatchRetryUsesTheClock(t *testing.T) {
 		}
 	}
 	await(1)
+	// Two waiters: the session sweeper (started by New, on the same clock) and the retry.
+	// Waiting for one let the sweeper stand in for the retry, and the retry then registered
+	// after Advance, on a deadline that never came ("no watch call 2").
 	waiting := make(chan struct{})
 	go func() {
-		clock.BlockUntil(1)
+		clock.BlockUntil(2)
 		close(waiting)
 	}()
 	select {

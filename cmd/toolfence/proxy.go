@@ -18,6 +18,7 @@ type proxyFlags struct {
 	lease    time.Duration
 	timeout  time.Duration
 	metrics  string
+	pins     string
 }
 
 func newProxyCmd(a *app) *cobra.Command {
@@ -32,9 +33,15 @@ First version: stdio only on both sides; see docs/proxy.md for what is not built
 
 Everything is relayed untouched (tools/list, resources, prompts, notifications) except
 tools/call of protected tools. By default a tool annotated readOnlyHint: true is bypassed
-and every other tool is protected; --config FILE (JSON, see docs/proxy.md) sets per tool
-"mode" (protect / bypass), "target" (JSON pointers into the arguments), "lease", "timeout"
-and "no_effect" rules (JSON-RPC codes, patterns of isError text that prove nothing happened).
+and every other tool is protected; --config FILE (JSON or YAML, see docs/proxy.md) sets per
+tool "mode" (protect / bypass), "target" (JSON pointers into the arguments), "lease",
+"timeout", "no_effect" rules (JSON-RPC codes, patterns of isError text that prove nothing
+happened), a "probe" (another upstream tool that says whether an unknown call took effect)
+and "key" (where to send the idempotency key to an upstream that deduplicates by it).
+
+With pins (--pins FILE, or FILE beside --config as .pins.json when it exists; written by
+"toolfence proxy lock"), a protected tool whose definition changed upstream is refused until
+it is locked again. "toolfence proxy check" shows what the proxy would do with each tool.
 
 A protected call is reserved in the store before it is sent upstream and recorded after:
   - the same call again (same task, tool, target and arguments) is answered from the store
@@ -76,6 +83,10 @@ Example:
 					return usagef("--config: %v", err)
 				}
 			}
+			pins, err := loadProxyPins(f.pins, f.config, f.serverID)
+			if err != nil {
+				return err
+			}
 			log, err := a.logger()
 			if err != nil {
 				return err
@@ -95,7 +106,7 @@ Example:
 			if err != nil {
 				return usagef("%v", err)
 			}
-			p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log})
+			p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log, Pins: pins})
 			if err != nil {
 				return usagef("%v", err)
 			}
@@ -107,11 +118,13 @@ Example:
 			return p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up.Conn())
 		},
 	}
-	cmd.Flags().StringVar(&f.config, "config", "", "policy file (JSON): per tool mode, target, lease, timeout, no_effect; see docs/proxy.md")
+	cmd.Flags().StringVar(&f.config, "config", "", "policy file (JSON or YAML): per tool mode, target, lease, timeout, no_effect, probe, key; see docs/proxy.md")
 	cmd.Flags().StringVar(&f.serverID, "server-id", "", "id of the upstream in keys (operation ID/tool); required, keep it stable")
 	cmd.Flags().StringVar(&f.task, "task", "", "task of calls whose _meta names none (default \"mcp-proxy:<server-id>\", stable across restarts)")
 	cmd.Flags().DurationVar(&f.lease, "lease", 0, "lease of each attempt (default 30s; a tool's policy may set its own)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "wait for upstream's answer before the outcome is unknown (default 2m)")
+	cmd.Flags().StringVar(&f.pins, "pins", "", "catalog pins (toolfence proxy lock); default: the --config path with .pins.json, when it exists")
 	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
+	cmd.AddCommand(newProxyLockCmd(a), newProxyCheckCmd(a))
 	return cmd
 }

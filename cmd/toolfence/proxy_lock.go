@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	"github.com/toolfence/toolfence/mcpproxy"
+)
+
+// upstreamFlags name an upstream server for `proxy lock` and `proxy check`.
+type upstreamFlags struct {
+	config   string
+	pins     string
+	serverID string
+}
+
+func (f *upstreamFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.config, "config", "", "policy file (JSON or YAML), as for proxy")
+	cmd.Flags().StringVar(&f.pins, "pins", "", "pins file (default: the --config path with its extension replaced by .pins.json)")
+	cmd.Flags().StringVar(&f.serverID, "server-id", "", "id of the upstream in keys, as for proxy; required")
+}
+
+func (f *upstreamFlags) validate(cmd *cobra.Command, args []string) error {
+	if cmd.ArgsLenAtDash() != 0 || len(args) == 0 {
+		return usagef("give the upstream server's command after --, e.g. %s --server-id mail -- npx mail-mcp", cmd.CommandPath())
+	}
+	if f.serverID == "" {
+		return usagef("--server-id is required: the pins are taken for one server id, as the proxy uses it")
+	}
+	return nil
+}
+
+// connectUpstream starts the upstream server that args name (a command run as a stdio
+// child in its own process group) and returns the connection to it and a function that ends
+// it. Every proxy command reaches its upstream through this one function.
+func connectUpstream(ctx context.Context, a *app, args []string) (mcp.Connection, func(), error) {
+	up, err := mcpproxy.StartUpstream(ctx, args, a.stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return up.Conn(), func() { _ = up.Close() }, nil
+}
+
+// listUpstream connects the upstream and lists its tools, within 30 s.
+func listUpstream(ctx context.Context, a *app, args []string) ([]mcpproxy.Tool, error) {
+	conn, stop, err := connectUpstream(ctx, a, args)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return mcpproxy.ListTools(ctx, conn)
+}
+
+// pinsPath returns the pins file of the flags: --pins, else the default beside --config
+// ("" when neither is given).
+func pinsPath(pins, config string) string {
+	if pins != "" {
+		return pins
+	}
+	return mcpproxy.DefaultPinsPath(config)
+}
+
+// loadProxyPins loads the pins a proxy checks: --pins (which must exist), else the default
+// beside --config when that file exists; nil when there are none. Pins of another server id
+// than serverID are a usage error.
+func loadProxyPins(pins, config, serverID string) (*mcpproxy.Pins, error) {
+	path := pinsPath(pins, config)
+	if path == "" {
+		return nil, nil
+	}
+	if pins == "" {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+	}
+	p, err := mcpproxy.LoadPins(path)
+	if err != nil {
+		return nil, usagef("--pins: %v", err)
+	}
+	if p.ServerID != serverID {
+		return nil, usagef("--pins: %s: the pins were locked for server %q, not %q: run toolfence proxy lock --server-id %s", path, p.ServerID, serverID, serverID)
+	}
+	return p, nil
+}
+
+func newProxyLockCmd(a *app) *cobra.Command {
+	var f upstreamFlags
+	cmd := &cobra.Command{
+		Use:   "lock [--config FILE] [--pins FILE] --server-id ID -- CMD ARGS...",
+		Short: "Pin the upstream's tool definitions: write the digest of each to the pins file",
+		Long: `Start the upstream MCP server (CMD ARGS...), list its tools, and write the pins file: the
+server id and, per tool, the SHA-256 of the canonical JSON of its whole definition as the
+upstream lists it. The file is replaced atomically.
+
+A proxy given the pins (--pins, or the default beside --config) refuses every call of a
+protected tool whose definition differs from its pin, or that has none, until a person has
+reviewed the change and run lock again: a changed description or schema can change what a
+call means. Bypassed tools are not checked.
+
+The pins file is --pins, else the --config path with its extension replaced by
+.pins.json (proxy.yaml → proxy.pins.json); one of them is required.
+
+Example:
+  toolfence proxy lock --config mail.yaml --server-id mail -- npx mail-mcp`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.validate(cmd, args); err != nil {
+				return err
+			}
+			path := pinsPath(f.pins, f.config)
+			if path == "" {
+				return usagef("give --pins FILE (or --config FILE: the pins then go beside it as .pins.json)")
+			}
+			list, err := listUpstream(cmd.Context(), a, args)
+			if err != nil {
+				return err
+			}
+			pins, err := mcpproxy.Lock(f.serverID, list)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if err := mcpproxy.WritePins(path, pins); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "pinned %d tool(s) of server %s in %s\n", len(pins.Tools), f.serverID, path)
+			return nil
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func newProxyCheckCmd(a *app) *cobra.Command {
+	var f upstreamFlags
+	cmd := &cobra.Command{
+		Use:   "check [--config FILE] [--pins FILE] --server-id ID -- CMD ARGS...",
+		Short: "Show what the proxy would do with each upstream tool: decision, target, pin, warnings",
+		Long: `Start the upstream MCP server (CMD ARGS...), list its tools and print one line per tool:
+the decision (protect or bypass, and why), the target (the policy's JSON pointers, or
+"digest of arguments": a re-worded retry is then not recognised), the pin status (ok,
+missing, changed, unlisted; "no pins" without a pins file; "-" for bypassed tools) and
+warnings: a pointer that names no property of the tool's inputSchema. Problems that refuse
+every call follow: a tool or probe tool the policy names that the upstream does not list,
+pins of another server id.
+
+Exit status 1 when some calls would be refused whatever their arguments (a problem, a pin
+missing or changed, a pointer to a missing argument); 0 otherwise.
+
+Example:
+  toolfence proxy check --config mail.yaml --server-id mail -- npx mail-mcp`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.validate(cmd, args); err != nil {
+				return err
+			}
+			var pol *mcpproxy.Policy
+			if f.config != "" {
+				var err error
+				if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
+					return usagef("--config: %v", err)
+				}
+			}
+			pins, err := loadProxyPins(f.pins, f.config, f.serverID)
+			if err != nil {
+				return err
+			}
+			list, err := listUpstream(cmd.Context(), a, args)
+			if err != nil {
+				return err
+			}
+			rep := mcpproxy.Check(f.serverID, pol, pins, list)
+			printReport(a.stdout, rep)
+			if rep.Refused() {
+				return errors.New("proxy check: some calls would be refused (see above)")
+			}
+			return nil
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+// printReport prints a check report: a table, one line per tool, then the problems.
+func printReport(w io.Writer, rep *mcpproxy.Report) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOOL\tDECISION\tTARGET\tPIN\tNOTES")
+	for _, t := range rep.Tools {
+		decision, target, pin := "bypass", "-", "-"
+		if t.Protect {
+			decision, target, pin = "protect", t.Target, t.Pin
+		}
+		notes := append([]string{t.Why}, t.Warnings...)
+		for i := range notes[1:] {
+			notes[i+1] = "warning: " + notes[i+1]
+		}
+		if t.Refused {
+			decision += " (refused)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, decision, target, pin, strings.Join(notes, "; "))
+	}
+	_ = tw.Flush()
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "problem: %s\n", p)
+	}
+}
