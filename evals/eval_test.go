@@ -121,9 +121,9 @@ func TestEvalBatchedBarrierKill(t *testing.T) {
 
 // TestEvalProxy runs the MCP proxy subjects: an MCP host (the worker) calls the payments MCP
 // server (a real process) through the proxy (a real process on badger, killed or stopped
-// with its host) or through a bare relay. The proxy is EXACTLY_ONCE or BLOCKED in every
-// trial; the relay duplicates the charge whenever a successor re-issues a call whose effect
-// happened.
+// with its host) or through a bare relay. The proxy is EXACTLY_ONCE in every trial (its
+// probe settles what a kill left unknown); the relay duplicates the charge whenever a
+// successor re-issues a call whose effect happened.
 func TestEvalProxy(t *testing.T) {
 	rep, err := Run(t.Context(), Options{
 		Trials: 2, Seed: 11, Command: testCommand, WorkDir: t.TempDir(), Parallel: 3,
@@ -142,8 +142,9 @@ func TestEvalProxy(t *testing.T) {
 	}
 	require.Equal(t, 2, rep.cell("crash-b0", subjectToolfenceProxy).Counts[ExactlyOnce], "killed before the call: the successor charges once")
 	require.Equal(t, 2, rep.cell("crash-b2", subjectToolfenceProxy).Counts[ExactlyOnce], "killed after the answer: the successor's call is replayed")
-	require.Equal(t, 2, rep.cell("crash-b1", subjectToolfenceProxy).Counts[Blocked],
-		"killed after the charge, before the answer: with no probe in the policy the successor is refused (unknown outcome)")
+	require.Equal(t, 2, rep.cell("crash-b1", subjectToolfenceProxy).Counts[ExactlyOnce],
+		"killed after the charge, before the answer: the successor's proxy probes find_charge, settles it and replays")
+	require.Equal(t, 2, rep.cell("zombie", subjectToolfenceProxy).Counts[ExactlyOnce], "the last successor settles the zombie's call by the probe")
 	require.Equal(t, 2, rep.cell("crash-b0", subjectPassThrough).Counts[ExactlyOnce])
 	for _, sc := range []string{"crash-b1", "crash-b2", "zombie"} {
 		require.Equal(t, 2, rep.cell(sc, subjectPassThrough).Counts[Duplicated], "%s: a relay charges again", sc)

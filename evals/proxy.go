@@ -57,9 +57,12 @@ func runs(scenario, subject string) bool {
 	return !isProxySubject(subject) || slices.Contains(proxyScenarios, scenario)
 }
 
-// proxyPolicy is the eval proxy's policy file (docs/proxy.md).
+// proxyPolicy is the eval proxy's policy file (docs/proxy.md): charge keyed by its order id,
+// with find_charge as its probe (the sink's lookup by intent), so an unknown outcome is
+// settled by asking the payments server.
 const proxyPolicy = `{"tools": {
-  "charge": {"mode": "protect", "target": ["/order_id"]},
+  "charge": {"mode": "protect", "target": ["/order_id"],
+             "probe": {"tool": "find_charge", "arguments": {"order_id": "/order_id"}, "found": "/found"}},
   "find_charge": {"mode": "bypass"},
   "list_charges": {"mode": "bypass"}
 }}

@@ -155,7 +155,7 @@ var subjectDocs = map[string]string{
 		"again; errors delete the record; no fencing tokens.",
 	subjectToolfenceProxy: "`toolfence proxy` (a real process, badger store) between an MCP host and the payments MCP " +
 		"server (a real process whose charges are the sink's effects), charge protected by the order id; killed " +
-		"with its host. No probe in its policy: an unknown outcome stays blocked.",
+		"with its host. Its policy probes find_charge (the payments server's lookup of the order) to settle an unknown outcome.",
 	subjectPassThrough: "the same MCP host and payments server behind a relay that forwards every byte: no guard.",
 	subjectMarkBefore: "a deduplicator that marks the key done before it runs the call: a retry after a crash or an " +
 		"error is dropped as already processed and reported as a success with no result.",

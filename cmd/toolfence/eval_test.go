@@ -47,12 +47,12 @@ func TestEvalCommandSaysWhyPostgresIsLeftOut(t *testing.T) {
 
 // TestEvalCommandProxy runs the MCP proxy subjects with the real commands: the worker (an MCP
 // host) starts `toolfence proxy … -- toolfence eval-payments …`, or the relay; the proxy is
-// BLOCKED at b1 (no probe) and replays at b2, the relay charges twice at both.
+// settles b1 by its probe and replays at b2; the relay charges twice at both.
 func TestEvalCommandProxy(t *testing.T) {
 	t.Parallel()
 	r := ok(t, "eval", "--scenarios", "crash-b1,crash-b2,crash-reserved", "--subjects", "toolfence-proxy,pass-through",
 		"--trials", "1", "--out", "", "--no-pg")
-	require.Regexp(t, `crash-b1\s+1 blocked\s+1 DUP`, r.stdout)
+	require.Regexp(t, `crash-b1\s+1 ok\s+1 DUP`, r.stdout)
 	require.Regexp(t, `crash-b2\s+1 ok\s+1 DUP`, r.stdout)
 	require.Regexp(t, `crash-reserved\s+-\s+-`, r.stdout, "the proxy subjects do not run the other scenarios")
 }
