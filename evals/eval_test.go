@@ -125,8 +125,11 @@ func TestEvalBatchedBarrierKill(t *testing.T) {
 // probe settles what a kill left unknown); the relay duplicates the charge whenever a
 // successor re-issues a call whose effect happened.
 func TestEvalProxy(t *testing.T) {
+	// A 2 s lease, as in TestEvalBatchedCrashB1: a call that loses a 500 ms lease to a slow
+	// fsync under -race on a loaded machine fails closed (BLOCKED, correct), which is not what
+	// this test is about.
 	rep, err := Run(t.Context(), Options{
-		Trials: 2, Seed: 11, Command: testCommand, WorkDir: t.TempDir(), Parallel: 3,
+		Trials: 2, Seed: 11, Command: testCommand, WorkDir: t.TempDir(), Parallel: 3, LeaseTTL: 2 * time.Second,
 		Scenarios: proxyScenarios, Subjects: []string{subjectToolfenceProxy, subjectPassThrough},
 	})
 	require.NoError(t, err)

@@ -2,8 +2,10 @@
 // MCP host process, driven by a scripted model) charges an order through `toolfence proxy
 // … -- payments`, a fake payments MCP server; the agent's process group (the agent and the
 // proxy it started) is SIGKILLed after the payments server charged the card and before it
-// answered. A successor agent, with a new proxy on the same store, re-issues the call: the
-// payments ledger ends with exactly one charge.
+// answered. A successor agent, with a new proxy on the same store, re-issues the call: its
+// proxy meets the unknown outcome, asks the payments server through the policy's probe
+// (find_charge), records the charge as done and replays it. The payments ledger ends with
+// exactly one charge.
 //
 //	go run ./examples/mcp-proxy
 //
@@ -35,10 +37,10 @@ import (
 	"github.com/toolfence/toolfence/internal/scripted"
 )
 
-// policy is the proxy's policy file: charge protected, keyed by its order id; the read-only
-// tools bypassed.
+// policy is the proxy's policy file (YAML): charge protected, keyed by its order id, with
+// find_charge as its probe; the read-only tools bypassed.
 //
-//go:embed policy.json
+//go:embed policy.yaml
 var policy []byte
 
 const (
@@ -74,7 +76,7 @@ func story(tf, pay, dir string) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	if err := os.WriteFile(filepath.Join(dir, "policy.json"), policy, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), policy, 0o644); err != nil {
 		return err
 	}
 	if tf == "" || pay == "" {
@@ -189,7 +191,7 @@ func runAgent(run int, tf, pay, dir string) int {
 		up = append(up, "--pause-after-charge")
 	}
 	proxy := exec.Command(tf, append([]string{"proxy", "--store", filepath.Join(dir, "store"), "--server-id", "payments",
-		"--config", filepath.Join(dir, "policy.json"), "--lease", lease, "--"}, up...)...)
+		"--config", filepath.Join(dir, "policy.yaml"), "--lease", lease, "--"}, up...)...)
 	proxy.Stderr = os.Stderr
 	ctx := context.Background()
 	sess, err := mcp.NewClient(&mcp.Implementation{Name: "example-agent", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: proxy}, nil)

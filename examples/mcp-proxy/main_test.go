@@ -16,8 +16,9 @@ import (
 // runs the story with real processes: run 1 (an MCP host and the proxy it started) is
 // SIGKILLed after the payments server made the charge durable and before it answered; run 2
 // re-issues the call through a new proxy on the same store. The payments ledger holds
-// exactly one charge, and run 2 was not charged again: its call met run 1's unknown outcome
-// (the policy has no probe) and the agent stopped.
+// exactly one charge, and run 2 was not charged again: its proxy met run 1's unknown outcome,
+// asked the payments server through the policy's probe (find_charge), recorded the charge as
+// done and replayed it to the agent.
 func TestExampleExactlyOneCharge(t *testing.T) {
 	bin, dir := t.TempDir(), t.TempDir()
 	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
@@ -40,6 +41,8 @@ func TestExampleExactlyOneCharge(t *testing.T) {
 	require.Equal(t, "ORD-1042", cs[0].OrderID)
 
 	require.Contains(t, string(out), "run 1 ended: signal: killed")
-	require.Contains(t, string(out), "run 2 |   tool answered: blocked: a previous attempt may have reached the upstream of charge; outcome unknown; do not retry")
+	require.Regexp(t, `run 2 \|   tool answered: \[replayed\] already done, outcome recorded at \S+\nrun 2 \| \{"charge_id":"ch_1","found":true\}`, string(out),
+		"run 2's call was settled by the probe and replayed, not charged again")
+	require.NotContains(t, string(out), "run 2 |   tool answered: blocked: a previous attempt may have reached")
 	require.Contains(t, string(out), "OK: exactly one charge")
 }
