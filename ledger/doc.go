@@ -3,5 +3,6 @@
 //
 // It imports residual and lease only; it holds the contract alone. Backends live in
 // ledger/badger and ledger/postgres and share the state rules of ledger/rules;
-// ledger/ledgertest is the conformance suite every backend passes.
+// ledger/remote reaches a ledger served by another process (over HTTP or the unix socket of
+// a shared embedded store); ledger/ledgertest is the conformance suite every backend passes.
 package ledger

@@ -207,6 +207,9 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string, ready func(net
 	}
 	mux := http.NewServeMux()
 	mux.Handle(Path, s.Handler())
+	for pattern, h := range s.opts.Handlers {
+		mux.Handle(pattern, h)
+	}
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	limits := s.opts.httpLimits()

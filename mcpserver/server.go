@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -96,6 +97,11 @@ type Options struct {
 	Version string
 	// Logger receives transport and watcher errors. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Handlers are served by ListenAndServe beside Path, each at its http.ServeMux
+	// pattern (the ledger protocol of ledger/remote at "/ledger/v1/"). They do their own
+	// authentication; the connection limits and timeouts of ListenAndServe apply to them,
+	// the per-token in-flight and session limits do not. Defaults to none.
+	Handlers map[string]http.Handler
 }
 
 // ErrInvalidOptions is wrapped by New's errors for unusable settings.

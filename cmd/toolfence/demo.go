@@ -67,10 +67,12 @@ func (a *app) demo(ctx context.Context, storeSet, rm bool) error {
 	switch {
 	case storeSet && isDSN(store):
 		// demo.Run creates a schema of its own in the database.
+	case storeSet && isServerURL(store):
+		return usagef("demo runs its story in a badger directory or a PostgreSQL database it opens itself, not through a server (--store %s)", store)
 	case storeSet:
 		// Fail early, with the usual message, when another process holds the store or the
-		// directory is not one.
-		l, err := openStore(ctx, store, false)
+		// directory is not one: the demo's processes need the store to themselves.
+		l, err := openExclusive(store)
 		if err != nil {
 			return err
 		}

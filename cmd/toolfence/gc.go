@@ -51,6 +51,7 @@ Example:
 	fl.Var(&f.olderThan, "older-than", "delete settled residuals last updated longer ago than this: days (30d) or a Go duration (36h, 90m; m is minutes)")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	fl.BoolVar(&f.json, "json", false, `print {"namespace","before","dry_run","count"} as JSON`)
+	a.tokenFlags(cmd)
 	return cmd
 }
 

@@ -78,15 +78,15 @@ func TestANonStoreDirectoryIsRefused(t *testing.T) {
 	fails(t, 1, []string{"--store " + file + " is a file, not a store"}, "ls", "--store", file)
 }
 
-// TestAMistypedDSNIsRefused: a --store value that looks like a URL but is not a postgres://
-// DSN is bad usage, and no directory named after it appears.
+// TestAMistypedDSNIsRefused: a --store value that looks like a URL but is neither a
+// postgres:// DSN nor an http(s):// server is bad usage, and no directory named after it appears.
 func TestAMistypedDSNIsRefused(t *testing.T) {
 	t.Parallel()
 	cwd := t.TempDir()
 	for _, args := range [][]string{
 		{"serve", "--stdio"}, {"ls"}, {"gc"}, {"demo"},
 	} {
-		for _, store := range []string{"postgres:/postgres@127.0.0.1/db", "postgresql:postgres@db", "http://127.0.0.1:7777"} {
+		for _, store := range []string{"postgres:/postgres@127.0.0.1/db", "postgresql:postgres@db", "http:/127.0.0.1:7777", "ftp://host/x"} {
 			r := tfIn(t, cwd, "", append(args, "--store", store)...)
 			require.Equal(t, 2, r.code, "%v %s\n%s", args, store, r)
 			require.Contains(t, r.stderr, "looks like a URL but is not a PostgreSQL DSN: write postgres://USER@HOST/DB")

@@ -32,7 +32,7 @@ const storeEnv = "TOOLFENCE_STORE"
 // subcommand constructor receives it and reads a.store / a.namespace in its RunE (after
 // flag parsing), and opens the store with a.open.
 type app struct {
-	// store is --store: a badger directory or a postgres:// DSN.
+	// store is --store: a badger directory, a postgres:// DSN or an http(s):// server.
 	store string
 	// namespace is --namespace.
 	namespace string
@@ -45,6 +45,9 @@ type app struct {
 	stderr    io.Writer
 	// log is --log-format and --log-level of the commands that log (serve).
 	log logFlags
+	// minFree, set by serve before it opens the store, makes the owner of a badger store
+	// refuse new reservations below this much free space.
+	minFree uint64
 }
 
 // commands holds the constructors of subcommands defined in other files of this package.
@@ -72,8 +75,11 @@ Every guarded call leaves a residual in a ledger store: pending while in flight,
 succeeded, failed, accepted (queued upstream) or unknown (it may have reached upstream; it
 blocks until reconciled). These commands inspect and settle residuals.
 
-The store is a badger directory (the embedded default) or a PostgreSQL DSN
-(postgres://…). It defaults to ./.toolfence, or to $TOOLFENCE_STORE when set.
+The store is a badger directory (the embedded default), a PostgreSQL DSN (postgres://…),
+or http(s)://HOST:PORT of a running toolfence serve --http (with a bearer token). It
+defaults to ./.toolfence, or to $TOOLFENCE_STORE when set. Several toolfence processes may
+use one badger directory at once: the first one serves it to the others on
+DIR/toolfence.sock, and another takes over when it exits (docs/shared-store.md).
 
 Example:
   toolfence demo                      # the crash-and-hand-over story; prints where its store is
@@ -86,7 +92,7 @@ Example:
 	}
 	root.SetVersionTemplate("toolfence {{.Version}}\n")
 	root.PersistentFlags().StringVar(&a.store, "store", cmp.Or(os.Getenv(storeEnv), defaultStore),
-		"ledger store: a badger directory or a postgres:// DSN; $"+storeEnv+" overrides the default")
+		"ledger store: a badger directory (shared by the processes that use it), a postgres:// DSN, or http(s)://HOST:PORT of a toolfence serve --http; $"+storeEnv+" overrides the default")
 	root.PersistentFlags().StringVar(&a.namespace, "namespace", interceptor.DefaultNamespace,
 		"namespace of the residuals (a tenant or environment)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
@@ -179,7 +185,16 @@ func args(names ...string) cobra.PositionalArgs {
 
 // open opens the store named by --store (see openStore). With mustExist, a badger
 // directory that is not a store yet, or a PostgreSQL schema without toolfence tables, is an
-// error instead of being created.
+// error instead of being created. An http(s):// store is reached with the token of
+// --token, --token-file or $TOOLFENCE_TOKEN, for --namespace.
 func (a *app) open(ctx context.Context, mustExist bool) (ledger.Ledger, error) {
-	return openStore(ctx, a.store, mustExist)
+	o := storeOptions{mustExist: mustExist, namespace: a.namespace, minFree: a.minFree}
+	if isServerURL(a.store) {
+		tok, err := a.bearerToken()
+		if err != nil {
+			return nil, err
+		}
+		o.token = tok
+	}
+	return openStore(ctx, a.store, o)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/ledger/remote"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
@@ -118,8 +120,11 @@ limit.
 On the embedded store, new reservations are refused (unavailable) while its filesystem has
 less than --min-free-mib free, so a full disk never stops serve; calls in flight commit.
 
-While serve holds an embedded (badger) store, other toolfence commands cannot open it:
-use their --server URL flag to act through the server instead.
+An embedded (badger) store is shared: the first toolfence process to open it serves it to
+the others on DIR/toolfence.sock, and a process that finds it held goes through that socket
+(taking the store over when its holder exits). Over --http, the ledger itself is served at
+/ledger/v1/ behind the same bearer tokens (each token bound to its namespace), so other
+machines use it with --store http://HOST:PORT --token-file F. docs/shared-store.md.
 
 Telemetry (nothing is exported by default): --metrics 127.0.0.1:9464 serves Prometheus
 metrics at http://127.0.0.1:9464/metrics, without authentication (keep it on loopback or a
@@ -175,13 +180,14 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		opts.Tokens = tokens
 	}
 	ctx := cmd.Context()
+	a.minFree = uint64(f.minFree) << 20 // the owner of a badger store guards its space
 	l, err := a.open(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	if b, ok := l.(*badger.Ledger); ok {
-		l = badger.GuardSpace(b, a.store, uint64(f.minFree)<<20, nil)
+	if f.http != "" {
+		opts.Handlers = map[string]http.Handler{remote.Path: ledgerHandler(l, opts.Tokens, a.namespace)}
 	}
 	stop, err := a.observe(ctx, f.metrics, l, log)
 	if err != nil {
@@ -217,6 +223,17 @@ func loadServeTokens(file, namespace string) (mcpserver.Tokens, error) {
 		}
 	}
 	return t, nil
+}
+
+// ledgerHandler serves l over the ledger protocol (ledger/remote) for serve --http: each
+// request bound to the namespace of its bearer token, or, without tokens (a loopback
+// address only, as for /mcp), to namespace.
+func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string) http.Handler {
+	auth := remote.BearerTokens(tokens.Namespace)
+	if tokens.Len() == 0 {
+		auth = func(*http.Request) (remote.Access, error) { return remote.Access{Namespace: namespace}, nil }
+	}
+	return remote.Handler(l, remote.HandlerOptions{Authorize: auth})
 }
 
 func serving(w io.Writer, addr net.Addr, tokens mcpserver.Tokens) {

@@ -16,6 +16,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"
+	"github.com/toolfence/toolfence/ledger/remote"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -39,32 +40,153 @@ var urlLike = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]+:`)
 // directory without it is not a store.
 const badgerMarker = "MANIFEST"
 
+// storeOptions say how openStore opens a store.
+type storeOptions struct {
+	// mustExist refuses a badger directory that is not a store yet and a PostgreSQL schema
+	// without toolfence tables, instead of creating them.
+	mustExist bool
+	// token is the bearer token for an http(s):// store.
+	token string
+	// namespace is checked against the token of an http(s):// store when it is opened.
+	namespace string
+	// minFree, when set, makes the owner of a badger store refuse new reservations while
+	// the store's filesystem has less free space (badger.GuardSpace).
+	minFree uint64
+}
+
+// ownerSocket is the unix socket, inside a badger store's directory, on which the process
+// that holds the store serves it to the other toolfence processes.
+const ownerSocket = "toolfence.sock"
+
+// storeWaitEnv names the environment variable that bounds how long a process waits for the
+// holder of a badger store to answer on its socket (a Go duration; default 10s).
+const storeWaitEnv = "TOOLFENCE_STORE_WAIT"
+
 // openStore opens the ledger named by store: PostgreSQL for a postgres:// or postgresql://
-// DSN (migrated, or with mustExist refused when its schema has no toolfence tables),
-// otherwise the badger directory store. It is the one place the binary opens ledgers, and
-// it creates nothing it should not: a value that looks like a URL but is not a postgres://
-// DSN is a usage error (a mistyped DSN never becomes a local directory); an existing
-// directory that is neither empty nor a store is refused; with mustExist a directory that
-// is not a store yet is refused instead of being created. A badger directory held by
-// another process gives an error that says so (and wraps badger.ErrLocked).
-func openStore(ctx context.Context, store string, mustExist bool) (ledger.Ledger, error) {
+// DSN (migrated, or with mustExist refused when its schema has no toolfence tables), a
+// toolfence server for an http:// or https:// URL (`toolfence serve --http`, reached with
+// the bearer token; checked now, so a wrong token or namespace fails here), otherwise the
+// badger directory store. It is the one place the binary opens ledgers, and it creates
+// nothing it should not: a value that looks like a URL but is none of these is a usage
+// error (a mistyped DSN never becomes a local directory); an existing directory that is
+// neither empty nor a store is refused; with mustExist a directory that is not a store yet
+// is refused instead of being created.
+//
+// A badger store is shared: the first process to open it owns it and serves it on
+// DIR/toolfence.sock (mode 0600); a process that finds it held goes through that socket
+// (remote.Shared), and takes the store over when its owner goes away. A store held by a
+// process that serves no socket gives an error that says so (and wraps badger.ErrLocked).
+func openStore(ctx context.Context, store string, o storeOptions) (ledger.Ledger, error) {
 	if store == "" {
-		return nil, usagef("--store is empty: name a badger directory or a postgres:// DSN")
+		return nil, usagef("--store is empty: name a badger directory, a postgres:// DSN or an http(s):// toolfence server")
 	}
 	if isDSN(store) {
-		return openPostgres(ctx, store, mustExist)
+		return openPostgres(ctx, store, o.mustExist)
 	}
-	if err := checkStoreDir(store, mustExist); err != nil {
+	if isServerURL(store) {
+		return openServer(ctx, store, o)
+	}
+	if err := checkStoreDir(store, o.mustExist); err != nil {
 		return nil, err
 	}
-	l, err := badger.Open(store, badger.Options{})
+	wait, err := storeWait()
+	if err != nil {
+		return nil, err
+	}
+	l, err := remote.OpenShared(ctx, remote.SharedOptions{
+		Socket: filepath.Join(store, ownerSocket),
+		Open: func() (ledger.Ledger, error) {
+			b, err := badger.Open(store, badger.Options{})
+			if err != nil || o.minFree == 0 {
+				return b, err
+			}
+			return badger.GuardSpace(b, store, o.minFree, nil), nil
+		},
+		Locked: func(err error) bool { return errors.Is(err, badger.ErrLocked) },
+		Wait:   wait,
+	})
 	if errors.Is(err, badger.ErrLocked) {
-		return nil, &lockedError{store: store, err: err}
+		return nil, &lockedError{store: store, err: err, wait: wait}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", store, err)
 	}
 	return l, nil
+}
+
+// openExclusive opens the badger store in dir for this process alone (no socket, nobody
+// else): a store held by another process gives an error that says so.
+func openExclusive(dir string) (ledger.Ledger, error) {
+	if err := checkStoreDir(dir, false); err != nil {
+		return nil, err
+	}
+	l, err := badger.Open(dir, badger.Options{})
+	if errors.Is(err, badger.ErrLocked) {
+		return nil, &lockedError{store: dir, err: err, exclusive: true}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", dir, err)
+	}
+	return l, nil
+}
+
+// storeWait reads $TOOLFENCE_STORE_WAIT.
+func storeWait() (time.Duration, error) {
+	v := strings.TrimSpace(os.Getenv(storeWaitEnv))
+	if v == "" {
+		return remote.DefaultWait, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, usagef("$%s=%q: want a positive Go duration like 10s", storeWaitEnv, v)
+	}
+	return d, nil
+}
+
+// isServerURL reports whether store names a toolfence server (http:// or https://).
+func isServerURL(store string) bool {
+	return strings.HasPrefix(store, "http://") || strings.HasPrefix(store, "https://")
+}
+
+// openServer opens the ledger served by `toolfence serve --http` at url, and checks with one
+// read that the server answers the protocol and takes the token for the namespace.
+func openServer(ctx context.Context, url string, o storeOptions) (ledger.Ledger, error) {
+	c, err := remote.New(url, remote.Options{Token: o.token, Timeout: remoteTimeout})
+	if err != nil {
+		return nil, usagef("--store: %v", err)
+	}
+	ns := o.namespace
+	_, err = c.Get(ctx, ledger.GetParams{Namespace: ns, Key: residual.Key(ns, "toolfence-probe", "probe", "probe")})
+	if err == nil || errors.Is(err, residual.ErrNotFound) {
+		return c, nil
+	}
+	c.Close()
+	where := c.Endpoint()
+	switch {
+	case errors.Is(err, remote.ErrUnauthorized) && o.token == "":
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s refused the request (401 Unauthorized): it needs a bearer token: give --token, --token-file or $%s", where, tokenEnv)}
+	case errors.Is(err, remote.ErrUnauthorized):
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", where, tokenEnv)}
+	case errors.Is(err, remote.ErrForbidden):
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s refused namespace %q (403): %v; pass the namespace of your token with --namespace", where, ns, messageOf(err))}
+	case errors.Is(err, remote.ErrUnavailable), errors.Is(err, remote.ErrConnectionLost):
+		return nil, fmt.Errorf("cannot reach the toolfence server at %s (is `toolfence serve --http` running there?): %w", where, err)
+	case errors.Is(err, remote.ErrProtocol):
+		return nil, fmt.Errorf("%s does not serve the toolfence ledger at %s (is it `toolfence serve --http`, of this version or newer?): %w", where, remote.Path, err)
+	}
+	return nil, fmt.Errorf("opening store %s: %w", where, err)
+}
+
+// messageOf returns the server's own text of a remote error.
+func messageOf(err error) string {
+	var re *remote.Error
+	if errors.As(err, &re) {
+		return re.Message
+	}
+	return err.Error()
 }
 
 // maskUserinfo returns s with whatever stands between its scheme and its last '@' (where a
@@ -85,7 +207,7 @@ func maskUserinfo(s string) string {
 func checkStoreDir(dir string, mustExist bool) error {
 	if urlLike.MatchString(dir) {
 		return usagef("--store %q looks like a URL but is not a PostgreSQL DSN: write postgres://USER@HOST/DB "+
-			"(two slashes), or start a directory's path with ./ when its name has a colon", maskUserinfo(dir))
+			"(two slashes) or http(s)://HOST:PORT for a toolfence server, or start a directory's path with ./ when its name has a colon", maskUserinfo(dir))
 	}
 	fi, err := os.Stat(dir)
 	switch {
@@ -105,7 +227,7 @@ func checkStoreDir(dir string, mustExist bool) error {
 	if err != nil {
 		return fmt.Errorf("opening store %s: %w", dir, err)
 	}
-	if len(entries) > 0 {
+	if len(entries) > 0 && !storeInTheMaking(entries) {
 		return fmt.Errorf("%s is a directory with other files in it, not a toolfence store (it holds no badger %s); "+
 			"name a new or empty directory, or the store itself", dir, badgerMarker)
 	}
@@ -113,6 +235,23 @@ func checkStoreDir(dir string, mustExist bool) error {
 		return fmt.Errorf("no store at %s: the directory is empty, nothing has been recorded there (set --store or $%s)", dir, storeEnv)
 	}
 	return nil
+}
+
+// storeInTheMaking reports whether a directory without badger's manifest holds only files
+// badger writes (its LOCK, the manifest being written, key registry, logs, tables) and our
+// socket: another process is creating the store right now, so this one may open it (and
+// then goes through that process).
+func storeInTheMaking(entries []os.DirEntry) bool {
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case n == "LOCK", n == "DISCARD", strings.HasPrefix(n, "MANIFEST"), strings.Contains(n, "KEYREGISTRY"),
+			strings.HasSuffix(n, ".vlog"), strings.HasSuffix(n, ".mem"), strings.HasSuffix(n, ".sst"),
+			strings.HasPrefix(n, ownerSocket):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // openPostgres opens the PostgreSQL ledger at dsn, applying pending migrations; with
@@ -126,17 +265,34 @@ func openPostgres(ctx context.Context, dsn string, mustExist bool) (ledger.Ledge
 	return l, nil
 }
 
-// lockedError says that another process holds a badger store; it wraps badger.ErrLocked.
+// lockedError says that another process holds a badger store and does not share it (or,
+// exclusive, that a command needing the store alone found it held); it wraps
+// badger.ErrLocked.
 type lockedError struct {
-	store string
-	err   error
+	store     string
+	err       error
+	wait      time.Duration
+	exclusive bool
 }
 
 func (e *lockedError) Error() string {
-	return "store " + e.store + " is in use by another process (is `toolfence serve` running? use --server URL)"
+	if e.exclusive {
+		return "store " + e.store + " is in use by another process, and this command needs it alone (stop the other process, or use another --store)"
+	}
+	return fmt.Sprintf("store %s is in use by another process that does not share it: nothing answered on %s within %v "+
+		"(an older toolfence, or a program that opened the store itself; $%s sets the wait)",
+		e.store, filepath.Join(e.store, ownerSocket), e.wait, storeWaitEnv)
 }
 
 func (e *lockedError) Unwrap() error { return e.err }
+
+// tokenFlags adds --token and --token-file to a command that can open an http(s):// store
+// but has no --server.
+func (a *app) tokenFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&a.token, "token", "", "bearer token for an http(s):// --store (default $"+tokenEnv+")")
+	fl.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token for an http(s):// --store (one token, mode 600)")
+}
 
 // serverFlags adds --server, --token and --token-file to a command that can act through a
 // running `toolfence serve --http`.
@@ -144,8 +300,8 @@ func (a *app) serverFlags(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&a.server, "server", os.Getenv(serverEnv),
 		"act through a running toolfence serve --http at this URL (http://HOST:PORT) instead of opening --store; $"+serverEnv+" sets the default")
-	fl.StringVar(&a.token, "token", "", "bearer token for --server (default $"+tokenEnv+")")
-	fl.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token for --server (one token, mode 600)")
+	fl.StringVar(&a.token, "token", "", "bearer token for --server or an http(s):// --store (default $"+tokenEnv+")")
+	fl.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token for --server or an http(s):// --store (one token, mode 600)")
 }
 
 // records is where ls, show and resolve read and settle residuals: a ledger opened from
@@ -173,8 +329,8 @@ type records interface {
 func (a *app) records(cmd *cobra.Command) (records, error) {
 	ctx := cmd.Context()
 	if !a.viaServer(cmd) {
-		if a.token != "" || a.tokenFile != "" {
-			return nil, usagef("--token and --token-file go with --server URL (or $%s)", serverEnv)
+		if (a.token != "" || a.tokenFile != "") && !isServerURL(a.store) {
+			return nil, usagef("--token and --token-file go with --server URL (or $%s) or an http(s):// --store", serverEnv)
 		}
 		l, err := a.open(ctx, true)
 		if err != nil {
@@ -191,7 +347,7 @@ func (a *app) records(cmd *cobra.Command) (records, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &remote{c: c, url: a.server}, nil
+	return &mcpRecords{c: c, url: a.server}, nil
 }
 
 // viaServer reports whether the command acts through --server: it is set, by the flag or
@@ -321,9 +477,9 @@ func (r *local) where() string {
 
 func (r *local) Close() error { return r.l.Close() }
 
-// remote is records through a toolfence MCP server: list_pending, inspect_residual and
+// mcpRecords is records through a toolfence MCP server: list_pending, inspect_residual and
 // resolve_residual.
-type remote struct {
+type mcpRecords struct {
 	c   *mcpserver.Client
 	url string
 }
@@ -331,7 +487,7 @@ type remote struct {
 // list lists open residuals only (list_pending): at most one state, and an open one; the
 // caller checks. Each row is read whole with inspect_residual, so the output is the same as
 // from a store; a row settled and collected in between is left out.
-func (r *remote) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
+func (r *mcpRecords) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
 	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
 	defer cancel()
 	in := mcpserver.ListPendingInput{Task: p.Task, Operation: p.Operation, Target: p.Target, Limit: p.Limit, Cursor: p.Cursor}
@@ -360,7 +516,7 @@ func (r *remote) list(ctx context.Context, p ledger.ListParams) (*ledger.Page, e
 	return out, nil
 }
 
-func (r *remote) keys(ctx context.Context, cursor string) ([]string, string, error) {
+func (r *mcpRecords) keys(ctx context.Context, cursor string) ([]string, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
 	defer cancel()
 	page, err := r.c.List(ctx, mcpserver.ListPendingInput{Limit: ledger.MaxListLimit, Cursor: cursor})
@@ -374,7 +530,7 @@ func (r *remote) keys(ctx context.Context, cursor string) ([]string, string, err
 	return keys, page.NextCursor, nil
 }
 
-func (r *remote) get(ctx context.Context, key string) (*residual.Residual, error) {
+func (r *mcpRecords) get(ctx context.Context, key string) (*residual.Residual, error) {
 	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
 	defer cancel()
 	v, err := r.c.Inspect(ctx, key)
@@ -384,7 +540,7 @@ func (r *remote) get(ctx context.Context, key string) (*residual.Residual, error
 	return fromView(v), nil
 }
 
-func (r *remote) resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
+func (r *mcpRecords) resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
 	ctx, cancel := context.WithTimeout(ctx, remoteTimeout)
 	defer cancel()
 	_, err := r.c.Resolve(ctx, mcpserver.ResolveInput{
@@ -400,9 +556,9 @@ func (r *remote) resolve(ctx context.Context, p ledger.ResolveParams) (*residual
 	return fromView(v), nil
 }
 
-func (r *remote) where() string { return "the namespace of your token on server " + r.url }
+func (r *mcpRecords) where() string { return "the namespace of your token on server " + r.url }
 
-func (r *remote) Close() error { return r.c.Close() }
+func (r *mcpRecords) Close() error { return r.c.Close() }
 
 // fromView turns what inspect_residual returns back into the record a store holds. Results
 // are JSON values on the wire: a result that was not JSON comes back as a JSON string.

@@ -1,0 +1,306 @@
+package remote
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/toolfence/toolfence/ledger"
+)
+
+// Access is what one request may touch.
+type Access struct {
+	// All grants every namespace (and the calls that span them: GC and Watch without a
+	// namespace, OpenResiduals).
+	All bool
+	// Namespace is the one namespace of a bound request (when All is false).
+	Namespace string
+}
+
+// Authorizer decides the Access of a request, or returns an error (answered 401, its text
+// in the message) when the request may do nothing.
+type Authorizer func(r *http.Request) (Access, error)
+
+// AllNamespaces grants every request access to every namespace: for a listener only the
+// store's user can reach (a unix socket of mode 0600).
+func AllNamespaces() Authorizer {
+	return func(*http.Request) (Access, error) { return Access{All: true}, nil }
+}
+
+// BearerTokens binds each request to the namespace of its "Authorization: Bearer TOKEN"
+// header, as namespace(TOKEN) says; a request without a known token is refused (401).
+func BearerTokens(namespace func(token string) (string, bool)) Authorizer {
+	return func(r *http.Request) (Access, error) {
+		tok := bearer(r)
+		if tok == "" {
+			return Access{}, errors.New("no bearer token: send \"Authorization: Bearer TOKEN\"")
+		}
+		ns, ok := namespace(tok)
+		if !ok {
+			return Access{}, errors.New("the bearer token is not known to this server")
+		}
+		return Access{Namespace: ns}, nil
+	}
+}
+
+// bearer returns the token of r's Authorization header, or "".
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// StaticToken is an Authorizer for one token bound to one namespace (tests, one tenant).
+func StaticToken(token, namespace string) Authorizer {
+	return BearerTokens(func(t string) (string, bool) {
+		return namespace, subtle.ConstantTimeCompare([]byte(t), []byte(token)) == 1
+	})
+}
+
+// HandlerOptions configure Handler.
+type HandlerOptions struct {
+	// Authorize decides each request's access. Required: without it every request is
+	// refused (401).
+	Authorize Authorizer
+	// MaxBody caps a request body in bytes; larger ones get 413. Defaults to 16 MiB.
+	MaxBody int64
+	// StepTimeout bounds one step of the ledger. A mutating step runs to its end (or this
+	// timeout) even when its client goes away, so that what it did is decided by the
+	// backend and not by a cancelled context. Defaults to 30 seconds.
+	StepTimeout time.Duration
+}
+
+// DefaultMaxBody and DefaultStepTimeout are the defaults of HandlerOptions.
+const (
+	DefaultMaxBody     = 16 << 20
+	DefaultStepTimeout = 30 * time.Second
+)
+
+// Handler serves l over the protocol of this package (see the package doc) at any path
+// whose last element is a method name; mount it under Path. It is safe for concurrent use.
+// It never runs a step it refused: 400, 401, 403, 404, 405, 413 and 503 answers mean the
+// ledger was not called.
+func Handler(l ledger.Ledger, opts HandlerOptions) http.Handler {
+	opts.MaxBody = cmp.Or(opts.MaxBody, DefaultMaxBody)
+	opts.StepTimeout = cmp.Or(opts.StepTimeout, DefaultStepTimeout)
+	return &handler{l: l, opts: opts}
+}
+
+type handler struct {
+	l    ledger.Ledger
+	opts HandlerOptions
+}
+
+// refusal is an answer that is not the backend's: the step did not run.
+type refusal struct {
+	status int
+	err    error
+	msg    string
+}
+
+func refuse(status int, sentinel error, format string, args ...any) *refusal {
+	return &refusal{status: status, err: sentinel, msg: fmt.Sprintf(format, args...)}
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	method := path.Base(r.URL.Path)
+	if rf := h.serve(w, r, method); rf != nil {
+		writeJSON(w, rf.status, envelope{Error: &wireError{Message: rf.msg, Codes: toWire(rf.err).Codes}})
+	}
+}
+
+func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *refusal {
+	step, ok := steps[method]
+	if !ok && method != "watch" {
+		return refuse(http.StatusNotFound, ErrProtocol, "no ledger method %q (want one of reserve, commit, renew, resolve, evidence, get, list, gc, open, watch)", method)
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return refuse(http.StatusMethodNotAllowed, ErrProtocol, "%s: use POST, not %s", method, r.Method)
+	}
+	if h.opts.Authorize == nil {
+		return refuse(http.StatusUnauthorized, ErrUnauthorized, "this server has no authorizer: it serves nobody")
+	}
+	acc, err := h.opts.Authorize(r)
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="toolfence"`)
+		return refuse(http.StatusUnauthorized, ErrUnauthorized, "%s: %v", method, err)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return refuse(http.StatusRequestEntityTooLarge, ErrProtocol, "%s: request body exceeds %d bytes", method, h.opts.MaxBody)
+	case err != nil:
+		return refuse(http.StatusBadRequest, ErrProtocol, "%s: reading the request body: %v", method, err)
+	}
+	if method == "watch" {
+		return h.watch(w, r, acc, body)
+	}
+	in, ns, err := step.decode(body)
+	if err != nil {
+		return refuse(http.StatusBadRequest, ErrProtocol, "%s: %v", method, err)
+	}
+	if rf := allowed(method, acc, ns, step.spans); rf != nil {
+		return rf
+	}
+	ctx := r.Context()
+	if step.mutating {
+		ctx = context.WithoutCancel(ctx)
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.opts.StepTimeout)
+	defer cancel()
+	out, err := step.run(ctx, h.l, in)
+	if errors.Is(err, ledger.ErrClosed) {
+		return refuse(http.StatusServiceUnavailable, ErrUnavailable, "%s: the server's ledger is closed: %v", method, err)
+	}
+	env := envelope{Result: out}
+	if err != nil {
+		env.Error = toWire(err)
+	}
+	writeJSON(w, http.StatusOK, env)
+	return nil
+}
+
+// allowed checks that acc covers namespace ns ("" with spans: every namespace).
+func allowed(method string, acc Access, ns string, spans bool) *refusal {
+	switch {
+	case acc.All:
+		return nil
+	case ns == "" && spans:
+		return refuse(http.StatusForbidden, ErrForbidden, "%s of every namespace: this request is bound to namespace %q; name it", method, acc.Namespace)
+	case ns == "" && method == "open":
+		return refuse(http.StatusForbidden, ErrForbidden, "open: counting open residuals spans every namespace; this request is bound to namespace %q", acc.Namespace)
+	case ns != acc.Namespace:
+		return refuse(http.StatusForbidden, ErrForbidden, "%s: this request is bound to namespace %q and may not use namespace %q", method, acc.Namespace, ns)
+	}
+	return nil
+}
+
+// step is one method: how to decode its parameters and run it.
+type step struct {
+	mutating bool
+	// spans: an empty namespace means every namespace (GC).
+	spans  bool
+	decode func([]byte) (in any, namespace string, err error)
+	run    func(ctx context.Context, l ledger.Ledger, in any) (any, error)
+}
+
+// decodeStrict decodes exactly one JSON value into v, refusing unknown fields.
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed parameters: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("malformed parameters: more than one JSON value in the body")
+	}
+	return nil
+}
+
+// keyed builds the step of a method whose parameters P name a namespace.
+func keyed[P any, R any](mutating, spans bool, ns func(*P) string, run func(ledger.Ledger, context.Context, P) (R, error)) step {
+	return step{
+		mutating: mutating, spans: spans,
+		decode: func(body []byte) (any, string, error) {
+			p := new(P)
+			if err := decodeStrict(body, p); err != nil {
+				return nil, "", err
+			}
+			return p, ns(p), nil
+		},
+		run: func(ctx context.Context, l ledger.Ledger, in any) (any, error) {
+			out, err := run(l, ctx, *in.(*P))
+			return out, err
+		},
+	}
+}
+
+// openParams are the (empty) parameters of open.
+type openParams struct{}
+
+// watchParams are the parameters of watch.
+type watchParams struct {
+	// Namespace to watch; empty watches every namespace.
+	Namespace string
+}
+
+var steps = map[string]step{
+	"reserve": keyed(true, false, func(p *ledger.ReserveParams) string { return p.Namespace }, ledger.Ledger.Reserve),
+	"commit":  keyed(true, false, func(p *ledger.CommitParams) string { return p.Namespace }, ledger.Ledger.Commit),
+	"renew":   keyed(true, false, func(p *ledger.RenewParams) string { return p.Namespace }, ledger.Ledger.Renew),
+	"resolve": keyed(true, false, func(p *ledger.ResolveParams) string { return p.Namespace }, ledger.Ledger.Resolve),
+	"evidence": keyed(true, false, func(p *ledger.EvidenceParams) string { return p.Namespace },
+		ledger.Ledger.AppendEvidence),
+	"get":  keyed(false, false, func(p *ledger.GetParams) string { return p.Namespace }, ledger.Ledger.Get),
+	"list": keyed(false, false, func(p *ledger.ListParams) string { return p.Namespace }, ledger.Ledger.List),
+	"gc":   keyed(true, true, func(p *ledger.GCParams) string { return p.Namespace }, ledger.Ledger.GC),
+	"open": keyed(false, false, func(*openParams) string { return "" },
+		func(l ledger.Ledger, ctx context.Context, _ openParams) ([]ledger.OpenCount, error) {
+			oc, ok := l.(ledger.OpenCounter)
+			if !ok {
+				return nil, fmt.Errorf("%w: open: the server's ledger does not count open residuals", ErrProtocol)
+			}
+			return oc.OpenResiduals(ctx)
+		}),
+}
+
+// watch streams the changes of one namespace (or all) as JSON lines until the client goes
+// away or the ledger ends the stream.
+func (h *handler) watch(w http.ResponseWriter, r *http.Request, acc Access, body []byte) *refusal {
+	var p watchParams
+	if err := decodeStrict(body, &p); err != nil {
+		return refuse(http.StatusBadRequest, ErrProtocol, "watch: %v", err)
+	}
+	if rf := allowed("watch", acc, p.Namespace, true); rf != nil {
+		return rf
+	}
+	wt, ok := h.l.(ledger.Watcher)
+	if !ok {
+		return refuse(http.StatusNotImplemented, ErrProtocol, "watch: the server's ledger does not stream changes")
+	}
+	ch, err := wt.Watch(r.Context(), p.Namespace)
+	if errors.Is(err, ledger.ErrClosed) {
+		return refuse(http.StatusServiceUnavailable, ErrUnavailable, "watch: the server's ledger is closed: %v", err)
+	}
+	if err != nil {
+		writeJSON(w, http.StatusOK, envelope{Error: toWire(err)})
+		return nil
+	}
+	// A stream may outlive a server's read timeout: lift it for this request.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for c := range ch {
+		if enc.Encode(c) != nil || bw.Flush() != nil || rc.Flush() != nil {
+			// The client is gone; r.Context() ends, and the ledger closes ch.
+			for range ch {
+			}
+			break
+		}
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
