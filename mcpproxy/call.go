@@ -230,7 +230,7 @@ func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (stri
 // isError false → succeeded; isError true → unknown unless a no_effect pattern matches its
 // text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
 // task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a
-// no_effect code → failed; any other error, no answer, a timeout or a cancellation → unknown.
+// no_effect code, or an HTTP upstream the proxy could not connect to (nothing sent) → failed; any other error, no answer, a timeout or a cancellation → unknown.
 func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
 	if resp == nil {
 		return interceptor.Report{Outcome: residual.Unknown, Error: fmt.Sprintf("no answer from upstream: %v", callErr)}
@@ -241,8 +241,12 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 		rep := interceptor.Report{Outcome: residual.Unknown, Body: body, Error: resp.Error.Error()}
 		if errors.As(resp.Error, &we) {
 			rep.Error = fmt.Sprintf("JSON-RPC error %d: %s", we.Code, we.Message)
-			if we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.hasCode(we.Code) {
+			switch {
+			case we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.hasCode(we.Code):
 				rep.Outcome = residual.Failed
+			case notSent(we):
+				rep.Outcome = residual.Failed
+				rep.Error = "the HTTP upstream could not be reached, nothing was sent: " + we.Message
 			}
 		}
 		return rep

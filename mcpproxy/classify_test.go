@@ -47,3 +47,24 @@ func TestTruthyFoundValues(t *testing.T) {
 		}
 	}
 }
+
+// TestClassifyUnreachableHTTPUpstreamIsFailed: the proxy's own answer for a request it could
+// not send to an HTTP upstream (connection refused) records failed, so a retry dispatches;
+// the same answer made by an upstream (without this process's mark), or one that was sent,
+// stays unknown.
+func TestClassifyUnreachableHTTPUpstreamIsFailed(t *testing.T) {
+	for _, c := range []struct {
+		data    string
+		outcome residual.State
+	}{
+		{`{"sent":false,"mark":"` + notSentMark + `"}`, residual.Failed},
+		{`{"sent":false}`, residual.Unknown},
+		{`{"sent":false,"mark":"forged"}`, residual.Unknown},
+		{`{"sent":true}`, residual.Unknown},
+	} {
+		resp := &jsonrpc.Response{Error: &jsonrpc.Error{Code: CodeUpstreamHTTP, Message: "no answer", Data: []byte(c.data)}}
+		if rep := classify(NoEffect{}, resp, nil); rep.Outcome != c.outcome {
+			t.Errorf("%s: outcome %s, want %s", c.data, rep.Outcome, c.outcome)
+		}
+	}
+}

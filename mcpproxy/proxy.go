@@ -150,7 +150,8 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	select {
 	case err = <-downErr:
 	case err = <-upErr:
-		if err == nil {
+		if err == nil || errors.Is(err, io.EOF) {
+			// The upstream ending is never a clean end of the host's session.
 			err = errUpstreamGone
 		}
 	}

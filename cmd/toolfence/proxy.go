@@ -1,35 +1,64 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/exec"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpserver"
 )
 
 func init() { register(newProxyCmd) }
 
 type proxyFlags struct {
-	config   string
-	serverID string
-	task     string
-	lease    time.Duration
-	timeout  time.Duration
-	metrics  string
-	pins     string
+	config      string
+	serverID    string
+	task        string
+	lease       time.Duration
+	timeout     time.Duration
+	metrics     string
+	upstreamURL string
+	headers     []string
+	header      http.Header // parsed headers, set by check
+	http        string
+	tokenFile   string
+	net         netFlags
+	pins        string
 }
 
 func newProxyCmd(a *app) *cobra.Command {
 	var f proxyFlags
 	cmd := &cobra.Command{
-		Use:   "proxy [--config FILE] --server-id ID [--task T] [--metrics ADDR] -- CMD ARGS...",
+		Use:   "proxy [--config FILE] --server-id ID [--task T] [--http ADDR --token-file F] (-- CMD ARGS... | --upstream URL [--header NAME=VALUE]...)",
 		Short: "Guard any MCP server: relay an MCP host to it and put every mutating tools/call through the barrier",
-		Long: `Run an upstream MCP server (CMD ARGS..., started as a stdio child in its own process
-group) behind toolfence, speaking MCP to the host on stdin/stdout: put "toolfence proxy
---store DIR --server-id ID -- CMD ARGS..." where the host's configuration starts the server.
-First version: stdio only on both sides; see docs/proxy.md for what is not built yet.
+		Long: `Run an upstream MCP server behind toolfence. The upstream is either a command
+(-- CMD ARGS..., started as a stdio child in its own process group) or a streamable-HTTP
+server (--upstream URL; each --header NAME=VALUE is sent on every request, e.g.
+--header "Authorization=Bearer $KEY"; values are never logged). Give exactly one.
+
+Hosts reach the proxy on stdin/stdout (the default: put "toolfence proxy --store DIR
+--server-id ID -- CMD ARGS..." where the host's configuration starts the server) or, with
+--http ADDR, over streamable HTTP at http://ADDR/mcp. Over HTTP every request needs
+"Authorization: Bearer TOKEN" with a token of --token-file (the format of serve: lines
+"TOKEN NAMESPACE" or just "TOKEN" for --namespace, or JSON; not readable by other users) or
+$` + tokenEnv + `; a missing or unknown token gets 401. Each token's calls are keyed in its
+namespace. Each host session gets its own upstream session: a child process per session
+(killed with its process group when the session ends) or a new HTTP session upstream. A
+session ends on DELETE, after --session-idle without requests, or when its token opens more
+than --max-sessions; --max-conns, --idle-timeout, --read-timeout and --header-timeout bound
+connections as for serve. Without any token only a loopback ADDR is allowed.
 
 Everything is relayed untouched (tools/list, resources, prompts, notifications) except
 tools/call of protected tools. By default a tool annotated readOnlyHint: true is bypassed
@@ -47,7 +76,8 @@ A protected call is reserved in the store before it is sent upstream and recorde
   - the same call again (same task, tool, target and arguments) is answered from the store
     ("[replayed] ..." first, _meta "toolfence.dev/replayed": true), not sent again;
   - an answer that may have had an effect (isError without a matching no_effect rule, a
-    timeout, a crash, a cancellation) is unknown: later calls on the key are refused until it
+    timeout, a crash, a cancellation, an HTTP upstream that drops the connection, answers
+    5xx or garbage) is unknown: later calls on the key are refused until it
     is settled with "toolfence resolve";
   - the same target with other arguments is refused as a payload mismatch.
 Refusals are isError results that tell the model what to do; nothing is sent upstream.
@@ -68,63 +98,191 @@ upstream in its _meta. Reference: docs/observability.md.
 
 Example:
   toolfence proxy --store ~/.toolfence --server-id mail --config mail-policy.json -- npx mail-mcp
-  toolfence proxy --server-id mail --metrics 127.0.0.1:9464 --log-format json -- npx mail-mcp`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() != 0 || len(args) == 0 {
-				return usagef("give the upstream server's command after --, e.g. toolfence proxy --server-id mail -- npx mail-mcp")
-			}
-			if f.serverID == "" {
-				return usagef("--server-id is required: it names the upstream in every key (operation <server-id>/<tool>); keep it stable")
-			}
-			pol := &mcpproxy.Policy{}
-			if f.config != "" {
-				var err error
-				if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
-					return usagef("--config: %v", err)
-				}
-			}
-			pins, err := loadProxyPins(f.pins, f.config, f.serverID)
-			if err != nil {
-				return err
-			}
-			log, err := a.logger()
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			l, err := a.open(ctx, false)
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			stop, err := a.observe(ctx, f.metrics, l, log)
-			if err != nil {
-				return err
-			}
-			defer stop()
-			ic, err := interceptor.New(l, interceptor.Options{Namespace: a.namespace, LeaseTTL: f.lease, Logger: log})
-			if err != nil {
-				return usagef("%v", err)
-			}
-			p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log, Pins: pins})
-			if err != nil {
-				return usagef("%v", err)
-			}
-			up, err := mcpproxy.StartUpstream(ctx, args, a.stderr)
-			if err != nil {
-				return err
-			}
-			defer up.Close()
-			return p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up.Conn())
-		},
+  toolfence proxy --server-id mail --metrics 127.0.0.1:9464 --log-format json -- npx mail-mcp
+  toolfence proxy --server-id pay --upstream https://pay.example/mcp --header "Authorization=Bearer $PAY_KEY"
+  toolfence proxy --server-id mail --http 127.0.0.1:7788 --token-file ./tokens -- npx mail-mcp`,
+		RunE: func(cmd *cobra.Command, args []string) error { return a.proxy(cmd, &f, args) },
 	}
 	cmd.Flags().StringVar(&f.config, "config", "", "policy file (JSON or YAML): per tool mode, target, lease, timeout, no_effect, probe, key; see docs/proxy.md")
 	cmd.Flags().StringVar(&f.serverID, "server-id", "", "id of the upstream in keys (operation ID/tool); required, keep it stable")
 	cmd.Flags().StringVar(&f.task, "task", "", "task of calls whose _meta names none (default \"mcp-proxy:<server-id>\", stable across restarts)")
 	cmd.Flags().DurationVar(&f.lease, "lease", 0, "lease of each attempt (default 30s; a tool's policy may set its own)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "wait for upstream's answer before the outcome is unknown (default 2m)")
+	cmd.Flags().StringVar(&f.upstreamURL, "upstream", "", "URL of a streamable-HTTP upstream MCP server (instead of -- CMD ARGS...)")
+	cmd.Flags().StringArrayVar(&f.headers, "header", nil, "--upstream: a header NAME=VALUE sent on every request upstream (repeatable; values are never logged)")
+	cmd.Flags().StringVar(&f.http, "http", "", "serve hosts over streamable HTTP at ADDR (host:port), endpoint /mcp, instead of stdio")
+	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "--http: bearer tokens (\"TOKEN [NAMESPACE]\" lines or JSON, as serve's); each token's sessions live in its namespace")
 	cmd.Flags().StringVar(&f.pins, "pins", "", "catalog pins (toolfence proxy lock); default: the --config path with .pins.json, when it exists")
+	f.net.addProxy(cmd.Flags())
 	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
 	cmd.AddCommand(newProxyLockCmd(a), newProxyCheckCmd(a))
 	return cmd
+}
+
+// addProxy adds the limits of serve's HTTP surface that the proxy's --http shares.
+func (n *netFlags) addProxy(fl *pflag.FlagSet) {
+	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
+	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
+	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
+	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
+	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a host session (and its upstream session) without requests for this long")
+	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
+}
+
+// check validates the upstream flags and args: exactly one of --upstream URL and -- CMD,
+// well-formed URL and headers, --header only with --upstream, the command findable.
+func (f *proxyFlags) check(cmd *cobra.Command, args []string) error {
+	hasCmd := len(args) > 0
+	switch {
+	case hasCmd && cmd.ArgsLenAtDash() != 0:
+		return usagef("unexpected arguments %q: give the upstream server's command after --", args)
+	case hasCmd && f.upstreamURL != "":
+		return usagef("give one upstream: --upstream URL or a command after --, not both")
+	case !hasCmd && f.upstreamURL == "":
+		return usagef("give the upstream server's command after --, e.g. toolfence proxy --server-id mail -- npx mail-mcp, or its URL with --upstream URL")
+	case len(f.headers) > 0 && f.upstreamURL == "":
+		return usagef("--header applies to --upstream URL only (a stdio child gets its settings from its command line and environment)")
+	}
+	if f.upstreamURL != "" {
+		if _, err := mcpproxy.CheckUpstreamURL(f.upstreamURL); err != nil {
+			return usagef("--upstream: %v", err)
+		}
+		h, err := mcpproxy.ParseHeaders(f.headers)
+		if err != nil {
+			return usagef("--header: %v", err)
+		}
+		f.header = h
+	}
+	return nil
+}
+
+// upstream opens one upstream session: a connection to --upstream URL (with the --header
+// values), or the command of args started as a stdio child in its own process group.
+// Closing the closer ends it (the child's process group is killed). Call check first: it
+// parses the headers. Every subcommand that talks to the upstream (proxy, lock, check)
+// opens it here.
+func (f *proxyFlags) upstream(ctx context.Context, args []string, stderr io.Writer, log *slog.Logger) (mcp.Connection, io.Closer, error) {
+	if f.upstreamURL != "" {
+		conn, err := mcpproxy.HTTPUpstream{URL: f.upstreamURL, Header: f.header, Logger: log}.Connect(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return conn, conn, nil
+	}
+	up, err := mcpproxy.StartUpstream(ctx, args, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return up.Conn(), up, nil
+}
+
+func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
+	if err := f.check(cmd, args); err != nil {
+		return err
+	}
+	if f.serverID == "" {
+		return usagef("--server-id is required: it names the upstream in every key (operation <server-id>/<tool>); keep it stable")
+	}
+	if f.tokenFile != "" && f.http == "" {
+		return usagef("--token-file applies to --http only")
+	}
+	pol := &mcpproxy.Policy{}
+	if f.config != "" {
+		var err error
+		if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
+			return usagef("--config: %v", err)
+		}
+	}
+	pins, err := loadProxyPins(f.pins, f.config, f.serverID)
+	if err != nil {
+		return err
+	}
+	var tokens mcpserver.Tokens
+	var limits httpserve.Limits
+	if f.http != "" {
+		var opts mcpserver.Options
+		if err := f.net.applyProxy(&opts); err != nil {
+			return err
+		}
+		limits = httpserve.Limits{MaxConns: opts.MaxConns, IdleTimeout: opts.IdleTimeout, ReadTimeout: opts.ReadTimeout, ReadHeaderTimeout: opts.ReadHeaderTimeout}
+		if err := limits.Validate(); err != nil {
+			return usagef("%v", err)
+		}
+		var err error
+		if tokens, err = loadServeTokens(f.tokenFile, a.namespace); err != nil {
+			return usagef("%v", err)
+		}
+		if err := mcpserver.CheckBind(f.http, tokens.Len()); err != nil {
+			return usagef("%v", err)
+		}
+		if len(args) > 0 {
+			// Children start per session: find the command now, not at the first host.
+			if _, err := exec.LookPath(args[0]); err != nil {
+				return fmt.Errorf("starting upstream %q: %w", args[0], err)
+			}
+		}
+	}
+	log, err := a.logger()
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	l, err := a.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	stop, err := a.observe(ctx, f.metrics, l, log)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ic, err := interceptor.New(l, interceptor.Options{Namespace: a.namespace, LeaseTTL: f.lease, Logger: log})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log, Pins: pins})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if f.http == "" {
+		up, closer, err := f.upstream(ctx, args, a.stderr, log)
+		if err != nil {
+			return err
+		}
+		defer closer.Close()
+		err = p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up)
+		if u, ok := closer.(*mcpproxy.Upstream); ok && err != nil {
+			if state, ended := u.Exit(2 * time.Second); ended {
+				err = fmt.Errorf("%w: upstream %q ended (%s)", err, args[0], state)
+			}
+		}
+		return err
+	}
+	h, err := p.NewHTTPServer(mcpproxy.HTTPOptions{
+		Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
+			return f.upstream(ctx, args, a.stderr, log)
+		},
+		Tokens: tokens, MaxSessions: f.net.maxSessions, SessionIdle: f.net.sessionIdle, Logger: log,
+	})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	defer h.Close()
+	return h.ListenAndServe(ctx, f.http, limits, func(addr net.Addr) { serving(a.stderr, addr, tokens) })
+}
+
+// applyProxy checks the limits addProxy adds and copies them into opts.
+func (n netFlags) applyProxy(opts *mcpserver.Options) error {
+	for name, v := range map[string]int64{
+		"--max-conns": int64(n.maxConns), "--idle-timeout": int64(n.idleTimeout), "--read-timeout": int64(n.readTimeout),
+		"--header-timeout": int64(n.headerTimeout), "--session-idle": int64(n.sessionIdle), "--max-sessions": int64(n.maxSessions),
+	} {
+		if v <= 0 {
+			return usagef("%s must be positive", name)
+		}
+	}
+	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
+	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
+	return nil
 }

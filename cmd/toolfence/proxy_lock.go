@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
 	"github.com/toolfence/toolfence/mcpproxy"
@@ -21,17 +20,20 @@ type upstreamFlags struct {
 	config   string
 	pins     string
 	serverID string
+	up       proxyFlags // --upstream and --header, read by its check and upstream
 }
 
 func (f *upstreamFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.config, "config", "", "policy file (JSON or YAML), as for proxy")
 	cmd.Flags().StringVar(&f.pins, "pins", "", "pins file (default: the --config path with its extension replaced by .pins.json)")
 	cmd.Flags().StringVar(&f.serverID, "server-id", "", "id of the upstream in keys, as for proxy; required")
+	cmd.Flags().StringVar(&f.up.upstreamURL, "upstream", "", "URL of a streamable-HTTP upstream MCP server (instead of -- CMD ARGS...)")
+	cmd.Flags().StringArrayVar(&f.up.headers, "header", nil, "--upstream: a header NAME=VALUE sent on every request upstream (repeatable; values are never logged)")
 }
 
 func (f *upstreamFlags) validate(cmd *cobra.Command, args []string) error {
-	if cmd.ArgsLenAtDash() != 0 || len(args) == 0 {
-		return usagef("give the upstream server's command after --, e.g. %s --server-id mail -- npx mail-mcp", cmd.CommandPath())
+	if err := f.up.check(cmd, args); err != nil {
+		return err
 	}
 	if f.serverID == "" {
 		return usagef("--server-id is required: the pins are taken for one server id, as the proxy uses it")
@@ -39,24 +41,18 @@ func (f *upstreamFlags) validate(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-// connectUpstream starts the upstream server that args name (a command run as a stdio
-// child in its own process group) and returns the connection to it and a function that ends
-// it. Every proxy command reaches its upstream through this one function.
-func connectUpstream(ctx context.Context, a *app, args []string) (mcp.Connection, func(), error) {
-	up, err := mcpproxy.StartUpstream(ctx, args, a.stderr)
-	if err != nil {
-		return nil, nil, err
-	}
-	return up.Conn(), func() { _ = up.Close() }, nil
-}
-
-// listUpstream connects the upstream and lists its tools, within 30 s.
-func listUpstream(ctx context.Context, a *app, args []string) ([]mcpproxy.Tool, error) {
-	conn, stop, err := connectUpstream(ctx, a, args)
+// listUpstream connects the upstream (--upstream URL or the command of args, through the
+// proxy's one upstream function) and lists its tools, within 30 s.
+func listUpstream(ctx context.Context, a *app, f *upstreamFlags, args []string) ([]mcpproxy.Tool, error) {
+	log, err := a.logger()
 	if err != nil {
 		return nil, err
 	}
-	defer stop()
+	conn, closer, err := f.up.upstream(ctx, args, a.stderr, log)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return mcpproxy.ListTools(ctx, conn)
@@ -97,7 +93,7 @@ func loadProxyPins(pins, config, serverID string) (*mcpproxy.Pins, error) {
 func newProxyLockCmd(a *app) *cobra.Command {
 	var f upstreamFlags
 	cmd := &cobra.Command{
-		Use:   "lock [--config FILE] [--pins FILE] --server-id ID -- CMD ARGS...",
+		Use:   "lock [--config FILE] [--pins FILE] --server-id ID (-- CMD ARGS... | --upstream URL [--header K=V])",
 		Short: "Pin the upstream's tool definitions: write the digest of each to the pins file",
 		Long: `Start the upstream MCP server (CMD ARGS...), list its tools, and write the pins file: the
 server id and, per tool, the SHA-256 of the canonical JSON of its whole definition as the
@@ -121,7 +117,7 @@ Example:
 			if path == "" {
 				return usagef("give --pins FILE (or --config FILE: the pins then go beside it as .pins.json)")
 			}
-			list, err := listUpstream(cmd.Context(), a, args)
+			list, err := listUpstream(cmd.Context(), a, &f, args)
 			if err != nil {
 				return err
 			}
@@ -143,7 +139,7 @@ Example:
 func newProxyCheckCmd(a *app) *cobra.Command {
 	var f upstreamFlags
 	cmd := &cobra.Command{
-		Use:   "check [--config FILE] [--pins FILE] --server-id ID -- CMD ARGS...",
+		Use:   "check [--config FILE] [--pins FILE] --server-id ID (-- CMD ARGS... | --upstream URL [--header K=V])",
 		Short: "Show what the proxy would do with each upstream tool: decision, target, pin, warnings",
 		Long: `Start the upstream MCP server (CMD ARGS...), list its tools and print one line per tool:
 the decision (protect or bypass, and why), the target (the policy's JSON pointers, or
@@ -173,7 +169,7 @@ Example:
 			if err != nil {
 				return err
 			}
-			list, err := listUpstream(cmd.Context(), a, args)
+			list, err := listUpstream(cmd.Context(), a, &f, args)
 			if err != nil {
 				return err
 			}

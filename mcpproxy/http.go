@@ -1,0 +1,495 @@
+package mcpproxy
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/mcpserver"
+)
+
+// Dialer opens one upstream session: a connection and what ends it (for a stdio child, its
+// process group). The HTTP server calls it once per host session.
+type Dialer func(ctx context.Context) (mcp.Connection, io.Closer, error)
+
+// HTTPOptions configure an HTTPServer.
+type HTTPOptions struct {
+	// Dial opens the upstream session of each host session. Required.
+	Dial Dialer
+	// Tokens map bearer tokens to namespaces (as toolfence serve's). Without any, only
+	// loopback connections are served, in the namespace of the proxy's interceptor.
+	Tokens mcpserver.Tokens
+	// MaxSessions caps the sessions one token holds at once: a new one ends the least
+	// recently used idle session, or gets 429 when all of them have a request in flight.
+	// Defaults to mcpserver.DefaultMaxSessions.
+	MaxSessions int
+	// SessionIdle ends a session (and its upstream) without requests for this long.
+	// Defaults to mcpserver.DefaultSessionIdle.
+	SessionIdle time.Duration
+	// MaxBody bounds a request body. Defaults to the interceptor's MaxArgs plus 1 MiB.
+	MaxBody int64
+	// Clock reads the time of session expiry. Defaults to the interceptor's clock.
+	Clock lease.Clock
+	// Logger gets session events and failures (never tokens). Defaults to the proxy's.
+	Logger *slog.Logger
+	// OnSessionEnd, if set, is called with a session's id once it has ended and its
+	// upstream is closed (a stdio child has exited).
+	OnSessionEnd func(id string)
+}
+
+// HTTPServer serves the proxy to MCP hosts over streamable HTTP: each host session gets its
+// own upstream session (Options.Dial) and the namespace of its bearer token.
+//
+// Why a handler of our own rather than go-sdk's StreamableServerTransport: that transport
+// routes a message to the HTTP response of the request it belongs to only through a context
+// key of its own package, set by its mcp.Server; a relay that has no mcp.Server cannot set
+// it, so every progress notification would go to the notification stream (GET), which
+// hosts need not open (mcp-go's client does not by default), and its Write fails when that
+// stream is missing, which would end the relay. Here a progress notification follows its
+// progressToken to the stream of its request; other messages go to the GET stream, else to
+// the most recent open request stream, else wait (at most 1024) for one.
+type HTTPServer struct {
+	p    *Proxy
+	opts HTTPOptions
+	log  *slog.Logger
+	ctx  context.Context // sessions live in it; cancelled by Close
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	spaces   map[string]*Proxy
+	sessions map[string]*httpSession
+	opening  map[string]int // owner → initializes in progress
+	closed   bool
+}
+
+// httpSession is one host session: its connection, its owner (a digest of the token) and
+// its use.
+type httpSession struct {
+	id, owner  string
+	conn       *downConn
+	lastActive time.Time
+	inFlight   int
+	done       chan struct{} // closed once Serve returned and the upstream is closed
+}
+
+// NewHTTPServer returns the HTTP server of p. It returns an error when Dial is missing or a
+// limit is negative.
+func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
+	switch {
+	case opts.Dial == nil:
+		return nil, errors.New("mcpproxy: HTTPOptions.Dial is required")
+	case opts.MaxSessions < 0, opts.SessionIdle < 0, opts.MaxBody < 0:
+		return nil, errors.New("mcpproxy: negative HTTP limit")
+	}
+	opts.MaxSessions = cmp.Or(opts.MaxSessions, mcpserver.DefaultMaxSessions)
+	opts.SessionIdle = cmp.Or(opts.SessionIdle, mcpserver.DefaultSessionIdle)
+	opts.MaxBody = cmp.Or(opts.MaxBody, int64(p.ic.Settings().MaxArgs)+1<<20)
+	if opts.Clock == nil {
+		opts.Clock = p.ic.Settings().Clock
+	}
+	if opts.Clock == nil {
+		opts.Clock = lease.Real{}
+	}
+	log := cmp.Or(opts.Logger, p.log)
+	ctx, stop := context.WithCancel(context.Background())
+	h := &HTTPServer{p: p, opts: opts, log: log, ctx: ctx, stop: stop,
+		spaces: map[string]*Proxy{p.ic.Namespace(): p}, sessions: map[string]*httpSession{}, opening: map[string]int{}}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.sweepEvery()
+	}()
+	return h, nil
+}
+
+// space returns the proxy of namespace ns: the same settings and policy over the same
+// ledger, through the interceptor's ForNamespace (no copy of the barrier).
+func (h *HTTPServer) space(ns string) (*Proxy, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p, ok := h.spaces[ns]; ok {
+		return p, nil
+	}
+	ic, err := h.p.ic.ForNamespace(ns)
+	if err != nil {
+		return nil, err
+	}
+	p, err := New(ic, h.p.cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.spaces[ns] = p
+	return p, nil
+}
+
+// ServeHTTP serves the streamable HTTP transport of MCP (POST, GET, DELETE) at any path.
+// Every request needs "Authorization: Bearer TOKEN" of HTTPOptions.Tokens (401 otherwise);
+// without tokens, only loopback connections (403 otherwise). An initialize without a
+// session id opens a session (its upstream session too; 502 when that fails); every other
+// request needs an Mcp-Session-Id (400 without) of a live session of the same token (404
+// otherwise, so the host initializes anew).
+func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ns, owner, ok := h.authenticate(w, r)
+	if !ok {
+		return
+	}
+	switch r.Method {
+	case http.MethodPost, http.MethodGet, http.MethodDelete:
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		http.Error(w, "toolfence proxy: method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	var msgs []jsonrpc.Message
+	batch := false
+	if r.Method == http.MethodPost {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			http.Error(w, fmt.Sprintf("toolfence proxy: request body exceeds %d bytes", h.opts.MaxBody), http.StatusRequestEntityTooLarge)
+			return
+		case err != nil:
+			http.Error(w, "toolfence proxy: reading the request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		batch = len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
+		if msgs, err = decodeMessages(body); err != nil || len(msgs) == 0 {
+			jsonError(w, http.StatusBadRequest, jsonrpc.CodeParseError, "toolfence proxy: the body is not a JSON-RPC message or batch")
+			return
+		}
+	}
+	id := r.Header.Get("Mcp-Session-Id")
+	var sess *httpSession
+	if r.Method == http.MethodPost && isInitialize(msgs) && id == "" {
+		p, err := h.space(ns)
+		if err != nil {
+			h.log.Error("toolfence proxy: namespace unavailable", "namespace", ns, "err", err)
+			http.Error(w, "toolfence proxy: namespace unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		if sess = h.open(w, r, p, owner); sess == nil {
+			return
+		}
+	} else if id == "" {
+		http.Error(w, "toolfence proxy: no Mcp-Session-Id: send initialize first (this server keeps a session per host)", http.StatusBadRequest)
+		return
+	} else if sess = h.use(id, owner); sess == nil {
+		http.Error(w, "toolfence proxy: unknown or ended session (Mcp-Session-Id): initialize a new one", http.StatusNotFound)
+		return
+	}
+	defer h.release(sess)
+	switch r.Method {
+	case http.MethodDelete:
+		h.end(sess)
+		w.WriteHeader(http.StatusOK)
+	case http.MethodGet:
+		sess.conn.serveGET(w, r)
+	case http.MethodPost:
+		sess.conn.servePOST(w, r, msgs, batch)
+	}
+}
+
+func isInitialize(msgs []jsonrpc.Message) bool {
+	for _, m := range msgs {
+		if r, ok := m.(*jsonrpc.Request); ok && r.Method == "initialize" {
+			return true
+		}
+	}
+	return false
+}
+
+// authenticate returns the namespace and owner (a digest of the token) of r, or answers
+// 401 / 403 and returns false.
+func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner string, ok bool) {
+	if h.opts.Tokens.Len() == 0 {
+		if !loopback(r) {
+			http.Error(w, "toolfence proxy: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
+			return "", "", false
+		}
+		// Without a token, a web page could reach a loopback proxy through a DNS name it
+		// controls (DNS rebinding): only loopback names are served.
+		if !loopbackHost(r.Host) {
+			http.Error(w, "toolfence proxy: no bearer tokens are configured, so only requests to a loopback host name (localhost, 127.0.0.1, [::1]) are served", http.StatusForbidden)
+			return "", "", false
+		}
+		return h.p.ic.Namespace(), "loopback", true
+	}
+	tok := ""
+	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		tok = strings.TrimSpace(a[7:])
+	}
+	ns, ok = h.opts.Tokens.Namespace(tok)
+	if !ok {
+		challenge, msg := `Bearer realm="toolfence"`, "toolfence proxy: missing bearer token: send Authorization: Bearer TOKEN with a token of the proxy's --token-file"
+		if tok != "" {
+			challenge += `, error="invalid_token"`
+			msg = "toolfence proxy: invalid bearer token: it is not in the proxy's --token-file"
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		http.Error(w, msg, http.StatusUnauthorized)
+		return "", "", false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return ns, hex.EncodeToString(sum[:8]), true
+}
+
+// loopbackHost reports whether the host[:port] of a Host header names a loopback address.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+func loopback(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || addr == nil {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(addr.String())
+	return err == nil && ap.Addr().IsLoopback()
+}
+
+// open makes room under owner's cap, dials the upstream and starts a session relayed by p,
+// in flight (release it). It answers 429, 502 or 503 and returns nil when it cannot.
+func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owner string) *httpSession {
+	if !h.makeRoom(owner) {
+		w.Header().Set("Retry-After", "60")
+		jsonError(w, http.StatusTooManyRequests, -32000, fmt.Sprintf(
+			"toolfence proxy: busy: this token holds %d sessions, each with a request in flight; end one (DELETE) or retry later", h.opts.MaxSessions))
+		return nil
+	}
+	defer func() {
+		h.mu.Lock()
+		if h.opening[owner]--; h.opening[owner] <= 0 {
+			delete(h.opening, owner)
+		}
+		h.mu.Unlock()
+	}()
+	up, closer, err := h.opts.Dial(h.ctx)
+	if err != nil {
+		h.log.Error("toolfence proxy: cannot open an upstream session", "err", err)
+		jsonError(w, http.StatusBadGateway, CodeUpstreamHTTP, "toolfence proxy: cannot open a session with the upstream server: "+err.Error())
+		return nil
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	s := &httpSession{id: "tf-proxy-" + hex.EncodeToString(b[:]), owner: owner, inFlight: 1,
+		lastActive: h.opts.Clock.Now(), done: make(chan struct{})}
+	s.conn = newDownConn(s.id, h.log)
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		_ = up.Close()
+		_ = closer.Close()
+		http.Error(w, "toolfence proxy: shutting down", http.StatusServiceUnavailable)
+		return nil
+	}
+	h.sessions[s.id] = s
+	h.wg.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer h.wg.Done()
+		if err := p.Serve(h.ctx, s.conn, up); err != nil {
+			h.log.Warn("toolfence proxy: session ended", "session", s.id, "err", err)
+		}
+		_ = closer.Close()
+		h.mu.Lock()
+		delete(h.sessions, s.id)
+		h.mu.Unlock()
+		close(s.done)
+		if h.opts.OnSessionEnd != nil {
+			h.opts.OnSessionEnd(s.id)
+		}
+	}()
+	return s
+}
+
+// makeRoom ends owner's least recently used idle session while its sessions and the
+// initializes in progress reach the cap, then holds a place; false when none can end.
+func (h *HTTPServer) makeRoom(owner string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for {
+		n := h.opening[owner]
+		var lru *httpSession
+		for _, s := range h.sessions {
+			if s.owner != owner || s.conn.isClosed() {
+				continue
+			}
+			n++
+			if s.inFlight == 0 && (lru == nil || s.lastActive.Before(lru.lastActive)) {
+				lru = s
+			}
+		}
+		if n < h.opts.MaxSessions {
+			h.opening[owner]++
+			return true
+		}
+		if lru == nil {
+			return false
+		}
+		h.log.Info("toolfence proxy: ended the least recently used session of a token at its cap", "session", lru.id)
+		lru.conn.Close()
+	}
+}
+
+// use marks a live session of owner in flight, or returns nil.
+func (h *HTTPServer) use(id, owner string) *httpSession {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.sessions[id]
+	if !ok || s.owner != owner || s.conn.isClosed() {
+		return nil
+	}
+	s.inFlight++
+	return s
+}
+
+func (h *HTTPServer) release(s *httpSession) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.inFlight--
+	s.lastActive = h.opts.Clock.Now()
+}
+
+// end ends a session: its relay stops reading the host, settles the calls in flight and
+// closes the upstream session.
+func (h *HTTPServer) end(s *httpSession) { s.conn.Close() }
+
+// Sweep ends every session without a request in flight that has been idle for
+// SessionIdle (by Clock) and returns how many it ended. The server sweeps every
+// SessionIdle/4 (at least every second) on its own.
+func (h *HTTPServer) Sweep() int {
+	now := h.opts.Clock.Now()
+	h.mu.Lock()
+	var stale []*httpSession
+	for _, s := range h.sessions {
+		if s.inFlight == 0 && !s.conn.isClosed() && now.Sub(s.lastActive) >= h.opts.SessionIdle {
+			stale = append(stale, s)
+		}
+	}
+	h.mu.Unlock()
+	for _, s := range stale {
+		h.log.Info("toolfence proxy: ended an idle session", "session", s.id)
+		h.end(s)
+	}
+	return len(stale)
+}
+
+func (h *HTTPServer) sweepEvery() {
+	every := max(h.opts.SessionIdle/4, time.Second)
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-h.opts.Clock.After(every):
+			h.Sweep()
+		}
+	}
+}
+
+// Sessions returns how many host sessions are open (their upstream not yet closed).
+func (h *HTTPServer) Sessions() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.sessions)
+}
+
+// Close ends every session, waits until their upstreams are closed (a guarded call in
+// flight is settled first, within its timeout), and stops the sweeper. It returns nil.
+func (h *HTTPServer) Close() error {
+	h.mu.Lock()
+	h.closed = true
+	all := make([]*httpSession, 0, len(h.sessions))
+	for _, s := range h.sessions {
+		all = append(all, s)
+	}
+	h.mu.Unlock()
+	for _, s := range all {
+		h.end(s)
+	}
+	h.stop()
+	h.wg.Wait()
+	return nil
+}
+
+// ListenAndServe serves the proxy at mcpserver.Path ("/mcp") on addr under limits until ctx
+// ends, then closes every session and shuts the server down. It refuses a non-loopback
+// address without tokens (mcpserver.ErrUnsafeBind). ready, if not nil, gets the bound
+// address once the listener is open. A shutdown because ctx ended returns nil.
+func (h *HTTPServer) ListenAndServe(ctx context.Context, addr string, limits httpserve.Limits, ready func(net.Addr)) error {
+	if err := limits.Validate(); err != nil {
+		return err
+	}
+	if err := mcpserver.CheckBind(addr, h.opts.Tokens.Len()); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("mcpproxy: %w", err)
+	}
+	if err := mcpserver.CheckBind(ln.Addr().String(), h.opts.Tokens.Len()); err != nil {
+		ln.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(mcpserver.Path, h)
+	srv := limits.Server(mux)
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(limits.Listener(ln)) }()
+	select {
+	case err := <-served:
+		_ = h.Close()
+		return fmt.Errorf("mcpproxy: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go func() { _ = h.Close() }() // ends streams, so Shutdown can finish
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	_ = h.Close()
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("mcpproxy: %w", err)
+	}
+	return nil
+}
+
+// jsonError answers status with a JSON-RPC error without id.
+func jsonError(w http.ResponseWriter, status int, code int64, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": msg}})
+}

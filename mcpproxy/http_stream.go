@@ -1,0 +1,391 @@
+package mcpproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// maxPending bounds the messages of a session waiting for a stream to carry them.
+const maxPending = 1024
+
+// downConn is the proxy's connection to one host session over HTTP: Read gives what the
+// host POSTs, Write routes each message to an HTTP response (see HTTPServer). Write never
+// blocks on the host and never fails but after Close, so a host that went away cannot stop
+// the relay.
+type downConn struct {
+	id       string
+	log      *slog.Logger
+	incoming chan jsonrpc.Message
+	once     sync.Once
+	done     chan struct{}
+
+	mu         sync.Mutex
+	byRequest  map[string]*sseStream // hostKey of a request → the stream of its POST
+	byProgress map[string]*sseStream // progress token → the stream of its request
+	standalone *sseStream            // the GET stream, if open
+	recent     []*sseStream          // open POST streams, oldest first
+	pending    [][]byte              // messages no stream could take yet
+}
+
+var _ mcp.Connection = (*downConn)(nil)
+
+func newDownConn(id string, log *slog.Logger) *downConn {
+	return &downConn{id: id, log: log, incoming: make(chan jsonrpc.Message, 64), done: make(chan struct{}),
+		byRequest: map[string]*sseStream{}, byProgress: map[string]*sseStream{}}
+}
+
+// SessionID returns the session's Mcp-Session-Id.
+func (c *downConn) SessionID() string { return c.id }
+
+// Read returns the next message the host posted; io.EOF once the session ended.
+func (c *downConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	select {
+	case m := <-c.incoming:
+		return m, nil
+	case <-c.done:
+		return nil, io.EOF
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Close ends the session: Read returns io.EOF, open streams end.
+func (c *downConn) Close() error {
+	c.once.Do(func() { close(c.done) })
+	return nil
+}
+
+func (c *downConn) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Write routes msg to the host: an answer to the stream of its request (dropped, with a
+// log line, when the host no longer waits on it); a progress notification to the stream of
+// the request that gave its token; anything else to the GET stream, else the most recent
+// open request stream, else the pending queue. It returns an error only after Close.
+func (c *downConn) Write(_ context.Context, msg jsonrpc.Message) error {
+	if c.isClosed() {
+		return errors.New("mcpproxy: the host session has ended")
+	}
+	data, err := jsonrpc.EncodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := msg.(*jsonrpc.Response); ok {
+		k := hostKey(r.ID)
+		st := c.byRequest[k]
+		delete(c.byRequest, k)
+		if st == nil || !st.push(data, k) {
+			c.log.Warn("toolfence proxy: an answer for the host was dropped: the host no longer waits for it (its outcome is in the ledger)", "session", c.id)
+		}
+		return nil
+	}
+	if r, ok := msg.(*jsonrpc.Request); ok && r.Method == "notifications/progress" {
+		var p struct {
+			Token any `json:"progressToken"`
+		}
+		if json.Unmarshal(r.Params, &p) == nil && p.Token != nil {
+			if st := c.byProgress[fmt.Sprint(p.Token)]; st != nil && st.push(data, "") {
+				return nil
+			}
+		}
+	}
+	if c.standalone != nil && c.standalone.push(data, "") {
+		return nil
+	}
+	for i := len(c.recent) - 1; i >= 0; i-- {
+		if c.recent[i].push(data, "") {
+			return nil
+		}
+	}
+	if len(c.pending) >= maxPending {
+		c.pending = c.pending[1:]
+		c.log.Warn("toolfence proxy: a message for the host was dropped: no stream open to carry it", "session", c.id)
+	}
+	c.pending = append(c.pending, data)
+	return nil
+}
+
+// sseStream is one HTTP response carrying messages to the host.
+type sseStream struct {
+	mu      sync.Mutex
+	queue   [][]byte
+	waiting map[string]bool // answers it still carries (none for GET)
+	ended   bool            // no more messages: it is done or its request is gone
+	// jsonOnly: the host takes one JSON body of answers; other messages go elsewhere.
+	jsonOnly bool
+	signal   chan struct{}
+}
+
+func newStream() *sseStream {
+	return &sseStream{waiting: map[string]bool{}, signal: make(chan struct{}, 1)}
+}
+
+// push queues data; answer is the hostKey data answers ("" for other messages). It reports
+// false when the stream has ended or is complete (its writer may be gone already).
+func (s *sseStream) push(data []byte, answer string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || (s.waiting != nil && len(s.waiting) == 0) || (s.jsonOnly && answer == "") {
+		return false
+	}
+	s.queue = append(s.queue, data)
+	if answer != "" {
+		delete(s.waiting, answer)
+	}
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// take returns the queued messages and whether the stream is complete: every answer has
+// come, or it was ended.
+func (s *sseStream) take() ([][]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue
+	s.queue = nil
+	return q, s.ended || (s.waiting != nil && len(s.waiting) == 0)
+}
+
+// end makes the stream take no more messages and its writer finish.
+func (s *sseStream) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
+
+// leftovers ends the stream and returns what its writer never took.
+func (s *sseStream) leftovers() [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	q := s.queue
+	s.queue = nil
+	return q
+}
+
+// servePOST hands the host's messages to the relay. Without requests among them it
+// answers 202; else it streams (SSE, or one JSON body when the host accepts only JSON)
+// until every request is answered, the host goes away or the session ends.
+func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []jsonrpc.Message, batch bool) {
+	var st *sseStream
+	sse := accepts(r, "text/event-stream")
+	c.mu.Lock()
+	for _, m := range msgs {
+		req, ok := m.(*jsonrpc.Request)
+		if !ok || !req.IsCall() {
+			continue
+		}
+		if st == nil {
+			st = newStream()
+			st.jsonOnly = !sse
+		}
+		k := hostKey(req.ID)
+		st.waiting[k] = true
+		c.byRequest[k] = st
+		var p struct {
+			Meta struct {
+				Token any `json:"progressToken"`
+			} `json:"_meta"`
+		}
+		if json.Unmarshal(req.Params, &p) == nil && p.Meta.Token != nil {
+			c.byProgress[fmt.Sprint(p.Meta.Token)] = st
+		}
+	}
+	if st != nil && sse {
+		c.recent = append(c.recent, st)
+		for _, data := range c.pending {
+			st.push(data, "")
+		}
+		c.pending = nil
+	}
+	c.mu.Unlock()
+	if st != nil {
+		defer c.forget(st)
+	}
+	for _, m := range msgs {
+		select {
+		case c.incoming <- m:
+		case <-c.done:
+			http.Error(w, "toolfence proxy: the session has ended", http.StatusNotFound)
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+	w.Header().Set("Mcp-Session-Id", c.id)
+	if st == nil {
+		w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	if !sse {
+		c.serveJSON(w, r, st, batch)
+		return
+	}
+	c.stream(w, r, st)
+}
+
+// serveJSON waits for every answer of st and writes them as one JSON body.
+func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStream, batch bool) {
+	var all [][]byte
+	for {
+		q, complete := st.take()
+		all = append(all, q...)
+		if complete {
+			break
+		}
+		select {
+		case <-st.signal:
+		case <-r.Context().Done():
+			return
+		case <-c.done:
+			http.Error(w, "toolfence proxy: the session has ended", http.StatusNotFound)
+			return
+		}
+	}
+	// Only answers were queued on st (jsonOnly).
+	answers := make([]json.RawMessage, len(all))
+	for i, d := range all {
+		answers[i] = d
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if len(answers) == 1 && !batch {
+		_, _ = w.Write(answers[0])
+		return
+	}
+	_ = json.NewEncoder(w).Encode(answers)
+}
+
+// stream writes st's messages as server-sent events until st is complete.
+func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	flush()
+	for {
+		q, complete := st.take()
+		for _, d := range q {
+			if _, err := fmt.Fprintf(w, "event: message\ndata: %s\n\n", d); err != nil {
+				return
+			}
+		}
+		flush()
+		if complete {
+			return
+		}
+		select {
+		case <-st.signal:
+		case <-r.Context().Done():
+			return
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// forget ends st (its writer has returned) and drops it from the routing tables; its
+// unanswered requests' answers will be dropped.
+func (c *downConn) forget(st *sseStream) {
+	left := st.leftovers()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// What the host never got but answers waits for the next stream (an answer has no
+	// other stream to go to: its request's HTTP response is gone).
+	for _, data := range left {
+		if m, err := jsonrpc.DecodeMessage(data); err == nil {
+			if _, answer := m.(*jsonrpc.Response); !answer && len(c.pending) < maxPending {
+				c.pending = append(c.pending, data)
+			}
+		}
+	}
+	for k, s := range c.byRequest {
+		if s == st {
+			delete(c.byRequest, k)
+		}
+	}
+	for k, s := range c.byProgress {
+		if s == st {
+			delete(c.byProgress, k)
+		}
+	}
+	for i, s := range c.recent {
+		if s == st {
+			c.recent = append(c.recent[:i:i], c.recent[i+1:]...)
+			break
+		}
+	}
+	if c.standalone == st {
+		c.standalone = nil
+	}
+}
+
+// serveGET opens the session's notification stream (replacing an older one) and writes to
+// it until the host goes away or the session ends.
+func (c *downConn) serveGET(w http.ResponseWriter, r *http.Request) {
+	if !accepts(r, "text/event-stream") {
+		http.Error(w, "toolfence proxy: a GET must accept text/event-stream", http.StatusNotAcceptable)
+		return
+	}
+	st := &sseStream{signal: make(chan struct{}, 1)} // waiting nil: never complete
+	c.mu.Lock()
+	if c.standalone != nil {
+		c.standalone.end()
+	}
+	c.standalone = st
+	for _, data := range c.pending {
+		st.push(data, "")
+	}
+	c.pending = nil
+	c.mu.Unlock()
+	defer c.forget(st)
+	w.Header().Set("Mcp-Session-Id", c.id)
+	c.stream(w, r, st)
+}
+
+// accepts reports whether r's Accept header lists mediaType (or */*); an absent header
+// accepts anything.
+func accepts(r *http.Request, mediaType string) bool {
+	vals := r.Header.Values("Accept")
+	if len(vals) == 0 {
+		return true
+	}
+	for _, v := range vals {
+		for _, part := range strings.Split(v, ",") {
+			mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
+			if err == nil && (mt == mediaType || mt == "*/*") {
+				return true
+			}
+		}
+	}
+	return false
+}

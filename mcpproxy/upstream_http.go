@@ -1,0 +1,613 @@
+package mcpproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/net/http/httpguts"
+)
+
+// CodeUpstreamHTTP is the JSON-RPC error code of the answer the proxy makes up for a request
+// sent to an HTTP upstream that never answered it: the exchange failed (connection refused
+// or dropped, a non-2xx status, a body that is not JSON-RPC, the stream ended before the
+// answer). For a protected call it means an unknown outcome; do not list it in a policy's
+// no_effect codes.
+const CodeUpstreamHTTP = -32099
+
+// notSentMark marks the CodeUpstreamHTTP answers this process made for requests that never
+// left it (the connection could not be made); see notSent.
+var notSentMark = func() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}()
+
+// notSent reports whether e is this process's own answer for a request to an HTTP upstream
+// that could not be sent at all (nothing reached the upstream).
+func notSent(e *jsonrpc.Error) bool {
+	if e.Code != CodeUpstreamHTTP {
+		return false
+	}
+	var d struct {
+		Sent *bool  `json:"sent"`
+		Mark string `json:"mark"`
+	}
+	return json.Unmarshal(e.Data, &d) == nil && d.Sent != nil && !*d.Sent && d.Mark == notSentMark
+}
+
+// MaxUpstreamMessage bounds one message (a JSON body or one server-sent event) read from an
+// HTTP upstream; a larger one fails its exchange.
+const MaxUpstreamMessage = 32 << 20
+
+// ErrUpstreamSession is wrapped by the read error of an HTTP upstream connection whose
+// session the upstream no longer knows (404 to a request carrying its Mcp-Session-Id).
+var ErrUpstreamSession = errors.New("mcpproxy: the HTTP upstream ended the session")
+
+// Header names the proxy sets itself on requests to an HTTP upstream; --header may not.
+var reservedHeaders = map[string]bool{
+	"Accept": true, "Content-Type": true, "Content-Length": true, "Host": true, "Connection": true,
+	"Transfer-Encoding": true, "Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Last-Event-Id": true,
+}
+
+// ParseHeaders turns "NAME=VALUE" flags into headers for DialUpstream. It returns an error
+// naming the flag (by position and name, never its value, which may be a secret) for a
+// flag without '=', an invalid header name or value, or a header the proxy sets itself
+// (Accept, Content-Type, Mcp-Session-Id, Mcp-Protocol-Version, ...). A name given twice
+// sends both values.
+func ParseHeaders(flags []string) (http.Header, error) {
+	h := http.Header{}
+	for i, f := range flags {
+		name, value, ok := strings.Cut(f, "=")
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("mcpproxy: header %d: want NAME=VALUE, found no '='", i+1)
+		case !httpguts.ValidHeaderFieldName(name):
+			return nil, fmt.Errorf("mcpproxy: header %d: %q is not a valid header name", i+1, name)
+		case !httpguts.ValidHeaderFieldValue(value):
+			return nil, fmt.Errorf("mcpproxy: header %d (%s): the value holds characters a header may not (newline, control characters)", i+1, name)
+		case reservedHeaders[http.CanonicalHeaderKey(name)]:
+			return nil, fmt.Errorf("mcpproxy: header %d: %s is set by the proxy itself", i+1, http.CanonicalHeaderKey(name))
+		}
+		h.Add(name, strings.TrimSpace(value))
+	}
+	return h, nil
+}
+
+// CheckUpstreamURL returns nil for an absolute http or https URL with a host and no
+// fragment, else an error naming the problem. The error never quotes the URL's user
+// information or query, which may hold secrets.
+func CheckUpstreamURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New("mcpproxy: upstream URL: not a valid URL")
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("mcpproxy: upstream URL: scheme %q: want http or https", u.Scheme)
+	case u.Host == "":
+		return nil, errors.New("mcpproxy: upstream URL: no host")
+	case u.Fragment != "":
+		return nil, errors.New("mcpproxy: upstream URL: a fragment (#...) is not sent to a server; remove it")
+	}
+	return u, nil
+}
+
+// redactedURL is u without user information and query, for logs and errors.
+func redactedURL(u *url.URL) string {
+	c := *u
+	c.User, c.RawQuery, c.ForceQuery = nil, "", false
+	return c.String()
+}
+
+// HTTPUpstream is an upstream MCP server reached over streamable HTTP.
+type HTTPUpstream struct {
+	// URL is the server's MCP endpoint (checked with CheckUpstreamURL). Required.
+	URL string
+	// Header is sent on every request (API keys, say; never logged). Defaults to none.
+	Header http.Header
+	// Client sends the requests. Defaults to a client without a timeout (notification
+	// streams are long-lived; each protected call has its own timeout).
+	Client *http.Client
+	// Logger gets warnings about the upstream's stream (never header values). Defaults to
+	// discarding them.
+	Logger *slog.Logger
+}
+
+// DialUpstream returns a connection to the streamable-HTTP MCP server at rawURL, sending
+// header on every request. It checks the URL (CheckUpstreamURL) but does not contact the
+// server: the host's initialize is the first request.
+func DialUpstream(ctx context.Context, rawURL string, header http.Header) (mcp.Connection, error) {
+	return HTTPUpstream{URL: rawURL, Header: header}.Connect(ctx)
+}
+
+// Connect returns a new connection (one upstream session) to the server; see DialUpstream.
+//
+// Why not go-sdk's StreamableClientTransport: used as a raw relay (no mcp.Client above it),
+// it never learns that the session is initialized, so it sends no Mcp-Protocol-Version and
+// never opens the notification stream (GET); its Write blocks until an upstream that answers
+// in JSON has answered the whole call, out of reach of the call's timeout; and a 5xx to one
+// call fails the whole connection. This connection posts each request in its own goroutine,
+// turns a failed exchange into a JSON-RPC error answer for that request only
+// (CodeUpstreamHTTP: an unknown outcome for a protected call), and opens the GET stream once
+// the host has sent notifications/initialized.
+//
+// Not supported: resuming a dropped stream with Last-Event-ID (the call's outcome is then
+// unknown), JSON-RPC batches in requests the proxy sends.
+func (h HTTPUpstream) Connect(ctx context.Context) (mcp.Connection, error) {
+	u, err := CheckUpstreamURL(h.URL)
+	if err != nil {
+		return nil, err
+	}
+	client := h.Client
+	if client == nil {
+		client = &http.Client{}
+	}
+	log := h.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return &httpConn{
+		url: u.String(), name: redactedURL(u), header: h.Header.Clone(), client: client, log: log,
+		ctx: cctx, cancel: cancel, incoming: make(chan jsonrpc.Message, 64),
+		done: make(chan struct{}), failed: make(chan struct{}),
+	}, nil
+}
+
+// httpConn is one session with an HTTP upstream.
+type httpConn struct {
+	url, name string // name: the URL without secrets
+	header    http.Header
+	client    *http.Client
+	log       *slog.Logger
+	ctx       context.Context // the connection's life; cancelled by Close
+	cancel    context.CancelFunc
+	incoming  chan jsonrpc.Message
+	wg        sync.WaitGroup
+
+	closeOnce sync.Once
+	done      chan struct{}
+	failOnce  sync.Once
+	failed    chan struct{}
+	failErr   error
+
+	mu        sync.Mutex
+	sessionID string
+	protocol  string
+	initID    string // hostKey of the initialize request, until answered
+	// listenReady is made when the GET stream starts and closed once its first request
+	// was answered.
+	listenReady chan struct{}
+	readyOnce   sync.Once
+}
+
+var _ mcp.Connection = (*httpConn)(nil)
+
+// SessionID returns the upstream's Mcp-Session-Id, "" before initialize was answered.
+func (c *httpConn) SessionID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sessionID
+}
+
+// Read returns the next message of the upstream: an answer, a notification or a request.
+// It returns io.EOF after Close and an error wrapping ErrUpstreamSession when the upstream
+// forgot the session.
+func (c *httpConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	select {
+	case <-c.failed:
+		return nil, c.failErr
+	default:
+	}
+	select {
+	case msg := <-c.incoming:
+		return msg, nil
+	case <-c.failed:
+		return nil, c.failErr
+	case <-c.done:
+		return nil, io.EOF
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Write sends msg upstream. A request is posted in the background and always returns nil:
+// its answer, or a made-up CodeUpstreamHTTP error when the exchange fails, comes from Read.
+// A notification or an answer to the upstream's request is posted before Write returns; a
+// failure is logged, not returned, unless the connection is closed or the upstream forgot
+// the session.
+func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	select {
+	case <-c.done:
+		return errors.New("mcpproxy: the HTTP upstream connection is closed")
+	case <-c.failed:
+		return c.failErr
+	default:
+	}
+	data, err := jsonrpc.EncodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+		if req.Method == "initialize" {
+			c.mu.Lock()
+			c.initID = hostKey(req.ID)
+			c.mu.Unlock()
+		}
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.call(req, data)
+		}()
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
+	defer cancel()
+	resp, err := c.post(wctx, data)
+	if err != nil {
+		c.log.Warn("toolfence proxy: sending to the HTTP upstream failed", "upstream", c.name, "err", err)
+		return nil
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		c.log.Warn("toolfence proxy: the HTTP upstream refused a message", "upstream", c.name, "status", resp.StatusCode)
+	}
+	if r, ok := msg.(*jsonrpc.Request); ok && r.Method == "notifications/initialized" {
+		// Wait (a little) until the upstream holds the notification stream: what it sends
+		// outside any call before then (a list_changed, say) is lost.
+		select {
+		case <-c.startListening():
+		case <-time.After(5 * time.Second):
+		case <-c.ctx.Done():
+		}
+	}
+	return nil
+}
+
+// post sends one JSON-RPC body with the session's headers. A 404 to a request carrying the
+// session id fails the connection (ErrUpstreamSession).
+func (c *httpConn) post(ctx context.Context, data []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	c.setHeaders(req)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, c.scrub(err)
+	}
+	if id := resp.Header.Get("Mcp-Session-Id"); id != "" {
+		c.mu.Lock()
+		if c.sessionID == "" {
+			c.sessionID = id
+		}
+		c.mu.Unlock()
+	}
+	if resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
+		c.fail(fmt.Errorf("%w (HTTP 404 from %s)", ErrUpstreamSession, c.name))
+	}
+	return resp, nil
+}
+
+// scrub replaces the URL in a client error by its redacted form.
+func (c *httpConn) scrub(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s %s: %w", ue.Op, c.name, ue.Err)
+	}
+	return err
+}
+
+func (c *httpConn) setHeaders(req *http.Request) {
+	for k, vs := range c.header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sessionID != "" {
+		req.Header.Set("Mcp-Session-Id", c.sessionID)
+	}
+	if c.protocol != "" {
+		req.Header.Set("Mcp-Protocol-Version", c.protocol)
+	}
+}
+
+// call posts one request and delivers what comes back until its answer; when no answer
+// comes, it delivers a CodeUpstreamHTTP error answer instead.
+func (c *httpConn) call(req *jsonrpc.Request, body []byte) {
+	answered, err := c.exchange(req, body)
+	if answered {
+		return
+	}
+	if err == nil {
+		err = errors.New("the upstream ended its answer without answering the request")
+	}
+	// data.sent is false when the connection could not even be made: the request never
+	// left, so a protected call is recorded failed (never ran) and may be retried. Such an
+	// answer carries this process's notSentMark, which an upstream cannot know: an upstream
+	// that answers -32099 {"sent": false} itself is not believed (unknown).
+	var op *net.OpError
+	sent := !(errors.As(err, &op) && op.Op == "dial")
+	fields := map[string]any{"sent": sent}
+	if !sent {
+		fields["mark"] = notSentMark
+	}
+	data, _ := json.Marshal(fields)
+	c.deliver(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: CodeUpstreamHTTP, Data: data,
+		Message: fmt.Sprintf("toolfence proxy: no answer from the HTTP upstream %s to %s: %v", c.name, req.Method, err)}})
+}
+
+// exchange posts req and delivers the messages of its answer, reporting whether the answer
+// to req was among them.
+func (c *httpConn) exchange(req *jsonrpc.Request, data []byte) (answered bool, err error) {
+	resp, err := c.post(c.ctx, data)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return false, fmt.Errorf("HTTP status %d", resp.StatusCode)
+	}
+	want := hostKey(req.ID)
+	take := func(body []byte) error {
+		msgs, err := decodeMessages(body)
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if r, ok := m.(*jsonrpc.Response); ok && hostKey(r.ID) == want {
+				answered = true
+			}
+			c.deliver(m)
+		}
+		return nil
+	}
+	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	switch ct {
+	case "application/json":
+		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamMessage+1))
+		switch {
+		case err != nil:
+			return false, err
+		case len(body) > MaxUpstreamMessage:
+			return false, fmt.Errorf("the answer exceeds %d bytes", MaxUpstreamMessage)
+		}
+		if err := take(body); err != nil {
+			return false, err
+		}
+		return answered, nil
+	case "text/event-stream":
+		err := readEvents(resp.Body, func(data []byte) error {
+			if err := take(data); err != nil {
+				return err
+			}
+			if answered {
+				return errStop
+			}
+			return nil
+		})
+		if errors.Is(err, errStop) {
+			err = nil
+		}
+		return answered, err
+	default:
+		return false, fmt.Errorf("content type %q: want application/json or text/event-stream", ct)
+	}
+}
+
+var errStop = errors.New("stop")
+
+// decodeMessages decodes a JSON-RPC message or a batch of them.
+func decodeMessages(body []byte) ([]jsonrpc.Message, error) {
+	body = bytes.TrimSpace(body)
+	var raws []json.RawMessage
+	if len(body) > 0 && body[0] == '[' {
+		if err := json.Unmarshal(body, &raws); err != nil {
+			return nil, fmt.Errorf("the answer is not JSON-RPC: %w", err)
+		}
+	} else {
+		raws = []json.RawMessage{body}
+	}
+	msgs := make([]jsonrpc.Message, 0, len(raws))
+	for _, r := range raws {
+		m, err := jsonrpc.DecodeMessage(r)
+		if err != nil {
+			return nil, fmt.Errorf("the answer is not JSON-RPC: %w", err)
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs, nil
+}
+
+// readEvents calls fn with the data of each server-sent event of r until r ends or fn
+// returns an error. An event larger than MaxUpstreamMessage is an error.
+func readEvents(r io.Reader, fn func(data []byte) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), MaxUpstreamMessage)
+	var data bytes.Buffer
+	event := ""
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			if data.Len() > 0 && (event == "" || event == "message") {
+				if err := fn(bytes.Clone(data.Bytes())); err != nil {
+					return err
+				}
+			}
+			data.Reset()
+			event = ""
+			continue
+		}
+		field, value, _ := bytes.Cut(line, []byte(":"))
+		value = bytes.TrimPrefix(value, []byte(" "))
+		switch string(field) {
+		case "data":
+			if data.Len() > 0 {
+				data.WriteByte('\n')
+			}
+			if data.Len()+len(value) > MaxUpstreamMessage {
+				return fmt.Errorf("an event exceeds %d bytes", MaxUpstreamMessage)
+			}
+			data.Write(value)
+		case "event":
+			event = string(value)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return io.ErrUnexpectedEOF
+}
+
+// deliver hands msg to Read, noting the protocol version of the initialize answer.
+func (c *httpConn) deliver(msg jsonrpc.Message) {
+	if r, ok := msg.(*jsonrpc.Response); ok {
+		c.mu.Lock()
+		if c.initID != "" && hostKey(r.ID) == c.initID {
+			c.initID = ""
+			var res struct {
+				ProtocolVersion string `json:"protocolVersion"`
+			}
+			if r.Error == nil && json.Unmarshal(r.Result, &res) == nil {
+				c.protocol = res.ProtocolVersion
+			}
+		}
+		c.mu.Unlock()
+	}
+	select {
+	case c.incoming <- msg:
+	case <-c.done:
+	}
+}
+
+// startListening opens the notification stream (GET) once, in the background. The channel
+// it returns is closed once the first GET has been answered (or has failed).
+func (c *httpConn) startListening() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.listenReady == nil {
+		c.listenReady = make(chan struct{})
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.listen()
+		}()
+	}
+	return c.listenReady
+}
+
+// listenAnswered closes listenReady once.
+func (c *httpConn) listenAnswered() { c.readyOnce.Do(func() { close(c.listenReady) }) }
+
+// listen reads the upstream's notification stream, opening it again when it drops (after
+// 1 s, up to 5 failures in a row). An upstream without one (405, any 4xx) is left alone.
+func (c *httpConn) listen() {
+	failures := 0
+	for failures < 5 {
+		got, retry := c.listenOnce()
+		if !retry {
+			return
+		}
+		if got {
+			failures = 0
+		} else {
+			failures++
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	c.log.Warn("toolfence proxy: the HTTP upstream's notification stream keeps failing; notifications outside calls are lost", "upstream", c.name)
+}
+
+// listenOnce reads one GET stream; got: it delivered a message; retry: try again.
+func (c *httpConn) listenOnce() (got, retry bool) {
+	req, err := http.NewRequestWithContext(c.ctx, http.MethodGet, c.url, nil)
+	if err != nil {
+		c.listenAnswered()
+		return false, false
+	}
+	c.setHeaders(req)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := c.client.Do(req)
+	c.listenAnswered()
+	if err != nil {
+		return false, c.ctx.Err() == nil
+	}
+	defer resp.Body.Close()
+	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
+		if resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
+			c.fail(fmt.Errorf("%w (HTTP 404 from %s)", ErrUpstreamSession, c.name))
+		}
+		return false, resp.StatusCode >= 500
+	}
+	err = readEvents(resp.Body, func(data []byte) error {
+		msgs, err := decodeMessages(data)
+		if err != nil {
+			c.log.Warn("toolfence proxy: the HTTP upstream sent a message that is not JSON-RPC on its notification stream", "upstream", c.name)
+			return nil
+		}
+		for _, m := range msgs {
+			got = true
+			c.deliver(m)
+		}
+		return nil
+	})
+	_ = err
+	return got, c.ctx.Err() == nil
+}
+
+func (c *httpConn) fail(err error) {
+	c.failOnce.Do(func() {
+		c.failErr = err
+		close(c.failed)
+	})
+}
+
+// Close ends the session: it stops every exchange in flight, sends DELETE with the
+// session id (best effort, 5 s) and returns once its goroutines have ended.
+func (c *httpConn) Close() error {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		c.cancel()
+		c.wg.Wait()
+		if id := c.SessionID(); id != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if req, err := http.NewRequestWithContext(ctx, http.MethodDelete, c.url, nil); err == nil {
+				c.setHeaders(req)
+				if resp, err := c.client.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}
+	})
+	return nil
+}
