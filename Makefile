@@ -26,7 +26,7 @@ test:
 ## bench: the benchmarks of docs/benchmarks.md in COUNT interleaved rounds (each round runs
 ## every package's benchmarks once, so a target's ratio compares neighbours in time), then
 ## benchstat and the verdict on every target (internal/benchcheck).
-BENCHPKGS ?= interceptor ledger/badger ledger/postgres
+BENCHPKGS ?= interceptor ledger/badger ledger/postgres internal/proxybench
 bench:
 	@mkdir -p bin/bench
 	@for p in $(BENCHPKGS); do $(GO) test -c -o bin/bench/$$(echo $$p | tr / -).test ./$$p/ || exit 1; done

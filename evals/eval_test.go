@@ -14,9 +14,16 @@ func TestEvalShort(t *testing.T) {
 	if dir := os.Getenv("TOOLFENCE_EVAL_KEEP"); dir != "" {
 		out = dir
 	}
+	// Every subject but the MCP proxy's, which TestEvalProxy runs.
+	var subs []string
+	for _, s := range allSubjects {
+		if !isProxySubject(s) && (s != subjectToolfencePostgres || os.Getenv("TOOLFENCE_TEST_PG") != "") {
+			subs = append(subs, s)
+		}
+	}
 	rep, err := Run(t.Context(), Options{
 		Trials: 2, Seed: 7, Out: out, Command: testCommand, WorkDir: t.TempDir(), StressMessages: 100, Parallel: 3,
-		PostgresDSN: os.Getenv("TOOLFENCE_TEST_PG"),
+		PostgresDSN: os.Getenv("TOOLFENCE_TEST_PG"), Subjects: subs,
 	})
 	require.NoError(t, err)
 	t.Log("\n" + rep.Table())
@@ -110,4 +117,40 @@ func TestEvalBatchedBarrierKill(t *testing.T) {
 	}
 	require.Equal(t, modes(rep), modes(again))
 	require.Len(t, modes(again), 6)
+}
+
+// TestEvalProxy runs the MCP proxy subjects: an MCP host (the worker) calls the payments MCP
+// server (a real process) through the proxy (a real process on badger, killed or stopped
+// with its host) or through a bare relay. The proxy is EXACTLY_ONCE in every trial (its
+// probe settles what a kill left unknown); the relay duplicates the charge whenever a
+// successor re-issues a call whose effect happened.
+func TestEvalProxy(t *testing.T) {
+	// A 2 s lease, as in TestEvalBatchedCrashB1: a call that loses a 500 ms lease to a slow
+	// fsync under -race on a loaded machine fails closed (BLOCKED, correct), which is not what
+	// this test is about.
+	rep, err := Run(t.Context(), Options{
+		Trials: 2, Seed: 11, Command: testCommand, WorkDir: t.TempDir(), Parallel: 3, LeaseTTL: 2 * time.Second,
+		Scenarios: proxyScenarios, Subjects: []string{subjectToolfenceProxy, subjectPassThrough},
+	})
+	require.NoError(t, err)
+	t.Log("\n" + rep.Table())
+	for _, r := range rep.Results {
+		t.Logf("%s × %s #%d: %s %s beliefs=%+v notes=%v err=%s", r.Scenario, r.Subject, r.Index, r.Grade.Outcome, r.Grade.Detail, r.Beliefs, r.Notes, r.Error)
+	}
+	require.False(t, rep.Failed(), "the proxy is EXACTLY_ONCE or BLOCKED in every trial")
+	for _, sc := range proxyScenarios {
+		c := rep.cell(sc, subjectToolfenceProxy)
+		require.Equal(t, 2, c.Trials, sc)
+		require.Equal(t, 2, c.Counts[ExactlyOnce]+c.Counts[Blocked], sc)
+	}
+	require.Equal(t, 2, rep.cell("crash-b0", subjectToolfenceProxy).Counts[ExactlyOnce], "killed before the call: the successor charges once")
+	require.Equal(t, 2, rep.cell("crash-b2", subjectToolfenceProxy).Counts[ExactlyOnce], "killed after the answer: the successor's call is replayed")
+	require.Equal(t, 2, rep.cell("crash-b1", subjectToolfenceProxy).Counts[ExactlyOnce],
+		"killed after the charge, before the answer: the successor's proxy probes find_charge, settles it and replays")
+	require.Equal(t, 2, rep.cell("zombie", subjectToolfenceProxy).Counts[ExactlyOnce], "the last successor settles the zombie's call by the probe")
+	require.Equal(t, 2, rep.cell("crash-b0", subjectPassThrough).Counts[ExactlyOnce])
+	for _, sc := range []string{"crash-b1", "crash-b2", "zombie"} {
+		require.Equal(t, 2, rep.cell(sc, subjectPassThrough).Counts[Duplicated], "%s: a relay charges again", sc)
+	}
+	require.Zero(t, rep.cell("crash-reserved", subjectToolfenceProxy).Trials, "the proxy runs only its scenarios")
 }

@@ -39,6 +39,18 @@ type proc struct {
 	stderr     bytes.Buffer
 	first      string // first stdout line (the sink's URL)
 	gotLine    chan struct{}
+	// group: the process leads its own process group, and kill and signal reach all of it.
+	group bool
+}
+
+// startProcGroup is startProc for a cmd started in its own process group
+// (SysProcAttr.Setpgid): kill and signal then reach every process of the group.
+func startProcGroup(cmd *exec.Cmd) (*proc, error) {
+	p, err := startProc(cmd)
+	if p != nil {
+		p.group = true
+	}
+	return p, err
 }
 
 // startProc starts cmd with piped stdin (so a child never outlives the parent's interest)
@@ -184,12 +196,18 @@ func (p *proc) waitBarriers(name string, n int, timeout time.Duration) (map[int]
 
 // kill SIGKILLs the process and waits for it.
 func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGCONT) // a stopped process dies only once continued on some kernels
+	_ = p.signal(syscall.SIGKILL)
+	_ = p.signal(syscall.SIGCONT) // a stopped process dies only once continued on some kernels
 	<-p.done
 }
 
-func (p *proc) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+// signal sends sig to the process, or to its whole group when it leads one.
+func (p *proc) signal(sig syscall.Signal) error {
+	if p.group {
+		return syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+	return p.cmd.Process.Signal(sig)
+}
 
 // exitWithin waits up to timeout for the process to exit and reports whether it did; past
 // timeout it kills it.

@@ -54,13 +54,15 @@ type Options struct {
 // allSubjects lists the subjects in report order.
 var allSubjects = []string{
 	subjectToolfenceBadger, subjectToolfencePostgres, subjectToolfenceNoProbe, subjectNone, subjectRecordAfter,
-	subjectCheckThenInsert, subjectExpiring, subjectMarkBefore,
+	subjectCheckThenInsert, subjectExpiring, subjectMarkBefore, subjectToolfenceProxy, subjectPassThrough,
 }
 
 type runner struct {
 	cfg    Options
 	sink   sinkClient
 	schema string
+	// proxyPolicy is the path of the proxy subject's policy file.
+	proxyPolicy string
 }
 
 func (r *runner) workerTimeout() time.Duration { return 20*r.cfg.LeaseTTL + 10*time.Second }
@@ -181,18 +183,31 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 	if cfg.PostgresDSN != "" && slices.Contains(subs, subjectToolfencePostgres) {
 		defer func() { _ = dropSchema(cfg.PostgresDSN, r.schema) }()
 	}
+	if slices.ContainsFunc(subs, isProxySubject) {
+		if err := r.writeProxyPolicy(); err != nil {
+			return nil, err
+		}
+	}
 	st := newStore()
 	var batches []*batch
 	stress := false
+	steps := 0
 	for _, sc := range scens {
 		if sc.Name == stressScenario {
 			stress = true
 			for _, sub := range subs {
-				st.addCell(sc.Name, sub, cfg.StressMessages)
+				if runs(sc.Name, sub) {
+					st.addCell(sc.Name, sub, cfg.StressMessages)
+					steps++
+				}
 			}
 			continue
 		}
 		for _, sub := range subs {
+			if !runs(sc.Name, sub) {
+				continue
+			}
+			steps += cfg.Trials
 			st.addCell(sc.Name, sub, cfg.Trials)
 			for k, lo := 0, 0; lo < cfg.Trials; k, lo = k+1, lo+cfg.Batch {
 				idx := make([]int, 0, cfg.Batch)
@@ -209,10 +224,6 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 		byName[sc.Name] = sc
 	}
 
-	steps := cfg.Trials * len(subs) * (len(scens) - boolInt(stress))
-	if stress {
-		steps += len(subs)
-	}
 	bar := newProgress(cfg.Progress, steps)
 	var wg sync.WaitGroup
 	next := make(chan *batch)
@@ -220,7 +231,7 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 		wg.Go(func() {
 			for b := range next {
 				t0 := time.Now()
-				if !isToolfence(b.Subject) || b.Subject == subjectToolfenceBadger || b.Subject == subjectToolfenceNoProbe {
+				if b.Subject != subjectToolfencePostgres {
 					_ = os.MkdirAll(b.store, 0o755)
 				}
 				err := byName[b.Scenario].run(ctx, b)
@@ -250,6 +261,9 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 		for _, sub := range subs {
 			if ctx.Err() != nil {
 				break
+			}
+			if !runs(stressScenario, sub) {
+				continue
 			}
 			r.stress(sub, st)
 			bar.add(1, stressScenario+" × "+sub)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -130,6 +131,9 @@ func (b *batch) spec(name string, each func(t *trial, ts *trialSpec)) workerSpec
 		}
 		s.Batch = append(s.Batch, ts)
 	}
+	if isProxySubject(b.Subject) {
+		s.Proxy = b.proxyCommand(slices.ContainsFunc(s.Batch, func(ts trialSpec) bool { return ts.Hold }))
+	}
 	return s
 }
 
@@ -145,7 +149,14 @@ func (b *batch) start(s workerSpec) (*proc, error) {
 	if err := os.WriteFile(path, js, 0o644); err != nil {
 		return nil, err
 	}
-	return startProc(b.r.cfg.Command("worker", "--spec-file", path))
+	cmd := b.r.cfg.Command("worker", "--spec-file", path)
+	if isProxySubject(b.Subject) {
+		// The host and the proxy it starts are one process group: a SIGKILL or SIGSTOP of
+		// the worker hits the proxy too (the upstream runs in a group of its own).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return startProcGroup(cmd)
+	}
+	return startProc(cmd)
 }
 
 // collect hands every belief to the trial of its intent.

@@ -306,8 +306,9 @@ func (s *sink) effect(w http.ResponseWriter, r *http.Request) {
 	}
 	// Durable: publish it to lookups, queue its job, hold its answer.
 	s.mu.Lock()
+	// A request without a key is published under "": found by its intent only.
+	s.byKey[key] = append(s.byKey[key], lookupRec{seq: rec.Seq, kind: rec.Kind, intent: rec.Intent, id: rec.ID, job: rec.Job})
 	if key != "" {
-		s.byKey[key] = append(s.byKey[key], lookupRec{seq: rec.Seq, kind: rec.Kind, intent: rec.Intent, id: rec.ID, job: rec.Job})
 		if _, ok := s.answers[key]; !ok && mode != modeFail {
 			s.answers[key] = storedAnswer{status, answer}
 		}

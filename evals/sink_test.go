@@ -302,3 +302,24 @@ func TestSinkProcessDrainsBeforeExit(t *testing.T) {
 	require.Len(t, recs, 2, "the job queued at shutdown recorded its effect before the sink exited")
 	require.Equal(t, kindEffect, recs[1].Kind)
 }
+
+// TestSinkLookupByIntentFindsUnkeyedEffects: an effect requested without an
+// Idempotency-Key (the payments MCP server of the proxy subjects sends none) is found by its
+// intent, the way the proxy's probe asks; another intent finds nothing.
+func TestSinkLookupByIntentFindsUnkeyedEffects(t *testing.T) {
+	t.Parallel()
+	_, srv, _ := newTestSink(t, false)
+	status, body, err := postEffect(t, srv.URL, "", "order-1", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	lookup := func(intent string) lookupAnswer {
+		resp, err := http.Get(srv.URL + "/lookup?intent=" + intent)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var a lookupAnswer
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&a))
+		return a
+	}
+	require.Equal(t, []lookupEffect{{ID: body["effect_id"]}}, lookup("order-1").Effects)
+	require.Empty(t, lookup("order-2").Effects)
+}

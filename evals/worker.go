@@ -82,6 +82,9 @@ type workerSpec struct {
 	// waiting for an answer the sink holds or hangs on does not count. It keeps a batch of
 	// hundreds of trials from stretching every call past the lease. Defaults to 16.
 	Active int `json:"active,omitempty"`
+	// Proxy, for the proxy subjects, is the command of the proxy (or relay) the worker
+	// starts as its MCP server, the upstream's command after "--".
+	Proxy *cmdSpec `json:"proxy,omitempty"`
 }
 
 // trialSpec is one trial of a batch: the identity of its call and its sink mode.
@@ -150,6 +153,10 @@ var subjectDocs = map[string]string{
 		"the lease and runs again.",
 	subjectExpiring: "a key from the intent and an in-progress record that expires after the lease and runs the call " +
 		"again; errors delete the record; no fencing tokens.",
+	subjectToolfenceProxy: "`toolfence proxy` (a real process, badger store) between an MCP host and the payments MCP " +
+		"server (a real process whose charges are the sink's effects), charge protected by the order id; killed " +
+		"with its host. Its policy probes find_charge (the payments server's lookup of the order) to settle an unknown outcome.",
+	subjectPassThrough: "the same MCP host and payments server behind a relay that forwards every byte: no guard.",
 	subjectMarkBefore: "a deduplicator that marks the key done before it runs the call: a retry after a crash or an " +
 		"error is dropped as already processed and reported as a success with no result.",
 }
@@ -159,7 +166,8 @@ func subjectDoc(subject string) string { return subjectDocs[subject] }
 
 // isToolfence reports whether subject is a toolfence subject (whose failures fail the eval).
 func isToolfence(subject string) bool {
-	return subject == subjectToolfenceBadger || subject == subjectToolfencePostgres || subject == subjectToolfenceNoProbe
+	return subject == subjectToolfenceBadger || subject == subjectToolfencePostgres || subject == subjectToolfenceNoProbe ||
+		subject == subjectToolfenceProxy
 }
 
 // operation is the tool name every eval call uses.
@@ -385,6 +393,14 @@ func (w *worker) run(ctx context.Context, emit func(Belief)) {
 				emit(Belief{Worker: name(i), State: BeliefBlocked, Reason: reason, Intent: t.Intent})
 			}
 		}
+	}
+	if isProxySubject(w.spec.Subject) {
+		if w.spec.Proxy == nil {
+			failAll("evals: a proxy subject's spec has no proxy command")
+			return
+		}
+		w.runProxyHost(ctx, emit)
+		return
 	}
 	var runAgent func(ctx context.Context, w *worker, i int) Belief
 	switch w.spec.Subject {

@@ -55,11 +55,7 @@ func StartUpstream(ctx context.Context, argv []string, stderr io.Writer) (*Upstr
 	_ = w.Close() // the child holds its copy; EOF comes when it exits
 	u := &Upstream{cmd: cmd, done: make(chan struct{})}
 	go func() { u.err = cmd.Wait(); close(u.done) }()
-	u.conn, err = (&mcp.IOTransport{Reader: out, Writer: in}).Connect(ctx)
-	if err != nil {
-		_ = u.Close()
-		return nil, err
-	}
+	u.conn = newLineConn(out, in, func() error { return errors.Join(in.Close(), out.Close()) })
 	return u, nil
 }
 
@@ -105,10 +101,5 @@ func (u *Upstream) Close() error {
 // os.Stdin) and w (the answers, usually os.Stdout): newline-delimited JSON-RPC. Closing the
 // connection ends a pending read; it closes neither r nor w.
 func Stdio(r io.Reader, w io.Writer) mcp.Connection {
-	conn, _ := (&mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopCloser{w}}).Connect(context.Background())
-	return conn
+	return newLineConn(r, w, nil)
 }
-
-type nopCloser struct{ io.Writer }
-
-func (nopCloser) Close() error { return nil }

@@ -17,6 +17,8 @@ func init() {
 	register(newEvalCmd)
 	register(newEvalWorkerCmd)
 	register(newEvalSinkCmd)
+	register(newEvalPaymentsCmd)
+	register(newEvalRelayCmd)
 }
 
 // pgEnv names the environment variable whose DSN enables the toolfence-postgres subject.
@@ -37,7 +39,10 @@ each in a sentence).
 
 Subjects: toolfence on badger (with and without a probe), toolfence on PostgreSQL (when
 --pg or $` + pgEnv + ` answers), and the baselines none, record-after, check-then-insert,
-expiring-in-progress and mark-before. Every subject works in stores the eval creates and
+expiring-in-progress and mark-before. The MCP proxy subjects run crash-b0, crash-b1,
+crash-b2 and zombie only: toolfence-proxy (an MCP host calls a payments MCP server through
+a real "toolfence proxy" process, killed or stopped with the host) and its baseline
+pass-through (the same host and server behind a relay that forwards every byte). Every subject works in stores the eval creates and
 removes itself, so --store and --namespace do not apply. docs/evals.md describes the
 scenarios, subjects and grades and the latest full run.
 
@@ -66,6 +71,9 @@ FABRICATED.`,
 				return err
 			}
 			cfg.Command = func(role string, args ...string) *exec.Cmd {
+				if role == "proxy" {
+					return exec.Command(exe, append([]string{"proxy"}, args...)...) // the real command
+				}
 				return exec.Command(exe, append([]string{"eval-" + role}, args...)...)
 			}
 			pg = cmp.Or(pg, os.Getenv(pgEnv))
@@ -137,6 +145,36 @@ func newEvalSinkCmd(a *app) *cobra.Command {
 		RunE: func(_ *cobra.Command, args []string) error {
 			if code := evals.SinkMain(args, a.stdout); code != 0 {
 				return fmt.Errorf("eval sink exited %d", code)
+			}
+			return nil
+		},
+	}
+}
+
+func newEvalPaymentsCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:                "eval-payments",
+		Short:              "The payments MCP server of the eval's proxy subjects (internal): --sink URL [--hold]",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if code := evals.PaymentsMain(args); code != 0 {
+				return fmt.Errorf("eval payments exited %d", code)
+			}
+			return nil
+		},
+	}
+}
+
+func newEvalRelayCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:                "eval-relay",
+		Short:              "The pass-through baseline of the eval (internal): -- CMD ARGS...",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if code := evals.RelayMain(args); code != 0 {
+				return fmt.Errorf("eval relay exited %d", code)
 			}
 			return nil
 		},

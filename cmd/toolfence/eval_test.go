@@ -44,3 +44,15 @@ func TestEvalCommandSaysWhyPostgresIsLeftOut(t *testing.T) {
 	require.Contains(t, r.stderr, "PostgreSQL does not answer")
 	require.NotContains(t, r.stdout, "toolfence-postgres")
 }
+
+// TestEvalCommandProxy runs the MCP proxy subjects with the real commands: the worker (an MCP
+// host) starts `toolfence proxy … -- toolfence eval-payments …`, or the relay; the proxy is
+// settles b1 by its probe and replays at b2; the relay charges twice at both.
+func TestEvalCommandProxy(t *testing.T) {
+	t.Parallel()
+	r := ok(t, "eval", "--scenarios", "crash-b1,crash-b2,crash-reserved", "--subjects", "toolfence-proxy,pass-through",
+		"--trials", "1", "--out", "", "--no-pg")
+	require.Regexp(t, `crash-b1\s+1 ok\s+1 DUP`, r.stdout)
+	require.Regexp(t, `crash-b2\s+1 ok\s+1 DUP`, r.stdout)
+	require.Regexp(t, `crash-reserved\s+-\s+-`, r.stdout, "the proxy subjects do not run the other scenarios")
+}

@@ -33,7 +33,8 @@ type bench struct{ pkg, name string }
 
 func (b bench) String() string { return b.pkg + "." + b.name }
 
-// target is a performance target: num / (scale × den) compared with limit, per round; a
+// target is a performance target: num / (scale × den) compared with limit, per round, or
+// (num − minus) / (scale × den) when minus is set (what one call adds to another); a
 // target without den bounds num's ns/op itself.
 type target struct {
 	issue  int
@@ -45,22 +46,28 @@ type target struct {
 	limit  float64
 	// reference marks a figure printed beside the targets for comparison, with no verdict.
 	reference bool
+	minus     bench // zero: none
 }
 
 // targets are the ones the issues set (see docs/benchmarks.md).
 var targets = []target{
 	{2, "guarded call ≤ 1.5 × two fsyncs (GuardedCall / (2 × FsyncFloor))",
-		bench{"interceptor", "GuardedCall"}, bench{"interceptor", "FsyncFloor"}, 2, true, 1.5, false},
+		bench{"interceptor", "GuardedCall"}, bench{"interceptor", "FsyncFloor"}, 2, true, 1.5, false, bench{}},
 	{2, "group commit ≥ 2 × sync writes at ~64 callers (ParallelSyncWrites / GuardedCallParallel)",
-		bench{"interceptor", "GuardedCallParallelSyncWrites"}, bench{"interceptor", "GuardedCallParallel"}, 1, false, 2, false},
+		bench{"interceptor", "GuardedCallParallelSyncWrites"}, bench{"interceptor", "GuardedCallParallel"}, 1, false, 2, false, bench{}},
 	{2, "replay ≤ 10 µs (Replay, ns/op)",
-		bench{"interceptor", "Replay"}, bench{}, 1, true, 10_000, false},
+		bench{"interceptor", "Replay"}, bench{}, 1, true, 10_000, false, bench{}},
 	{3, "sequential guarded call ≤ 1.0 × naive baseline (PostgresGuardedCall / NaiveBaseline)",
-		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaseline"}, 1, true, 1.0, false},
+		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaseline"}, 1, true, 1.0, false, bench{}},
 	{3, "reference: sequential guarded call ÷ the minimal naive table (PostgresGuardedCall / NaiveBaselineMinimal)",
-		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaselineMinimal"}, 1, true, 1.0, true},
+		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaselineMinimal"}, 1, true, 1.0, true, bench{}},
 	{3, "throughput at 64 callers ≥ 3 × sequential (PostgresGuardedCall / PostgresGuardedCallParallel/callers=64)",
-		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64"}, 1, false, 3, false},
+		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64"}, 1, false, 3, false, bench{}},
+	{13, "the proxy adds ≤ 1.5 × a guarded call ((ProxyProtected − Direct) / GuardedCall, all of internal/proxybench)",
+		bench{"internal/proxybench", "ProxyProtected"}, bench{"internal/proxybench", "GuardedCall"}, 1, true, 1.5, false,
+		bench{"internal/proxybench", "Direct"}},
+	{13, "a bypassed call through the proxy ≤ 1.10 × the direct call (ProxyBypassed / Direct)",
+		bench{"internal/proxybench", "ProxyBypassed"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, false, bench{}},
 }
 
 // parse reads benchmark output and returns the ns/op samples of every benchmark in the order
@@ -134,8 +141,18 @@ func judge(t target, samples map[bench][]float64) (result, error) {
 		if len(num) != len(den) {
 			return result{}, fmt.Errorf("%s has %d samples and %s %d: the rounds cannot be paired (did a round fail?)", t.num, len(num), t.den, len(den))
 		}
+		minus := make([]float64, len(num))
+		if t.minus != (bench{}) {
+			minus = lookup(samples, t.minus)
+			if len(minus) == 0 {
+				return result{}, fmt.Errorf("%s: not measured", t.minus)
+			}
+			if len(minus) != len(num) {
+				return result{}, fmt.Errorf("%s has %d samples and %s %d: the rounds cannot be paired (did a round fail?)", t.num, len(num), t.minus, len(minus))
+			}
+		}
 		for i := range num {
-			r.values = append(r.values, num[i]/(t.scale*den[i]))
+			r.values = append(r.values, (num[i]-minus[i])/(t.scale*den[i]))
 		}
 	}
 	for _, v := range r.values {

@@ -124,3 +124,38 @@ func TestJudgeRefusesRoundsThatCannotBePaired(t *testing.T) {
 	err = report(&out, s)
 	require.ErrorContains(t, err, "ledger/postgres.PostgresGuardedCall has 2 samples and ledger/postgres.NaiveBaseline 1: the rounds cannot be paired")
 }
+
+// TestJudgeDifferenceTarget: the proxy's target is what a proxied call adds to a direct one,
+// in guarded calls of the same round: (ProxyProtected − Direct) / GuardedCall.
+func TestJudgeDifferenceTarget(t *testing.T) {
+	const out = `pkg: github.com/toolfence/toolfence/internal/proxybench
+BenchmarkDirect-2           	     500	   2000000 ns/op
+BenchmarkProxyProtected-2   	     200	   5000000 ns/op
+BenchmarkProxyBypassed-2    	     400	   2100000 ns/op
+BenchmarkGuardedCall-2      	     400	   2500000 ns/op
+pkg: github.com/toolfence/toolfence/internal/proxybench
+BenchmarkDirect-2           	     500	   2000000 ns/op
+BenchmarkProxyProtected-2   	     200	   6000000 ns/op
+BenchmarkProxyBypassed-2    	     400	   2400000 ns/op
+BenchmarkGuardedCall-2      	     400	   2000000 ns/op
+`
+	s, err := parse(strings.NewReader(out))
+	require.NoError(t, err)
+	var got []result
+	for _, tg := range targets {
+		if tg.issue == 13 {
+			r, err := judge(tg, s)
+			require.NoError(t, err)
+			got = append(got, r)
+		}
+	}
+	require.Len(t, got, 2)
+	require.InDeltaSlice(t, []float64{1.2, 2.0}, got[0].values, 1e-9) // (5−2)/2.5, (6−2)/2
+	require.Equal(t, 1, got[0].met)
+	require.InDeltaSlice(t, []float64{1.05, 1.2}, got[1].values, 1e-9)
+	require.Equal(t, 1, got[1].met)
+
+	delete(s, bench{"internal/proxybench", "Direct"})
+	_, err = judge(targets[len(targets)-2], s)
+	require.ErrorContains(t, err, "Direct: not measured")
+}

@@ -1,0 +1,176 @@
+package proxybench_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/payments"
+	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/mcpproxy"
+)
+
+// Targets (issue 13), each within one run:
+//   ProxyProtected − Direct ≤ 1.5 × GuardedCall: the proxy adds at most 1.5 guarded calls;
+//   ProxyBypassed ≤ 1.10 × Direct: a bypassed call adds at most 10 %.
+
+// roleEnv makes the test binary the payments server or the proxy when it re-executes itself.
+const roleEnv = "TOOLFENCE_PROXYBENCH_ROLE"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(roleEnv) {
+	case "payments":
+		_ = payments.Serve(context.Background(), &payments.FileLedger{Path: os.Getenv("PAYMENTS_LEDGER")})
+		os.Exit(0)
+	case "proxy":
+		if err := runProxy(); err != nil {
+			fmt.Fprintln(os.Stderr, "proxy:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runProxy is what `toolfence proxy --store $TF_STORE --config $TF_POLICY --server-id
+// payments -- payments` does, the payments server being this binary. With $TF_CPUPROFILE
+// set it writes the proxy process's CPU profile there; with $TF_MEMSTATS set it prints what
+// the proxy process allocated in all when it ends.
+func runProxy() error {
+	if path := os.Getenv("TF_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	l, err := badger.Open(os.Getenv("TF_STORE"), badger.Options{})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	ic, err := interceptor.New(l, interceptor.Options{})
+	if err != nil {
+		return err
+	}
+	pol, err := mcpproxy.LoadPolicy(os.Getenv("TF_POLICY"))
+	if err != nil {
+		return err
+	}
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "payments", Policy: pol})
+	if err != nil {
+		return err
+	}
+	os.Setenv(roleEnv, "payments")
+	up, err := mcpproxy.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	err = p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn())
+	if os.Getenv("TF_MEMSTATS") != "" {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		fmt.Fprintf(os.Stderr, "proxy: allocated %d bytes in %d allocations\n", ms.TotalAlloc, ms.Mallocs)
+	}
+	return err
+}
+
+const (
+	protect = `{"tools": {"charge": {"mode": "protect", "target": ["/order_id"]}}}`
+	bypass  = `{"tools": {"charge": {"mode": "bypass"}}}`
+)
+
+// host starts role ("payments", or "proxy" with policy) as a child over stdio, connects an
+// official Go SDK client to it, and makes one call so that the session and the proxy's
+// tool list are warm.
+func host(b *testing.B, role, policy string) *mcp.ClientSession {
+	b.Helper()
+	dir := b.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), roleEnv+"="+role, "PAYMENTS_LEDGER="+filepath.Join(dir, "ledger.jsonl"),
+		"TF_STORE="+filepath.Join(dir, "store"), "TF_POLICY="+filepath.Join(dir, "policy.json"))
+	cmd.Stderr = os.Stderr
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(policy), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "bench-host", Version: "1"}, nil).Connect(b.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	charge(b, s, "warm-up")
+	return s
+}
+
+// charge charges a new order and checks the answer is a first charge.
+func charge(b *testing.B, s *mcp.ClientSession, order string) {
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"order_id": order, "amount_cents": 1250}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw, _ := json.Marshal(res.StructuredContent)
+	if res.IsError || !strings.Contains(string(raw), `"charge_id":"ch_`) || res.Meta[mcpproxy.MetaReplayed] != nil {
+		b.Fatalf("charge %s: %+v %s", order, res, raw)
+	}
+}
+
+func bench(b *testing.B, s *mcp.ClientSession) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		charge(b, s, "order-"+strconv.Itoa(i))
+	}
+}
+
+// BenchmarkDirect is the baseline: an official Go SDK client calls charge (a new order each
+// time: an fsynced append) on the payments server over stdio.
+func BenchmarkDirect(b *testing.B) { bench(b, host(b, "payments", "")) }
+
+// BenchmarkProxyProtected is the same call through the proxy (a process between the two, on
+// badger), charge protected: each new order is reserved and committed durably, then sent.
+func BenchmarkProxyProtected(b *testing.B) { bench(b, host(b, "proxy", protect)) }
+
+// BenchmarkProxyBypassed is the same call through the proxy with charge bypassed: relayed
+// untouched.
+func BenchmarkProxyBypassed(b *testing.B) { bench(b, host(b, "proxy", bypass)) }
+
+// BenchmarkGuardedCall is interceptor's GuardedCall measured in this run: one guarded call
+// after another (no-op tool, distinct keys) on badger with group commit.
+func BenchmarkGuardedCall(b *testing.B) {
+	l, err := badger.Open(b.TempDir(), badger.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	ic, err := interceptor.New(l, interceptor.Options{Holder: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := interceptor.WithTask(context.Background(), "bench")
+	noop := func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
+		return interceptor.Response{Status: 200, Body: []byte(`{"ok":true}`)}, nil
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		res, err := ic.Do(ctx, interceptor.Call{Operation: "noop", Target: strconv.Itoa(i)}, noop)
+		if err != nil || res.Replayed {
+			b.Fatalf("call %d: %v %+v", i, err, res)
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package mcpproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// lineConn is the MCP stdio framing (one JSON-RPC message per line) over a reader and a
+// writer, as mcp.IOTransport makes it, but decoding each line once with encoding/json
+// (decodeMessage): the SDK's connection first tries every message as a batch and its JSON
+// decoder allocates and clears a large buffer per call, which took a third of a relaying
+// proxy's CPU (measured in internal/proxybench). A batch (a line holding an array) is read
+// as its messages, one after the other. Read and Close may be called concurrently; so may
+// Writes.
+type lineConn struct {
+	w        io.Writer
+	closer   func() error // closes the underlying streams; nil: nothing to close
+	wmu      sync.Mutex
+	incoming chan lineMsg
+	closed   chan struct{}
+	once     sync.Once
+	queue    []jsonrpc.Message // the rest of a batch; used by Read only
+}
+
+type lineMsg struct {
+	msgs []jsonrpc.Message
+	err  error
+}
+
+var _ mcp.Connection = (*lineConn)(nil)
+
+// newLineConn reads messages from r (in a goroutine of its own, so that Close ends a
+// pending Read) and writes them to w; closer, when set, is called once by Close.
+func newLineConn(r io.Reader, w io.Writer, closer func() error) *lineConn {
+	c := &lineConn{w: w, closer: closer, incoming: make(chan lineMsg), closed: make(chan struct{})}
+	go c.readLoop(bufio.NewReaderSize(r, 64<<10))
+	return c
+}
+
+func (c *lineConn) readLoop(r *bufio.Reader) {
+	for {
+		line, err := readLine(r, mcp.DefaultMaxLineLength)
+		var m lineMsg
+		switch {
+		case err != nil && len(line) == 0:
+			m.err = err
+		default:
+			m.msgs, m.err = decodeLine(line)
+		}
+		if m.err == nil && len(m.msgs) == 0 {
+			continue // a blank line
+		}
+		select {
+		case c.incoming <- m:
+		case <-c.closed:
+			return
+		}
+		if m.err != nil {
+			return
+		}
+	}
+}
+
+// readLine returns the next line without its newline; a last line without a newline is
+// returned with a nil error, then io.EOF. A line longer than limit is an error.
+func readLine(r *bufio.Reader, limit int) ([]byte, error) {
+	var buf []byte
+	for {
+		frag, err := r.ReadSlice('\n')
+		if len(buf)+len(frag) > limit {
+			return nil, fmt.Errorf("mcpproxy: a message longer than %d bytes", limit)
+		}
+		switch {
+		case err == nil && buf == nil:
+			return bytes.Clone(frag[:len(frag)-1]), nil
+		case err == nil:
+			return append(buf, frag[:len(frag)-1]...), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			buf = append(buf, frag...)
+		default:
+			buf = append(buf, frag...)
+			if len(bytes.TrimSpace(buf)) > 0 {
+				return buf, nil // the next call returns err
+			}
+			return nil, err
+		}
+	}
+}
+
+// decodeLine decodes one line: a message, or a batch (an array of messages).
+func decodeLine(line []byte) ([]jsonrpc.Message, error) {
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 {
+		return nil, nil
+	}
+	if line[0] != '[' {
+		msg, err := decodeMessage(line)
+		if err != nil {
+			return nil, err
+		}
+		return []jsonrpc.Message{msg}, nil
+	}
+	var raws []json.RawMessage
+	if err := json.Unmarshal(line, &raws); err != nil {
+		return nil, err
+	}
+	if len(raws) == 0 {
+		return nil, errors.New("mcpproxy: an empty JSON-RPC batch")
+	}
+	msgs := make([]jsonrpc.Message, 0, len(raws))
+	for _, raw := range raws {
+		msg, err := decodeMessage(raw)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, msg)
+	}
+	return msgs, nil
+}
+
+// wireMsg is a JSON-RPC 2.0 message on the wire.
+type wireMsg struct {
+	Version string          `json:"jsonrpc"`
+	ID      any             `json:"id"`
+	Method  *string         `json:"method"`
+	Params  json.RawMessage `json:"params"`
+	Result  json.RawMessage `json:"result"`
+	Error   *jsonrpc.Error  `json:"error"`
+}
+
+// decodeMessage decodes one JSON-RPC message as jsonrpc.DecodeMessage does: a request when
+// it has a method, else a response, which needs an id; the version must be "2.0". (Keys
+// match case-insensitively here; what the proxy relays is its own encoding of what it
+// decoded, so upstream sees the same message the proxy judged.)
+func decodeMessage(data []byte) (jsonrpc.Message, error) {
+	var w wireMsg
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, fmt.Errorf("mcpproxy: unmarshaling jsonrpc message: %w", err)
+	}
+	if w.Version != "2.0" {
+		return nil, fmt.Errorf("mcpproxy: invalid message version tag %q; expected \"2.0\"", w.Version)
+	}
+	id, err := jsonrpc.MakeID(w.ID)
+	if err != nil {
+		return nil, err
+	}
+	if w.Method != nil {
+		return &jsonrpc.Request{Method: *w.Method, ID: id, Params: w.Params}, nil
+	}
+	if !id.IsValid() {
+		return nil, errors.New("mcpproxy: a JSON-RPC message with neither a method nor an id")
+	}
+	r := &jsonrpc.Response{ID: id, Result: w.Result}
+	if w.Error != nil {
+		r.Error = w.Error
+	}
+	return r, nil
+}
+
+// Read returns the next message; io.EOF once the reader ended or the connection is closed.
+func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	if len(c.queue) > 0 {
+		m := c.queue[0]
+		c.queue = c.queue[1:]
+		return m, nil
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case m := <-c.incoming:
+		if m.err != nil {
+			return nil, m.err
+		}
+		c.queue = m.msgs[1:]
+		return m.msgs[0], nil
+	case <-c.closed:
+		return nil, io.EOF
+	}
+}
+
+// Write writes msg as one line.
+func (c *lineConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	data, err := jsonrpc.EncodeMessage(msg)
+	if err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	select {
+	case <-c.closed:
+		return errors.New("mcpproxy: write on a closed connection")
+	default:
+	}
+	_, err = c.w.Write(append(data, '\n'))
+	return err
+}
+
+// Close ends a pending Read and closes the underlying streams (once).
+func (c *lineConn) Close() error {
+	var err error
+	c.once.Do(func() {
+		close(c.closed)
+		if c.closer != nil {
+			err = c.closer()
+		}
+	})
+	return err
+}
+
+// SessionID is "": a stdio connection has no session id.
+func (c *lineConn) SessionID() string { return "" }
