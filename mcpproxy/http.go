@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -235,23 +234,7 @@ func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, o
 		}
 		return h.p.ic.Namespace(), "loopback", true
 	}
-	tok := ""
-	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		tok = strings.TrimSpace(a[7:])
-	}
-	ns, ok = h.opts.Tokens.Namespace(tok)
-	if !ok {
-		challenge, msg := `Bearer realm="toolfence"`, "toolfence proxy: missing bearer token: send Authorization: Bearer TOKEN with a token of the proxy's --token-file"
-		if tok != "" {
-			challenge += `, error="invalid_token"`
-			msg = "toolfence proxy: invalid bearer token: it is not in the proxy's --token-file"
-		}
-		w.Header().Set("WWW-Authenticate", challenge)
-		http.Error(w, msg, http.StatusUnauthorized)
-		return "", "", false
-	}
-	sum := sha256.Sum256([]byte(tok))
-	return ns, hex.EncodeToString(sum[:8]), true
+	return h.opts.Tokens.Authenticate(w, r, "toolfence proxy")
 }
 
 // loopbackHost reports whether the host[:port] of a Host header names a loopback address.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -213,6 +214,27 @@ func CheckBind(addr string, tokens int) error {
 }
 
 // bearer returns the token of an "Authorization: Bearer TOKEN" header, or "".
+// Authenticate returns the namespace of r's bearer token and an owner id for it (a digest
+// of the token, never the token), or writes 401 with a WWW-Authenticate challenge (the
+// token is missing, or not one of t) and returns ok false. who names the server in the
+// message ("toolfence", "toolfence proxy"); tokens come from its --token-file.
+func (t Tokens) Authenticate(w http.ResponseWriter, r *http.Request, who string) (ns, owner string, ok bool) {
+	tok := bearer(r)
+	ns, ok = t.Namespace(tok)
+	if !ok {
+		challenge, msg := `Bearer realm="toolfence"`, who+": missing bearer token: send Authorization: Bearer TOKEN with a token of the --token-file"
+		if tok != "" {
+			challenge += `, error="invalid_token"`
+			msg = who + ": invalid bearer token: it is not in the --token-file"
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		http.Error(w, msg, http.StatusUnauthorized)
+		return "", "", false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return ns, hex.EncodeToString(sum[:8]), true
+}
+
 func bearer(r *http.Request) string {
 	h := r.Header.Get("Authorization")
 	const prefix = "bearer "

@@ -3,8 +3,6 @@ package mcpserver
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,21 +155,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner
 		}
 		return s.base.Namespace(), "loopback", true
 	}
-	tok := bearer(r)
-	ns, ok = s.opts.Tokens.Namespace(tok)
-	if !ok {
-		challenge := `Bearer realm="toolfence"`
-		msg := "toolfence: missing bearer token (Authorization: Bearer TOKEN)"
-		if tok != "" {
-			challenge += `, error="invalid_token"`
-			msg = "toolfence: invalid bearer token"
-		}
-		w.Header().Set("WWW-Authenticate", challenge)
-		http.Error(w, msg, http.StatusUnauthorized)
-		return "", "", false
-	}
-	h := sha256.Sum256([]byte(tok))
-	return ns, hex.EncodeToString(h[:8]), true
+	return s.opts.Tokens.Authenticate(w, r, "toolfence")
 }
 
 // loopbackConn reports whether r arrived on a loopback connection. Requests without a

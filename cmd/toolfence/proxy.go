@@ -186,14 +186,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	if f.tokenFile != "" && f.http == "" {
 		return usagef("--token-file applies to --http only")
 	}
-	pol := &mcpproxy.Policy{}
-	if f.config != "" {
-		var err error
-		if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
-			return usagef("--config: %v", err)
-		}
-	}
-	pins, err := loadProxyPins(f.pins, f.config, f.serverID)
+	pol, pins, err := loadPolicyAndPins(f.config, f.pins, f.serverID)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,23 @@ func pinsPath(pins, config string) string {
 	return mcpproxy.DefaultPinsPath(config)
 }
 
+// loadPolicyAndPins loads the policy of --config (nil without one: the zero policy) and
+// the pins a proxy checks (loadProxyPins); a malformed file is a usage error naming it.
+func loadPolicyAndPins(config, pins, serverID string) (*mcpproxy.Policy, *mcpproxy.Pins, error) {
+	var pol *mcpproxy.Policy
+	if config != "" {
+		var err error
+		if pol, err = mcpproxy.LoadPolicy(config); err != nil {
+			return nil, nil, usagef("--config: %v", err)
+		}
+	}
+	p, err := loadProxyPins(pins, config, serverID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pol, p, nil
+}
+
 // loadProxyPins loads the pins a proxy checks: --pins (which must exist), else the default
 // beside --config when that file exists; nil when there are none. Pins of another server id
 // than serverID are a usage error.
@@ -158,14 +175,7 @@ Example:
 			if err := f.validate(cmd, args); err != nil {
 				return err
 			}
-			var pol *mcpproxy.Policy
-			if f.config != "" {
-				var err error
-				if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
-					return usagef("--config: %v", err)
-				}
-			}
-			pins, err := loadProxyPins(f.pins, f.config, f.serverID)
+			pol, pins, err := loadPolicyAndPins(f.config, f.pins, f.serverID)
 			if err != nil {
 				return err
 			}
