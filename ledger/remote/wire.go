@@ -51,6 +51,7 @@ var codes = []struct {
 	{"lease_lost", residual.ErrLeaseLost},
 	{"margin_too_small", residual.ErrMarginTooSmall},
 	{"invalid_transition", residual.ErrInvalidTransition},
+	{"token_changed", residual.ErrTokenChanged},
 	{"invalid_state", residual.ErrInvalidState},
 	{"invalid_key", residual.ErrInvalidKey},
 	{"invalid_json", residual.ErrInvalidJSON},
