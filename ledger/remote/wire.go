@@ -27,7 +27,8 @@ var (
 	ErrConnectionLost = errors.New("remote: connection lost before the answer")
 	// ErrUnauthorized: the server refused the request's bearer token (401).
 	ErrUnauthorized = errors.New("remote: unauthorized")
-	// ErrForbidden: the request names a namespace its access does not cover (403).
+	// ErrForbidden: the request names a namespace its access does not cover, or comes from
+	// a web page (an Origin header that is not loopback) (403).
 	ErrForbidden = errors.New("remote: namespace not allowed")
 	// ErrProtocol: the server refused the request as malformed (400, 404, 405, 413, 415),
 	// or answered a read with something that is not this protocol.
