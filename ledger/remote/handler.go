@@ -133,13 +133,6 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 		w.Header().Set("Allow", http.MethodPost)
 		return refuse(http.StatusMethodNotAllowed, ErrProtocol, "%s: use POST, not %s", method, r.Method)
 	}
-	switch status, why := httpserve.CheckBrowser(r); status {
-	case 0:
-	case http.StatusForbidden:
-		return refuse(status, ErrForbidden, "%s: %v", method, why)
-	default:
-		return refuse(status, ErrProtocol, "%s: %v", method, why)
-	}
 	if h.opts.Authorize == nil {
 		return refuse(http.StatusUnauthorized, ErrUnauthorized, "this server has no authorizer: it serves nobody")
 	}
@@ -147,6 +140,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolfence"`)
 		return refuse(http.StatusUnauthorized, ErrUnauthorized, "%s: %v", method, err)
+	}
+	switch status, why := httpserve.CheckBrowser(r); status {
+	case 0:
+	case http.StatusForbidden:
+		return refuse(status, ErrForbidden, "%s: %v", method, why)
+	default:
+		return refuse(status, ErrProtocol, "%s: %v", method, why)
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
 	var tooLarge *http.MaxBytesError
