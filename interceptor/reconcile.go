@@ -151,6 +151,7 @@ func (ic *Interceptor) reconcileOne(ctx context.Context, r *residual.Residual, b
 	}
 	stored, err := ic.Resolve(ctx, ResolveParams{
 		Key: r.Key, As: pr.Outcome, By: by, Note: "settled by probe", Evidence: pr.Evidence, Result: pr.Result,
+		IfToken: r.Token, // what the probe found is about this attempt, not a later one
 	})
 	if err != nil {
 		return open("resolve failed: " + err.Error())

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -279,4 +280,52 @@ func TestReconcileFencesOutZombie(t *testing.T) {
 	require.Equal(t, holderA, r.Evidence[0].Holder)
 	require.Equal(t, uint64(1), r.Evidence[0].Token)
 	require.Equal(t, []byte(`{"charge":"ch_1","late":true}`), r.Evidence[0].Result)
+}
+
+// A probe's answer is about the attempt it looked at. When a later attempt begins while the
+// probe runs (and may have had the effect), the probe's "not found" must not settle the key
+// as failed: the resolve is conditional on the probed attempt's token, so it is refused and
+// the key stays open, with its later attempt, for the next pass.
+func TestReconcileProbeAnswerNeverSettlesALaterAttempt(t *testing.T) {
+	t.Parallel()
+	var f *fixture
+	var second *ledger.ReserveResult
+	probe := func(ctx context.Context, r *residual.Residual) (interceptor.ProbeResult, error) {
+		// Meanwhile another agent re-dispatches the call (attempt 2), whose lease then
+		// expires: the key reads unknown again, under attempt 2's token.
+		var err error
+		second, err = f.store.Reserve(ctx, ledger.ReserveParams{
+			Namespace: f.ic.Namespace(), Key: r.Key, Task: r.Task, Operation: r.Operation, Target: r.Target,
+			Holder: holderB, RequestDigest: r.RequestDigest, TTL: testTTL, Redispatch: true,
+		})
+		require.NoError(t, err)
+		require.Equal(t, ledger.Acquired, second.Decision)
+		f.clock.Advance(2 * testTTL)
+		return interceptor.ProbeResult{Outcome: residual.Failed, Evidence: "no charge for attempt 1"}, nil
+	}
+	f = setup(t, withConfig(func(c *interceptor.Options) {
+		c.Operations = map[string]interceptor.Operation{"payments.charge": {Probe: probe}}
+	}))
+	key := leaveUnknown(t, f, charge(chargeArgs))
+	first := f.get(key).Token
+
+	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{})
+	require.NoError(t, err)
+	require.Empty(t, rep.Resolved, "attempt 1's probe answer must not resolve attempt 2")
+	require.Len(t, rep.Open, 1)
+	require.Contains(t, rep.Open[0].Reason, "token changed")
+
+	r := f.get(key)
+	require.Equal(t, residual.Unknown, r.State)
+	require.Empty(t, r.Resolutions)
+	require.Len(t, r.Attempts, 2)
+	require.Equal(t, second.Lease.Token, r.Token)
+	require.Greater(t, r.Token, first)
+
+	// The direct API refuses the stale token the same way, and takes the current one.
+	_, err = f.ic.Resolve(f.ctx, interceptor.ResolveParams{Key: key, As: residual.Failed, By: "ops", Note: "checked", IfToken: first})
+	require.ErrorIs(t, err, residual.ErrTokenChanged)
+	got, err := f.ic.Resolve(f.ctx, interceptor.ResolveParams{Key: key, As: residual.Failed, By: "ops", Note: "checked", IfToken: r.Token})
+	require.NoError(t, err)
+	require.Equal(t, residual.Failed, got.State)
 }

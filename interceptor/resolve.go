@@ -26,6 +26,13 @@ type ResolveParams struct {
 	// the way every result is: redacted, then capped at Options.MaxResult (the digest is of
 	// the whole). Nil keeps what is cached.
 	Result []byte
+	// IfToken, when not zero, makes the resolve conditional on the attempt the caller
+	// looked at: it happens only if the residual's token (Residual.Token; a Violation's
+	// Token names the same attempt) still equals IfToken. When a later attempt has begun
+	// meanwhile nothing is written and Resolve returns an error wrapping
+	// residual.ErrTokenChanged: what a probe found about one attempt says nothing about the
+	// next, which may have had an effect. Zero resolves whatever attempt is current.
+	IfToken uint64
 }
 
 // Resolve settles p.Key as succeeded or failed under a new fencing token (so the old
@@ -33,7 +40,8 @@ type ResolveParams struct {
 // lease. It returns the stored residual. Errors: ErrInvalidCall for malformed parameters
 // (nothing written); from the ledger, errors wrapping residual.ErrNotFound,
 // residual.ErrInProgress (a live lease covers the key: wait for it to expire),
-// residual.ErrInvalidTransition (already settled), or the ledger's own.
+// residual.ErrInvalidTransition (already settled), residual.ErrTokenChanged (p.IfToken is
+// no longer the residual's token), or the ledger's own.
 func (ic *Interceptor) Resolve(ctx context.Context, p ResolveParams) (*residual.Residual, error) {
 	switch {
 	case residual.ValidKey(p.Key) != nil:
@@ -49,6 +57,7 @@ func (ic *Interceptor) Resolve(ctx context.Context, p ResolveParams) (*residual.
 	}
 	lp := ledger.ResolveParams{
 		Namespace: ic.cfg.Namespace, Key: p.Key, As: p.As, By: p.By, Note: p.Note, Evidence: p.Evidence,
+		IfToken: p.IfToken,
 	}
 	if p.Result != nil {
 		r, err := ic.ledger.Get(ctx, ledger.GetParams{Namespace: ic.cfg.Namespace, Key: p.Key})

@@ -289,6 +289,7 @@ func errorType(err error) string {
 		{residual.ErrInProgress, string(InProgress)},
 		{residual.ErrNotFound, "not_found"},
 		{residual.ErrInvalidTransition, "invalid_transition"},
+		{residual.ErrTokenChanged, "token_changed"},
 		{ErrNoTask, "no_task"},
 		{ErrInvalidCall, "invalid_call"},
 		{ErrArgsTooLarge, "args_too_large"},

@@ -248,6 +248,13 @@ type ResolveParams struct {
 	// cut; empty means the digest of Result. ResultTruncated says Result was cut.
 	ResultDigest    string
 	ResultTruncated bool
+	// IfToken, when not zero, makes the resolve conditional: it happens only if the
+	// residual's token (Residual.Token, for an open residual the fencing token of its latest
+	// attempt) still equals IfToken, checked atomically with the write. Otherwise nothing is
+	// written and Resolve returns an error wrapping residual.ErrTokenChanged. A caller that
+	// looked at one attempt (a probe, a person) passes its token, so that what it found is
+	// never recorded against a later attempt. Zero resolves whatever attempt is current.
+	IfToken uint64 `json:",omitempty"`
 }
 
 // Validate returns an error wrapping ErrInvalidParams that names the first missing or

@@ -70,6 +70,8 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	rp := interceptor.ResolveParams{
 		Key: v.Key, As: got.outcome, By: "toolfence-proxy:" + s.p.ic.Holder(), Evidence: got.evidence,
 		Note: "settled by the proxy: " + got.evidence,
+		// Upstream's answer is about the attempt v names: never record it against a later one.
+		IfToken: v.Token,
 	}
 	if got.outcome == residual.Succeeded {
 		rp.Result = got.result

@@ -117,6 +117,7 @@ func TestNoTokensServesLoopbackOnly(t *testing.T) {
 
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(initBody))
+	req.Header.Set("Content-Type", "application/json")
 	req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 7777}))
 	e.srv.Handler().ServeHTTP(rec, req)
 	require.Equal(t, http.StatusForbidden, rec.Code)

@@ -15,12 +15,17 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/toolfence/toolfence/internal/httpserve"
 )
 
 // Path is where the MCP endpoint is served by ListenAndServe.
 const Path = "/mcp"
 
-// Handler returns the streamable HTTP handler of the MCP endpoint. Every request must carry
+// Handler returns the streamable HTTP handler of the MCP endpoint. Right after
+// authentication it refuses what a web page can make a browser send
+// (httpserve.CheckBrowser): an Origin header that is not loopback gets 403, a POST whose
+// Content-Type is not application/json 415. Every request must carry
 // "Authorization: Bearer TOKEN" with a token of Options.Tokens, which selects the namespace;
 // others get 401. Without configured tokens it serves only requests that arrive on a
 // loopback connection (403 otherwise), in the namespace of the interceptor given to New.
@@ -36,6 +41,10 @@ func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ns, owner, ok := s.authenticate(w, r)
 		if !ok {
+			return
+		}
+		if status, why := httpserve.CheckBrowser(r); status != 0 {
+			http.Error(w, "toolfence: "+why.Error()+"; nothing was done", status)
 			return
 		}
 		sp, err := s.space(ns)

@@ -21,6 +21,10 @@ var (
 	ErrLeaseLost = errors.New("residual: lease lost")
 	// ErrMarginTooSmall: too little lease time was left to dispatch or commit safely.
 	ErrMarginTooSmall = errors.New("residual: lease margin too small")
+	// ErrTokenChanged: a conditional step (ledger.ResolveParams.IfToken) named a fencing
+	// token that is no longer the residual's: a later attempt (or resolution) came first.
+	// Nothing was written; look at the residual again.
+	ErrTokenChanged = errors.New("residual: token changed")
 	// ErrInvalidTransition: the state machine does not allow the requested move.
 	ErrInvalidTransition = errors.New("residual: invalid transition")
 	// ErrInvalidState: a state name that is not one of the five states.

@@ -1,6 +1,7 @@
 // Package httpserve is the one set-up of toolfence's HTTP servers (serve --http and the
 // example tool server): timeouts and a cap on open connections that never cut a long-lived
-// response stream. It imports nothing of toolfence.
+// response stream, and the refusal of requests a web page makes a browser send
+// (CheckBrowser). It imports nothing of toolfence.
 package httpserve
 
 import (

@@ -14,6 +14,7 @@ var resolveCases = []testCase{
 	{"ResolveAcceptedSucceeded", resolveAcceptedSucceeded},
 	{"ResolveSettledInvalid", resolveSettledInvalid},
 	{"ResolveMissingNotFound", resolveMissingNotFound},
+	{"ResolveIfTokenRefusesALaterAttempt", resolveIfTokenRefusesALaterAttempt},
 	{"AppendEvidence", appendEvidence},
 }
 
@@ -128,6 +129,45 @@ func resolveSettledInvalid(e *env) {
 	require.Equal(e.t, residual.Succeeded, got.State)
 	require.Equal(e.t, a.Lease.Token, got.Token)
 	require.Empty(e.t, got.Resolutions)
+}
+
+// A resolve conditional on attempt 1's token (what a probe looked at) is refused once a
+// later attempt holds the key, even after that attempt's lease expired and it reads unknown
+// again: the probe's answer is about attempt 1, and attempt 2 may have had an effect. With
+// the current token it resolves; IfToken zero stays unconditional.
+func resolveIfTokenRefusesALaterAttempt(e *env) {
+	c := e.call("charge:cus_15")
+	first := e.acquire(c.reserve("agent-a", "digest-1"))
+	e.advance(pastTTL)
+	p := c.reserve("agent-b", "digest-1")
+	p.Redispatch = true
+	second := e.acquire(p)
+	e.advance(pastTTL)
+
+	stale := c.resolve(residual.Failed)
+	stale.IfToken = first.Lease.Token
+	r, err := e.l.Resolve(e.ctx, stale)
+	requireErr(e.t, err, residual.ErrTokenChanged)
+	require.Nil(e.t, r)
+	got := e.get(c)
+	require.Equal(e.t, residual.Unknown, got.State, "the refused resolve wrote nothing")
+	require.Equal(e.t, second.Lease.Token, got.Token, "a refused resolve takes no token")
+	require.Empty(e.t, got.Resolutions)
+
+	current := c.resolve(residual.Failed)
+	current.IfToken = second.Lease.Token
+	r, err = e.l.Resolve(e.ctx, current)
+	require.NoError(e.t, err)
+	require.Equal(e.t, residual.Failed, r.State)
+	require.Greater(e.t, r.Token, second.Lease.Token)
+
+	// Unconditional (IfToken zero) still resolves whatever is current.
+	d := e.call("charge:cus_16")
+	e.acquire(d.reserve("agent-a", "digest-1"))
+	e.advance(pastTTL)
+	r, err = e.l.Resolve(e.ctx, d.resolve(residual.Succeeded))
+	require.NoError(e.t, err)
+	require.Equal(e.t, residual.Succeeded, r.State)
 }
 
 // Resolving a key that has no residual is ErrNotFound.

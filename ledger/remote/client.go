@@ -251,12 +251,18 @@ func (c *Client) call(ctx context.Context, method string, mutating bool, in, out
 		return fmt.Errorf("%w: remote ledger %s: %s: HTTP %d: %.200q", ErrProtocol, c.where, method, resp.StatusCode, body)
 	}
 	if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode >= 500 && (env.Error == nil || !ownCode(env.Error.Codes)) {
+			// JSON, but not this server's refusal (its only 5xx is 503 "unavailable", sent
+			// before the step runs): a proxy in between, a crash mid-step. Unknown.
+			return c.lost(method, mutating, fmt.Errorf("HTTP %d without an error of this protocol: %.200q", resp.StatusCode, body))
+		}
 		if env.Error == nil {
 			env.Error = &wireError{Message: http.StatusText(resp.StatusCode), Codes: []string{"protocol"}}
 		}
 		return fromWire(method, resp.StatusCode, env.Error)
 	}
-	if len(env.Result) > 0 && string(env.Result) != "null" {
+	hasResult := len(env.Result) > 0 && string(env.Result) != "null"
+	if hasResult {
 		if jerr := json.Unmarshal(env.Result, out); jerr != nil {
 			return c.lost(method, mutating, fmt.Errorf("decoding the result: %w", jerr))
 		}
@@ -264,7 +270,25 @@ func (c *Client) call(ctx context.Context, method string, mutating bool, in, out
 	if env.Error != nil {
 		return fromWire(method, resp.StatusCode, env.Error)
 	}
+	if !hasResult && method != "open" { // open's empty count is null; every other step answers a value
+		if mutating {
+			return c.lost(method, mutating, fmt.Errorf("HTTP 200 with neither a result nor an error: %.200q", body))
+		}
+		return fmt.Errorf("%w: remote ledger %s: %s: HTTP 200 with neither a result nor an error: %.200q", ErrProtocol, c.where, method, body)
+	}
 	return nil
+}
+
+// ownCode reports whether names holds the code of a sentinel of this protocol.
+func ownCode(names []string) bool {
+	for _, name := range names {
+		for _, c := range codes {
+			if c.code == name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // post sends one request. sent reports whether its headers were written, after which the

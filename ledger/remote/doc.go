@@ -9,8 +9,8 @@
 // # Protocol
 //
 // Every step is one POST to PREFIX/METHOD (PREFIX is Path, "/ledger/v1/"; METHOD is one of
-// reserve, commit, renew, resolve, evidence, get, list, gc, open, watch) whose body is the
-// JSON of the method's ledger parameters (field names as in Go; durations in nanoseconds)
+// reserve, commit, renew, resolve, evidence, get, list, gc, open, watch) with
+// "Content-Type: application/json", whose body is the JSON of the method's ledger parameters (field names as in Go; durations in nanoseconds)
 // and whose answer is {"result": …, "error": {"message": …, "codes": […]}}. A 200 answer is
 // the backend's own answer: result, error or both (a Commit refused for a lost fence
 // returns the stored residual and the error). The error's codes name every sentinel of
@@ -19,15 +19,18 @@
 // interceptor's *Violation is built on the caller's side from these sentinels and the
 // returned residual). Any other status means the step did not run: 400 (malformed
 // or unknown JSON fields), 401 (no or unknown bearer token), 403 (a namespace the request
-// may not use), 404, 405, 413 (body over HandlerOptions.MaxBody), 503 (the server's ledger
-// is closed). watch answers a stream of JSON lines, one ledger.Change each.
+// may not use, or an Origin header that is not loopback: a web page), 404, 405, 413 (body
+// over HandlerOptions.MaxBody), 415 (not application/json), 503 (the server's ledger is
+// closed). watch answers a stream of JSON lines, one ledger.Change each.
 //
 // # Lost answers
 //
 // A mutating step (reserve, commit, renew, resolve, evidence, gc) whose request was sent
 // but whose answer never came (the connection broke, the server died, the request timed
-// out) returns an error wrapping ledger.ErrOutcomeUnknown and ErrConnectionLost: it may
-// have happened. A request that never left (the server could not be dialled) returns an
+// out), or whose answer is not this server's (a 5xx without an error code of this
+// protocol, as from a gateway in between; a 200 with neither a result nor an error) returns
+// an error wrapping ledger.ErrOutcomeUnknown and ErrConnectionLost: it may have happened. A
+// read in those cases returns ErrConnectionLost (a 200 without a result: ErrProtocol). A request that never left (the server could not be dialled) returns an
 // error wrapping ErrUnavailable: it did not happen and may be repeated.
 //
 // # Access

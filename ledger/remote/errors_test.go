@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/remote"
@@ -203,4 +204,72 @@ func TestErrorsRoundTrip(t *testing.T) {
 	var re *remote.Error
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, []string{"invalid_params"}, re.Codes)
+}
+
+// A 200 answer with neither a result nor an error (an intermediary, a buggy or newer
+// server) is no answer: a mutating step's outcome is unknown, a read is a protocol error.
+// It never comes back as a nil result with a nil error, on which the interceptor would
+// panic.
+func TestAnswerWithoutResultIsLost(t *testing.T) {
+	for _, answer := range []string{`{}`, `{"result":null}`} {
+		t.Run(answer, func(t *testing.T) {
+			endpoint := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(answer))
+			}), false)
+			c := dial(t, endpoint, remote.Options{})
+			res, err := c.Reserve(t.Context(), reserveParams("ns", "x"))
+			require.Nil(t, res)
+			require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
+			require.Contains(t, err.Error(), "neither a result nor an error")
+			_, err = c.Resolve(t.Context(), ledger.ResolveParams{Namespace: "ns", Key: reserveParams("ns", "x").Key, As: residual.Failed, By: "me"})
+			require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
+			_, err = c.Get(t.Context(), ledger.GetParams{Namespace: "ns", Key: reserveParams("ns", "x").Key})
+			require.ErrorIs(t, err, remote.ErrProtocol)
+			require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown)
+
+			ic, err := interceptor.New(c, interceptor.Options{LeaseTTL: 5 * time.Second})
+			require.NoError(t, err)
+			a, replay, err := ic.Begin(interceptor.WithTask(t.Context(), "t"), interceptor.Call{Operation: "op", Target: "x", Args: []byte(`{}`)}, interceptor.BeginOptions{})
+			require.Nil(t, a)
+			require.Nil(t, replay)
+			require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "Begin reports the lost answer and does not panic")
+		})
+	}
+	// An empty count of open residuals is null on the wire, and fine.
+	c := dial(t, serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"result":null}`))
+	}), false), remote.Options{})
+	open, err := c.OpenResiduals(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, open)
+}
+
+// A 5xx whose JSON body carries no code of this protocol (a gateway's error page in JSON)
+// is a lost answer: for a mutating step the step may have run (ErrOutcomeUnknown), never
+// "did not happen". The server's own 503 (ledger closed) stays ErrUnavailable.
+func TestGateway5xxIsOutcomeUnknown(t *testing.T) {
+	for _, answer := range []string{`{}`, `{"error":{"message":"bad gateway"}}`, `{"error":{"message":"x","codes":["gateway_timeout"]}}`} {
+		endpoint := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			_, _ = w.Write([]byte(answer))
+		}), false)
+		c := dial(t, endpoint, remote.Options{})
+		_, err := c.Commit(t.Context(), ledger.CommitParams{Namespace: "ns", Key: reserveParams("ns", "x").Key, Holder: "h", Token: 1, Outcome: residual.Succeeded})
+		require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, answer)
+		require.NotErrorIs(t, err, remote.ErrProtocol, answer)
+		require.Contains(t, err.Error(), "HTTP 502", answer)
+	}
+
+	b := openBadger(t, t.TempDir(), lease.NewFake(start))
+	c := dial(t, serve(t, remote.Handler(b, remote.HandlerOptions{Authorize: remote.AllNamespaces()}), false), remote.Options{})
+	require.NoError(t, b.Close())
+	_, err := c.Reserve(t.Context(), reserveParams("ns", "x"))
+	require.ErrorIs(t, err, remote.ErrUnavailable)
+	require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown, "the server refused before running the step")
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger"
 )
 
@@ -89,8 +90,11 @@ const (
 
 // Handler serves l over the protocol of this package (see the package doc) at any path
 // whose last element is a method name; mount it under Path. It is safe for concurrent use.
-// It never runs a step it refused: 400, 401, 403, 404, 405, 413 and 503 answers mean the
-// ledger was not called.
+// It never runs a step it refused: 400, 401, 403, 404, 405, 413, 415 and 503 answers mean
+// the ledger was not called. Whatever Authorize says, it refuses what a web page can make a
+// browser send (httpserve.CheckBrowser): a request with an Origin that is not loopback
+// (403) and a POST whose Content-Type is not application/json (415), so that a page the
+// user visits cannot drive a ledger served without tokens on loopback.
 func Handler(l ledger.Ledger, opts HandlerOptions) http.Handler {
 	opts.MaxBody = cmp.Or(opts.MaxBody, DefaultMaxBody)
 	opts.StepTimeout = cmp.Or(opts.StepTimeout, DefaultStepTimeout)
@@ -136,6 +140,13 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolfence"`)
 		return refuse(http.StatusUnauthorized, ErrUnauthorized, "%s: %v", method, err)
+	}
+	switch status, why := httpserve.CheckBrowser(r); status {
+	case 0:
+	case http.StatusForbidden:
+		return refuse(status, ErrForbidden, "%s: %v", method, why)
+	default:
+		return refuse(status, ErrProtocol, "%s: %v", method, why)
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
 	var tooLarge *http.MaxBytesError

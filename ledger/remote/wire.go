@@ -21,15 +21,17 @@ var (
 	// gone) or its ledger is closed. The step did not happen; it may be repeated.
 	ErrUnavailable = errors.New("remote: ledger server unavailable")
 	// ErrConnectionLost: the request was sent but no answer came (the connection broke,
-	// the server died, the request timed out). For a mutating step the error also wraps
-	// ledger.ErrOutcomeUnknown: the step may have happened.
+	// the server died, the request timed out), or the answer was not this server's (a 5xx
+	// without an error code of this protocol, a 200 without a result). For a mutating step
+	// the error also wraps ledger.ErrOutcomeUnknown: the step may have happened.
 	ErrConnectionLost = errors.New("remote: connection lost before the answer")
 	// ErrUnauthorized: the server refused the request's bearer token (401).
 	ErrUnauthorized = errors.New("remote: unauthorized")
-	// ErrForbidden: the request names a namespace its access does not cover (403).
+	// ErrForbidden: the request names a namespace its access does not cover, or comes from
+	// a web page (an Origin header that is not loopback) (403).
 	ErrForbidden = errors.New("remote: namespace not allowed")
-	// ErrProtocol: the server refused the request as malformed (400, 404, 405, 413), or
-	// answered something that is not this protocol.
+	// ErrProtocol: the server refused the request as malformed (400, 404, 405, 413, 415),
+	// or answered a read with something that is not this protocol.
 	ErrProtocol = errors.New("remote: protocol error")
 	// ErrInvalidEndpoint: the endpoint given to New is not an http, https or unix URL.
 	ErrInvalidEndpoint = errors.New("remote: invalid endpoint")
@@ -51,6 +53,7 @@ var codes = []struct {
 	{"lease_lost", residual.ErrLeaseLost},
 	{"margin_too_small", residual.ErrMarginTooSmall},
 	{"invalid_transition", residual.ErrInvalidTransition},
+	{"token_changed", residual.ErrTokenChanged},
 	{"invalid_state", residual.ErrInvalidState},
 	{"invalid_key", residual.ErrInvalidKey},
 	{"invalid_json", residual.ErrInvalidJSON},

@@ -209,9 +209,14 @@ func ApplyRenew(r *residual.Residual, p ledger.RenewParams, now time.Time) (leas
 	return lease.Lease{Resource: r.Key, Holder: p.Holder, Token: p.Token, Expires: cur.LeaseExpires}, nil
 }
 
-// ApplyResolve applies Resolve to r with the new fencing token.
+// ApplyResolve applies Resolve to r with the new fencing token. When p.IfToken is set and is
+// not r.Token it changes nothing and returns an error wrapping residual.ErrTokenChanged.
 func ApplyResolve(r *residual.Residual, p ledger.ResolveParams, token uint64, now time.Time) error {
 	from := r.EffectiveState(now)
+	if p.IfToken != 0 && p.IfToken != r.Token {
+		return fmt.Errorf("%w: key %s: resolve was conditional on token %d, but the residual's token is now %d (%s): a later attempt or resolution came first; look at it again",
+			residual.ErrTokenChanged, r.Key, p.IfToken, r.Token, from)
+	}
 	switch from {
 	case residual.Pending:
 		cur := r.Current()

@@ -1,0 +1,134 @@
+package mcpproxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// stpEnd is one side of an in-memory JSON-RPC connection, read continuously.
+type stpEnd struct {
+	conn mcp.Connection
+	in   chan jsonrpc.Message
+}
+
+func stpConnect(t *testing.T, tr mcp.Transport) *stpEnd {
+	c, err := tr.Connect(context.Background())
+	require.NoError(t, err)
+	e := &stpEnd{conn: c, in: make(chan jsonrpc.Message, 100)}
+	go func() {
+		defer close(e.in)
+		for {
+			m, err := c.Read(context.Background())
+			if err != nil {
+				return
+			}
+			e.in <- m
+		}
+	}()
+	return e
+}
+
+func (e *stpEnd) next(t *testing.T) jsonrpc.Message {
+	t.Helper()
+	select {
+	case m, ok := <-e.in:
+		require.True(t, ok, "connection closed")
+		return m
+	case <-time.After(10 * time.Second):
+		t.Fatal("timeout waiting for a message")
+	}
+	return nil
+}
+
+func (e *stpEnd) nextCall(t *testing.T) *jsonrpc.Request {
+	t.Helper()
+	for {
+		if q, ok := e.next(t).(*jsonrpc.Request); ok && q.IsCall() {
+			return q
+		}
+	}
+}
+
+func (e *stpEnd) answer(t *testing.T, id jsonrpc.ID, result string) {
+	require.NoError(t, e.conn.Write(context.Background(), &jsonrpc.Response{ID: id, Result: json.RawMessage(result)}))
+}
+
+func (e *stpEnd) send(t *testing.T, id float64, method, params string) {
+	jid, err := jsonrpc.MakeID(id)
+	require.NoError(t, err)
+	require.NoError(t, e.conn.Write(context.Background(), &jsonrpc.Request{ID: jid, Method: method, Params: json.RawMessage(params)}))
+}
+
+// Two calls meet the same unknown residual and both probe. The first probe says "not found":
+// its call resolves the residual failed and dispatches attempt 2, whose outcome is unknown
+// (isError after the effect). The second probe's "not found" arrives late; it is about
+// attempt 1, so it must not resolve attempt 2 as failed: its call answers unknown_outcome
+// and nothing is dispatched a third time.
+func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
+	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"mode":"protect","target":["/order"],"timeout":"5s",
+		"probe":{"tool":"find","arguments":{"order":"/order"},"found":"/found"}}}}`))
+	require.NoError(t, err)
+	l, err := badger.Open(filepath.Join(t.TempDir(), "store"), badger.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second})
+	require.NoError(t, err)
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fx", Policy: pol})
+	require.NoError(t, err)
+	hostT, downT := mcp.NewInMemoryTransports()
+	upT, fakeT := mcp.NewInMemoryTransports()
+	down, err := downT.Connect(context.Background())
+	require.NoError(t, err)
+	upc, err := upT.Connect(context.Background())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = p.Serve(ctx, down, upc) }()
+	host, up := stpConnect(t, hostT), stpConnect(t, fakeT)
+
+	const chargeDef = `{"name":"charge","inputSchema":{"type":"object"}}`
+	const findDef = `{"name":"find","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`
+	host.send(t, 1, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	list := up.nextCall(t)
+	require.Equal(t, "tools/list", list.Method)
+	up.answer(t, list.ID, `{"tools":[`+chargeDef+`,`+findDef+`]}`)
+	first := up.nextCall(t)
+	up.answer(t, first.ID, `{"isError":true,"content":[{"type":"text","text":"boom"}]}`) // attempt 1: unknown
+	require.Contains(t, string(host.next(t).(*jsonrpc.Response).Result), "unknown")
+
+	host.send(t, 2, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	host.send(t, 3, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	pa, pb := up.nextCall(t), up.nextCall(t)
+	require.Contains(t, string(pa.Params), `"find"`)
+	require.Contains(t, string(pb.Params), `"find"`)
+	up.answer(t, pa.ID, `{"content":[],"structuredContent":{"found":false}}`)
+	second := up.nextCall(t)
+	require.Contains(t, string(second.Params), `"charge"`)
+	up.answer(t, second.ID, `{"isError":true,"content":[{"type":"text","text":"boom after the charge"}]}`) // attempt 2: unknown
+	require.Contains(t, string(host.next(t).(*jsonrpc.Response).Result), "unknown")
+
+	// The late answer of the other probe, about attempt 1.
+	up.answer(t, pb.ID, `{"content":[],"structuredContent":{"found":false}}`)
+	resp := host.next(t).(*jsonrpc.Response)
+	require.Contains(t, string(resp.Result), "unknown_outcome", "the call is blocked by attempt 2's unknown outcome")
+	page, err := l.List(context.Background(), ledger.ListParams{Namespace: ic.Namespace()})
+	require.NoError(t, err)
+	require.Len(t, page.Residuals, 1)
+	got := page.Residuals[0]
+	require.Equal(t, residual.Unknown, got.State, "attempt 2 stays unknown")
+	require.Len(t, got.Attempts, 2, "no third attempt")
+	require.Len(t, got.Resolutions, 1, "only the first probe's answer (about attempt 1) was recorded")
+}
