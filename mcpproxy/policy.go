@@ -92,6 +92,12 @@ type ProbeRule struct {
 	// non-zero number means the effect happened; false, null, "", 0, [] or {} that it did
 	// not; an absent value leaves the outcome unknown. Required.
 	Found string `json:"found"`
+	// NotFoundAfter is how long after an attempt began a "not found" of the probe is
+	// trusted to mean that attempt had no effect ("2m"). Sooner, the attempt may still be
+	// running upstream (it timed out, was cancelled, or the proxy was killed, but upstream
+	// may act later), so the call stays refused. Defaults to the tool's timeout (the
+	// policy's timeout, else Options.Timeout). "Found" settles at once.
+	NotFoundAfter Duration `json:"not_found_after"`
 }
 
 // KeyRule says where the proxy puts toolfence's idempotency key in the request it sends

@@ -3,6 +3,8 @@ package mcpproxy
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,7 +145,7 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
-		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{})}
+		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{}), idSpace: newIDSpace()}
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
 	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
 	go func() { downErr <- s.readDownstream(ctx) }()
@@ -179,6 +182,7 @@ type session struct {
 	down, up mcp.Connection
 	wg       sync.WaitGroup
 	seq      atomic.Uint64
+	idSpace  string // prefix of the proxy's own upstream request ids (newIDSpace)
 	upDone   chan struct{}
 
 	mu      sync.Mutex
@@ -197,6 +201,16 @@ func (s *session) readDownstream(ctx context.Context) error {
 		}
 		if req, ok := msg.(*jsonrpc.Request); ok {
 			switch {
+			case req.IsCall() && reservedID(req.ID):
+				// Its answer could be taken for the answer of one of the proxy's own requests.
+				s.p.log.Warn("toolfence proxy: host request refused: its id uses the proxy's reserved prefix", "method", req.Method, "id", req.ID.Raw())
+				if err := s.down.Write(ctx, &jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: codeInvalidRequest,
+					Message: fmt.Sprintf("toolfence proxy: invalid request: ids starting with %q are reserved for the proxy's own upstream requests; nothing was relayed", ReservedIDPrefix)}}); err != nil {
+					return err
+				}
+				continue
+			case req.Method == "notifications/cancelled" && cancelsReserved(req):
+				continue // the host cannot cancel the proxy's own requests
 			case req.Method == "tools/call" && req.IsCall():
 				s.wg.Add(1)
 				go s.call(ctx, req)
@@ -250,6 +264,45 @@ func (s *session) readUpstream(ctx context.Context) error {
 	}
 }
 
+// ReservedIDPrefix begins the id of every request the proxy itself sends upstream
+// (tools/list, probes, tasks/get, guarded tools/call): "toolfence-proxy:<random per
+// session>:<n>". A host request whose id is a string with this prefix is refused with
+// JSON-RPC error -32600 (invalid request) and nothing is relayed, so no host request can be
+// answered with the answer of the proxy's own.
+const ReservedIDPrefix = "toolfence-proxy:"
+
+// codeInvalidRequest is JSON-RPC's invalid request error code.
+const codeInvalidRequest = -32600
+
+// reservedID says whether a host's request id is in the proxy's own id space.
+func reservedID(id jsonrpc.ID) bool {
+	s, ok := id.Raw().(string)
+	return ok && strings.HasPrefix(s, ReservedIDPrefix)
+}
+
+// cancelsReserved says whether a notifications/cancelled names a request id in the proxy's
+// own id space.
+func cancelsReserved(req *jsonrpc.Request) bool {
+	var params struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(req.Params, &params) != nil {
+		return false
+	}
+	s, ok := params.RequestID.(string)
+	return ok && strings.HasPrefix(s, ReservedIDPrefix)
+}
+
+// newIDSpace returns the per-session prefix of the proxy's own request ids: the reserved
+// prefix and 16 random hex digits, so neither a host nor an earlier session can predict them.
+func newIDSpace() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("mcpproxy: crypto/rand: " + err.Error()) // crypto/rand does not fail on supported platforms
+	}
+	return ReservedIDPrefix + hex.EncodeToString(b[:]) + ":"
+}
+
 // hostKey identifies a host's request id (numbers and strings apart).
 func hostKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
 
@@ -281,7 +334,7 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 // response comes with the reason it never came: ctx ended (a cancellation is sent
 // upstream), the upstream is gone, or the request could not be written.
 func (s *session) roundTrip(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
-	idText := "toolfence-proxy:" + strconv.FormatUint(s.seq.Add(1), 10)
+	idText := s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
 	id, _ := jsonrpc.MakeID(idText)
 	ch := make(chan *jsonrpc.Response, 1)
 	s.mu.Lock()

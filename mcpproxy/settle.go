@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
@@ -50,9 +51,19 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 		} else {
 			pr := s.probe(ctx, rule.Probe, args)
 			// "Not found" does not settle an accepted call: upstream may not have acted yet.
-			if pr.outcome == residual.Succeeded || pr.outcome == residual.Failed && !accepted {
+			// Nor an unknown one whose attempt began less than not_found_after ago: it may
+			// still be running upstream (a timeout, a cancellation, a killed proxy) and act
+			// after the probe looked.
+			switch {
+			case pr.outcome == residual.Succeeded:
 				got = pr
-			} else {
+			case pr.outcome == residual.Failed && !accepted:
+				if why := s.notFoundTooSoon(v, rule.Probe, timeout); why != "" {
+					notes = append(notes, pr.evidence+"; "+why)
+				} else {
+					got = pr
+				}
+			default:
 				notes = append(notes, pr.evidence)
 			}
 		}
@@ -81,6 +92,22 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	}
 	s.p.log.Info("toolfence proxy: earlier attempt settled by upstream's answer", "key", v.Key, "tool", tool, "as", got.outcome.String())
 	return got.evidence, true
+}
+
+// notFoundTooSoon says why a probe's "not found" cannot settle the earlier attempt of v yet
+// (empty when it can): the attempt began less than the probe's not_found_after (default:
+// the tool's timeout) ago on the interceptor's clock, or its start is not recorded.
+func (s *session) notFoundTooSoon(v *interceptor.Violation, pr *ProbeRule, timeout time.Duration) string {
+	after := cmpDur(pr.NotFoundAfter, timeout)
+	if v.Since.IsZero() {
+		return "the earlier attempt's start is not recorded, so it may still be running upstream; check upstream, then toolfence resolve"
+	}
+	from := v.Since.Add(after)
+	if s.p.ic.Settings().Clock.Now().Before(from) {
+		return fmt.Sprintf("the earlier attempt may still be running upstream; a probe's not-found is trusted from %s (its start %s + not_found_after %v)",
+			from.UTC().Format(time.RFC3339Nano), v.Since.UTC().Format(time.RFC3339Nano), after)
+	}
+	return ""
 }
 
 // probe calls the probe tool with arguments taken from args and reads its found pointer.
