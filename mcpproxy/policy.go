@@ -397,6 +397,12 @@ func (p *Policy) decide(name string, info *toolInfo) decision {
 	return decision{protect: true, rule: rule, why: "default: not annotated read-only"}
 }
 
+// explicitBypass says whether the policy file itself names the tool with mode bypass.
+func (p *Policy) explicitBypass(name string) bool {
+	rule, ok := p.Tools[name]
+	return ok && rule.Mode == Bypass
+}
+
 // matchesNoEffect says whether an isError result's text matches one of the rule's patterns.
 func (n NoEffect) matches(text string) bool {
 	for _, re := range n.res {

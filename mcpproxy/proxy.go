@@ -191,6 +191,7 @@ type session struct {
 	relayed map[string]trace.Span              // host id of a bypassed call → its span, until upstream answers
 	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
 	catErr  error
+	catGen  uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -252,6 +253,7 @@ func (s *session) readUpstream(ctx context.Context) error {
 			if m.Method == "notifications/tools/list_changed" {
 				s.mu.Lock()
 				s.catalog, s.catErr = nil, nil
+				s.catGen++ // a list fetched before this must not be stored over the reset
 				s.mu.Unlock()
 			}
 		}
@@ -368,7 +370,7 @@ func (s *session) roundTrip(ctx context.Context, method string, params json.RawM
 // list_changed), and the policy's verdict on it.
 func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 	s.mu.Lock()
-	cat, catErr := s.catalog, s.catErr
+	cat, catErr, gen := s.catalog, s.catErr, s.catGen
 	s.mu.Unlock()
 	if cat != nil {
 		return cat, catErr
@@ -421,7 +423,9 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 		}
 	}
 	s.mu.Lock()
-	s.catalog, s.catErr = cat, catErr
+	if s.catGen == gen {
+		s.catalog, s.catErr = cat, catErr
+	}
 	s.mu.Unlock()
 	return cat, catErr
 }
