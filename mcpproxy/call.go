@@ -184,6 +184,9 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	sess.Close()
 
 	rep := classify(rule.NoEffect, resp, callErr)
+	if rep.Handle != "" {
+		rep.Handle = taskHandle(s.upSess, rep.Handle) // a task id means something in its upstream session only
+	}
 	res, err := a.Report(bctx, rep)
 	var claim *interceptor.ClaimError
 	if errors.As(err, &claim) {

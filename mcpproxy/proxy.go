@@ -145,7 +145,9 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
-		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{}), idSpace: newIDSpace()}
+		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{})}
+	s.upSess = newUpstreamSession()
+	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
 	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
 	go func() { downErr <- s.readDownstream(ctx) }()
@@ -182,7 +184,8 @@ type session struct {
 	down, up mcp.Connection
 	wg       sync.WaitGroup
 	seq      atomic.Uint64
-	idSpace  string // prefix of the proxy's own upstream request ids (newIDSpace)
+	upSess   string // the upstream session's random id (newUpstreamSession)
+	idSpace  string // prefix of the proxy's own upstream request ids: "toolfence-proxy:<upSess>:"
 	upDone   chan struct{}
 
 	mu      sync.Mutex
@@ -295,14 +298,16 @@ func cancelsReserved(req *jsonrpc.Request) bool {
 	return ok && strings.HasPrefix(s, ReservedIDPrefix)
 }
 
-// newIDSpace returns the per-session prefix of the proxy's own request ids: the reserved
-// prefix and 16 random hex digits, so neither a host nor an earlier session can predict them.
-func newIDSpace() string {
+// newUpstreamSession returns 16 random hex digits naming one upstream session (one Serve):
+// the random part of the proxy's own request ids ("toolfence-proxy:<it>:<n>"), so a host
+// cannot predict them, and the prefix of the task handles it records ("<it>/<taskId>"), so a
+// task id is only ever asked about in the upstream session that issued it.
+func newUpstreamSession() string {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("mcpproxy: crypto/rand: " + err.Error()) // crypto/rand does not fail on supported platforms
 	}
-	return ReservedIDPrefix + hex.EncodeToString(b[:]) + ":"
+	return hex.EncodeToString(b[:])
 }
 
 // hostKey identifies a host's request id (numbers and strings apart).

@@ -42,7 +42,13 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	got := settlement{outcome: residual.Unknown}
 	var notes []string
 	if accepted && v.Handle != "" {
-		got = s.taskOutcome(ctx, v.Handle, rule)
+		if sess, taskID, ok := strings.Cut(v.Handle, "/"); ok && sess == s.upSess && taskID != "" {
+			got = s.taskOutcome(ctx, taskID, rule)
+		} else {
+			// Task ids are per upstream session: asking another session about it could
+			// be answered about another task.
+			got = settlement{outcome: residual.Unknown, evidence: fmt.Sprintf("task %s belongs to an earlier upstream session, so tasks/get was not asked in this one: check upstream, then toolfence resolve", v.Handle)}
+		}
 		notes = append(notes, got.evidence)
 	}
 	if !got.outcome.Terminal() && rule.Probe != nil {
@@ -220,6 +226,9 @@ func (s *session) taskOutcome(ctx context.Context, taskID string, rule ToolPolic
 	if err := json.Unmarshal(resp.Result, &task); err != nil || task.Status == "" {
 		return open("the answer is not a task: %s", truncate(string(resp.Result), 200))
 	}
+	if task.TaskID != taskID {
+		return open("the answer is about task %q, not this one: check upstream, then toolfence resolve", task.TaskID)
+	}
 	msg := ""
 	if task.StatusMessage != "" {
 		msg = " (" + task.StatusMessage + ")"
@@ -252,6 +261,11 @@ func (s *session) taskOutcome(ctx context.Context, taskID string, rule ToolPolic
 	return open("the task is %s%s and tasks/result does not prove it had no effect (%s): check upstream, then toolfence resolve",
 		task.Status, msg, truncate(cmpStr(rep.Error, string(r.Result)), 200))
 }
+
+// taskHandle is the handle the proxy records for an MCP task: "<upstream session>/<taskId>",
+// the upstream session being the random id of the Serve that dispatched the call
+// (newUpstreamSession). Only that session asks upstream about the task.
+func taskHandle(upSess, taskID string) string { return upSess + "/" + taskID }
 
 // withKey returns the tools/call params to send upstream with toolfence's key in the place
 // the rule names: a top-level argument, or a params._meta field. A nil rule returns params.
