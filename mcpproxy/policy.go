@@ -169,7 +169,7 @@ func LoadPolicy(path string) (*Policy, error) {
 // ParsePolicy parses a policy document, JSON when its first non-blank byte is '{' and YAML
 // otherwise. Both are held to the same rules: it refuses unknown keys at any level, trailing
 // data (a second YAML document), a mode other than protect or bypass, a bad JSON pointer or
-// pattern, a probe without tool or found (or naming the tool itself), a key with neither or
+// pattern, no_effect code -32099 (CodeUpstreamHTTP), a probe without tool or found (or naming the tool itself), a key with neither or
 // both of argument and meta, and target, no_effect, probe or key on a bypassed tool (they
 // would never apply); every error wraps ErrPolicy and names the tool.
 func ParsePolicy(data []byte) (*Policy, error) {
@@ -234,6 +234,11 @@ func parseJSON(data []byte) (*Policy, error) {
 		for _, ptr := range tp.Target {
 			if err := tools.CheckPointer(ptr); err != nil {
 				return nil, bad("target: %v", err)
+			}
+		}
+		for _, code := range tp.NoEffect.Codes {
+			if code == CodeUpstreamHTTP {
+				return nil, bad("no_effect code %d is the proxy's own answer when an HTTP upstream gave none, so the call may have run: it never proves no effect (the proxy already records a request that was never sent as failed)", code)
 			}
 		}
 		for _, pat := range tp.NoEffect.Patterns {
