@@ -67,7 +67,7 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 	// it was locked (say, annotated read-only now) must not turn a protected tool into a
 	// relayed one. Only the policy file's explicit bypass skips the check.
 	if pins := s.p.cfg.Pins; pins != nil && !d.protect && !s.p.cfg.Policy.explicitBypass(params.Name) {
-		if _, pinned := pins.Tools[params.Name]; pinned {
+		if _, pinned := pins.pinned(params.Name); pinned {
 			if st := pins.status(params.Name, info); st != "ok" {
 				s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", KindPin, "tool", params.Name, "pin", st)
 				answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))

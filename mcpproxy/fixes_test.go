@@ -429,3 +429,18 @@ func TestHTTPProxyRefusesCrossSiteRequests(t *testing.T) {
 	}
 	require.Empty(t, dialed, "no upstream session was opened")
 }
+
+// proxy check reports a pinned tool that turned read-only as refused, like the proxy.
+func TestCheckRefusesAPinnedToolThatTurnedReadOnly(t *testing.T) {
+	old, err := mcpproxy.ToolDigest(json.RawMessage(chargeDef))
+	require.NoError(t, err)
+	pins := &mcpproxy.Pins{ServerID: "fx", Tools: map[string]string{"charge": old}}
+	turned := mcpproxy.Tool{Name: "charge", Definition: json.RawMessage(`{"name":"charge","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`)}
+	rep := mcpproxy.Check("fx", nil, pins, []mcpproxy.Tool{turned, {Name: "read", Definition: json.RawMessage(readDef)}})
+	require.Len(t, rep.Tools, 2)
+	require.False(t, rep.Tools[0].Protect)
+	require.True(t, rep.Tools[0].Refused)
+	require.Equal(t, "changed", rep.Tools[0].Pin)
+	require.False(t, rep.Tools[1].Refused, "a read-only tool without a pin is bypassed unchecked")
+	require.Empty(t, rep.Tools[1].Pin)
+}
