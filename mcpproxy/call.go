@@ -63,6 +63,18 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		info = &t
 	}
 	d := s.p.cfg.Policy.decide(params.Name, info)
+	// A pinned tool is checked before it may be bypassed: a definition that changed since
+	// it was locked (say, annotated read-only now) must not turn a protected tool into a
+	// relayed one. Only the policy file's explicit bypass skips the check.
+	if pins := s.p.cfg.Pins; pins != nil && !d.protect && !s.p.cfg.Policy.explicitBypass(params.Name) {
+		if _, pinned := pins.pinned(params.Name); pinned {
+			if st := pins.status(params.Name, info); st != "ok" {
+				s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", KindPin, "tool", params.Name, "pin", st)
+				answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
+				return
+			}
+		}
+	}
 	if !d.protect {
 		// Relayed untouched; the span ends when readUpstream passes upstream's answer on.
 		s.mu.Lock()
@@ -172,6 +184,9 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	sess.Close()
 
 	rep := classify(rule.NoEffect, resp, callErr)
+	if rep.Handle != "" {
+		rep.Handle = taskHandle(s.upSess, rep.Handle) // a task id means something in its upstream session only
+	}
 	res, err := a.Report(bctx, rep)
 	var claim *interceptor.ClaimError
 	if errors.As(err, &claim) {

@@ -119,7 +119,8 @@ type ToolReport struct {
 	// "digest of arguments"; "" for a bypassed tool.
 	Target string
 	// Pin is "ok", "missing", "changed" or "unlisted" against the pins, "no pins" without
-	// them, "" for a bypassed tool (pins do not apply).
+	// them; for a bypassed tool the status of its pin when it has one and the policy file
+	// does not say bypass (such a tool is checked), else "".
 	Pin string
 	// Warnings are problems that do not refuse calls by themselves, and the reasons of
 	// Refused.
@@ -172,6 +173,13 @@ func Check(serverID string, pol *Policy, pins *Pins, list []Tool) *Report {
 		d := pol.decide(info.Name, &info)
 		tr := ToolReport{Name: info.Name, Protect: d.protect, Why: d.why}
 		if !d.protect {
+			// A pinned tool is checked before it may be bypassed (as the proxy does).
+			if _, pinned := pins.pinned(info.Name); pinned && !pol.explicitBypass(info.Name) {
+				if tr.Pin = pins.status(info.Name, &info); tr.Pin != "ok" {
+					tr.Refused = true
+					tr.Warnings = append(tr.Warnings, fmt.Sprintf("pin %s: calls are refused until toolfence proxy lock (or the policy says mode: bypass)", tr.Pin))
+				}
+			}
 			rep.Tools = append(rep.Tools, tr)
 			continue
 		}

@@ -11,9 +11,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -159,9 +162,22 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "toolfence proxy: method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
+	if h.opts.Tokens.Len() == 0 && !loopbackOrigin(r) {
+		// Without a token, a page of any web site the host's browser shows could reach a
+		// loopback proxy; a browser sends its Origin.
+		http.Error(w, "toolfence proxy: no bearer tokens are configured, so requests from a web page of another origin (Origin header "+
+			strconv.Quote(r.Header.Get("Origin"))+") are refused; only loopback origins are served", http.StatusForbidden)
+		return
+	}
 	var msgs []jsonrpc.Message
 	batch := false
 	if r.Method == http.MethodPost {
+		// A browser sends a cross-site text/plain POST without asking first (no CORS
+		// preflight); application/json it must ask for.
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			http.Error(w, "toolfence proxy: a POST must have Content-Type: application/json", http.StatusUnsupportedMediaType)
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
 		var tooLarge *http.MaxBytesError
 		switch {
@@ -175,6 +191,10 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		batch = len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
 		if msgs, err = decodeMessages(body); err != nil || len(msgs) == 0 {
 			jsonError(w, http.StatusBadRequest, jsonrpc.CodeParseError, "toolfence proxy: the body is not a JSON-RPC message or batch")
+			return
+		}
+		if batch && isInitialize(msgs) {
+			jsonError(w, http.StatusBadRequest, codeInvalidRequest, "toolfence proxy: initialize must be sent alone, not in a batch")
 			return
 		}
 	}
@@ -235,6 +255,23 @@ func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, o
 		return h.p.ic.Namespace(), "loopback", true
 	}
 	return h.opts.Tokens.Authenticate(w, r, "toolfence proxy")
+}
+
+// loopbackOrigin reports whether r has no Origin header or one whose host is a loopback
+// name (http://localhost:3000, http://127.0.0.1); "null" and other origins are not.
+func loopbackOrigin(r *http.Request) bool {
+	o, ok := r.Header["Origin"]
+	if !ok {
+		return true
+	}
+	if len(o) != 1 {
+		return false
+	}
+	u, err := url.Parse(o[0])
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return false
+	}
+	return loopbackHost(u.Host)
 }
 
 // loopbackHost reports whether the host[:port] of a Host header names a loopback address.

@@ -155,6 +155,15 @@ func DefaultPinsPath(policyPath string) string {
 	return strings.TrimSuffix(policyPath, filepath.Ext(policyPath)) + ".pins.json"
 }
 
+// pinned returns the pin of a tool and whether it has one (false for nil pins).
+func (p *Pins) pinned(name string) (string, bool) {
+	if p == nil {
+		return "", false
+	}
+	pin, ok := p.Tools[name]
+	return pin, ok
+}
+
 // pinStatus says whether a tool's definition matches its pin: "ok", "missing" (no pin),
 // "changed" (another digest) or "unlisted" (pinned, but upstream no longer lists it).
 func (p *Pins) status(name string, info *toolInfo) string {

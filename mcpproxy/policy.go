@@ -92,6 +92,12 @@ type ProbeRule struct {
 	// non-zero number means the effect happened; false, null, "", 0, [] or {} that it did
 	// not; an absent value leaves the outcome unknown. Required.
 	Found string `json:"found"`
+	// NotFoundAfter is how long after an attempt began a "not found" of the probe is
+	// trusted to mean that attempt had no effect ("2m"). Sooner, the attempt may still be
+	// running upstream (it timed out, was cancelled, or the proxy was killed, but upstream
+	// may act later), so the call stays refused. Defaults to the tool's timeout (the
+	// policy's timeout, else Options.Timeout). "Found" settles at once.
+	NotFoundAfter Duration `json:"not_found_after"`
 }
 
 // KeyRule says where the proxy puts toolfence's idempotency key in the request it sends
@@ -163,7 +169,7 @@ func LoadPolicy(path string) (*Policy, error) {
 // ParsePolicy parses a policy document, JSON when its first non-blank byte is '{' and YAML
 // otherwise. Both are held to the same rules: it refuses unknown keys at any level, trailing
 // data (a second YAML document), a mode other than protect or bypass, a bad JSON pointer or
-// pattern, a probe without tool or found (or naming the tool itself), a key with neither or
+// pattern, no_effect code -32099 (CodeUpstreamHTTP), a probe without tool or found (or naming the tool itself), a key with neither or
 // both of argument and meta, and target, no_effect, probe or key on a bypassed tool (they
 // would never apply); every error wraps ErrPolicy and names the tool.
 func ParsePolicy(data []byte) (*Policy, error) {
@@ -228,6 +234,11 @@ func parseJSON(data []byte) (*Policy, error) {
 		for _, ptr := range tp.Target {
 			if err := tools.CheckPointer(ptr); err != nil {
 				return nil, bad("target: %v", err)
+			}
+		}
+		for _, code := range tp.NoEffect.Codes {
+			if code == CodeUpstreamHTTP {
+				return nil, bad("no_effect code %d is the proxy's own answer when an HTTP upstream gave none, so the call may have run: it never proves no effect (the proxy already records a request that was never sent as failed)", code)
 			}
 		}
 		for _, pat := range tp.NoEffect.Patterns {
@@ -389,6 +400,12 @@ func (p *Policy) decide(name string, info *toolInfo) decision {
 		return decision{rule: rule, why: "annotated readOnlyHint: true"}
 	}
 	return decision{protect: true, rule: rule, why: "default: not annotated read-only"}
+}
+
+// explicitBypass says whether the policy file itself names the tool with mode bypass.
+func (p *Policy) explicitBypass(name string) bool {
+	rule, ok := p.Tools[name]
+	return ok && rule.Mode == Bypass
 }
 
 // matchesNoEffect says whether an isError result's text matches one of the rule's patterns.

@@ -3,6 +3,8 @@ package mcpproxy
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,6 +146,8 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
 		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{})}
+	s.upSess = newUpstreamSession()
+	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
 	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
 	go func() { downErr <- s.readDownstream(ctx) }()
@@ -179,6 +184,8 @@ type session struct {
 	down, up mcp.Connection
 	wg       sync.WaitGroup
 	seq      atomic.Uint64
+	upSess   string // the upstream session's random id (newUpstreamSession)
+	idSpace  string // prefix of the proxy's own upstream request ids: "toolfence-proxy:<upSess>:"
 	upDone   chan struct{}
 
 	mu      sync.Mutex
@@ -187,6 +194,7 @@ type session struct {
 	relayed map[string]trace.Span              // host id of a bypassed call → its span, until upstream answers
 	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
 	catErr  error
+	catGen  uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -197,6 +205,16 @@ func (s *session) readDownstream(ctx context.Context) error {
 		}
 		if req, ok := msg.(*jsonrpc.Request); ok {
 			switch {
+			case req.IsCall() && reservedID(req.ID):
+				// Its answer could be taken for the answer of one of the proxy's own requests.
+				s.p.log.Warn("toolfence proxy: host request refused: its id uses the proxy's reserved prefix", "method", req.Method, "id", req.ID.Raw())
+				if err := s.down.Write(ctx, &jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: codeInvalidRequest,
+					Message: fmt.Sprintf("toolfence proxy: invalid request: ids starting with %q are reserved for the proxy's own upstream requests; nothing was relayed", ReservedIDPrefix)}}); err != nil {
+					return err
+				}
+				continue
+			case req.Method == "notifications/cancelled" && cancelsReserved(req):
+				continue // the host cannot cancel the proxy's own requests
 			case req.Method == "tools/call" && req.IsCall():
 				s.wg.Add(1)
 				go s.call(ctx, req)
@@ -238,6 +256,7 @@ func (s *session) readUpstream(ctx context.Context) error {
 			if m.Method == "notifications/tools/list_changed" {
 				s.mu.Lock()
 				s.catalog, s.catErr = nil, nil
+				s.catGen++ // a list fetched before this must not be stored over the reset
 				s.mu.Unlock()
 			}
 		}
@@ -248,6 +267,47 @@ func (s *session) readUpstream(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// ReservedIDPrefix begins the id of every request the proxy itself sends upstream
+// (tools/list, probes, tasks/get, guarded tools/call): "toolfence-proxy:<random per
+// session>:<n>". A host request whose id is a string with this prefix is refused with
+// JSON-RPC error -32600 (invalid request) and nothing is relayed, so no host request can be
+// answered with the answer of the proxy's own.
+const ReservedIDPrefix = "toolfence-proxy:"
+
+// codeInvalidRequest is JSON-RPC's invalid request error code.
+const codeInvalidRequest = -32600
+
+// reservedID says whether a host's request id is in the proxy's own id space.
+func reservedID(id jsonrpc.ID) bool {
+	s, ok := id.Raw().(string)
+	return ok && strings.HasPrefix(s, ReservedIDPrefix)
+}
+
+// cancelsReserved says whether a notifications/cancelled names a request id in the proxy's
+// own id space.
+func cancelsReserved(req *jsonrpc.Request) bool {
+	var params struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(req.Params, &params) != nil {
+		return false
+	}
+	s, ok := params.RequestID.(string)
+	return ok && strings.HasPrefix(s, ReservedIDPrefix)
+}
+
+// newUpstreamSession returns 16 random hex digits naming one upstream session (one Serve):
+// the random part of the proxy's own request ids ("toolfence-proxy:<it>:<n>"), so a host
+// cannot predict them, and the prefix of the task handles it records ("<it>/<taskId>"), so a
+// task id is only ever asked about in the upstream session that issued it.
+func newUpstreamSession() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("mcpproxy: crypto/rand: " + err.Error()) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // hostKey identifies a host's request id (numbers and strings apart).
@@ -281,7 +341,7 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 // response comes with the reason it never came: ctx ended (a cancellation is sent
 // upstream), the upstream is gone, or the request could not be written.
 func (s *session) roundTrip(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
-	idText := "toolfence-proxy:" + strconv.FormatUint(s.seq.Add(1), 10)
+	idText := s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
 	id, _ := jsonrpc.MakeID(idText)
 	ch := make(chan *jsonrpc.Response, 1)
 	s.mu.Lock()
@@ -315,7 +375,7 @@ func (s *session) roundTrip(ctx context.Context, method string, params json.RawM
 // list_changed), and the policy's verdict on it.
 func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 	s.mu.Lock()
-	cat, catErr := s.catalog, s.catErr
+	cat, catErr, gen := s.catalog, s.catErr, s.catGen
 	s.mu.Unlock()
 	if cat != nil {
 		return cat, catErr
@@ -368,7 +428,9 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 		}
 	}
 	s.mu.Lock()
-	s.catalog, s.catErr = cat, catErr
+	if s.catGen == gen {
+		s.catalog, s.catErr = cat, catErr
+	}
 	s.mu.Unlock()
 	return cat, catErr
 }

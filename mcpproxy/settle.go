@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
@@ -41,7 +42,13 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	got := settlement{outcome: residual.Unknown}
 	var notes []string
 	if accepted && v.Handle != "" {
-		got = s.taskOutcome(ctx, v.Handle, rule)
+		if sess, taskID, ok := strings.Cut(v.Handle, "/"); ok && sess == s.upSess && taskID != "" {
+			got = s.taskOutcome(ctx, taskID, rule)
+		} else {
+			// Task ids are per upstream session: asking another session about it could
+			// be answered about another task.
+			got = settlement{outcome: residual.Unknown, evidence: fmt.Sprintf("task %s belongs to an earlier upstream session, so tasks/get was not asked in this one: check upstream, then toolfence resolve", v.Handle)}
+		}
 		notes = append(notes, got.evidence)
 	}
 	if !got.outcome.Terminal() && rule.Probe != nil {
@@ -50,9 +57,19 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 		} else {
 			pr := s.probe(ctx, rule.Probe, args)
 			// "Not found" does not settle an accepted call: upstream may not have acted yet.
-			if pr.outcome == residual.Succeeded || pr.outcome == residual.Failed && !accepted {
+			// Nor an unknown one whose attempt began less than not_found_after ago: it may
+			// still be running upstream (a timeout, a cancellation, a killed proxy) and act
+			// after the probe looked.
+			switch {
+			case pr.outcome == residual.Succeeded:
 				got = pr
-			} else {
+			case pr.outcome == residual.Failed && !accepted:
+				if why := s.notFoundTooSoon(v, rule.Probe, timeout); why != "" {
+					notes = append(notes, pr.evidence+"; "+why)
+				} else {
+					got = pr
+				}
+			default:
 				notes = append(notes, pr.evidence)
 			}
 		}
@@ -83,6 +100,22 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	}
 	s.p.log.Info("toolfence proxy: earlier attempt settled by upstream's answer", "key", v.Key, "tool", tool, "as", got.outcome.String())
 	return got.evidence, true
+}
+
+// notFoundTooSoon says why a probe's "not found" cannot settle the earlier attempt of v yet
+// (empty when it can): the attempt began less than the probe's not_found_after (default:
+// the tool's timeout) ago on the interceptor's clock, or its start is not recorded.
+func (s *session) notFoundTooSoon(v *interceptor.Violation, pr *ProbeRule, timeout time.Duration) string {
+	after := cmpDur(pr.NotFoundAfter, timeout)
+	if v.Since.IsZero() {
+		return "the earlier attempt's start is not recorded, so it may still be running upstream; check upstream, then toolfence resolve"
+	}
+	from := v.Since.Add(after)
+	if s.p.ic.Settings().Clock.Now().Before(from) {
+		return fmt.Sprintf("the earlier attempt may still be running upstream; a probe's not-found is trusted from %s (its start %s + not_found_after %v)",
+			from.UTC().Format(time.RFC3339Nano), v.Since.UTC().Format(time.RFC3339Nano), after)
+	}
+	return ""
 }
 
 // probe calls the probe tool with arguments taken from args and reads its found pointer.
@@ -195,6 +228,9 @@ func (s *session) taskOutcome(ctx context.Context, taskID string, rule ToolPolic
 	if err := json.Unmarshal(resp.Result, &task); err != nil || task.Status == "" {
 		return open("the answer is not a task: %s", truncate(string(resp.Result), 200))
 	}
+	if task.TaskID != taskID {
+		return open("the answer is about task %q, not this one: check upstream, then toolfence resolve", task.TaskID)
+	}
 	msg := ""
 	if task.StatusMessage != "" {
 		msg = " (" + task.StatusMessage + ")"
@@ -227,6 +263,11 @@ func (s *session) taskOutcome(ctx context.Context, taskID string, rule ToolPolic
 	return open("the task is %s%s and tasks/result does not prove it had no effect (%s): check upstream, then toolfence resolve",
 		task.Status, msg, truncate(cmpStr(rep.Error, string(r.Result)), 200))
 }
+
+// taskHandle is the handle the proxy records for an MCP task: "<upstream session>/<taskId>",
+// the upstream session being the random id of the Serve that dispatched the call
+// (newUpstreamSession). Only that session asks upstream about the task.
+func taskHandle(upSess, taskID string) string { return upSess + "/" + taskID }
 
 // withKey returns the tools/call params to send upstream with toolfence's key in the place
 // the rule names: a top-level argument, or a params._meta field. A nil rule returns params.

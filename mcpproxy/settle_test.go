@@ -103,8 +103,9 @@ func TestProxyWithoutProbeAKilledProxyLeavesTheCallBlocked(t *testing.T) {
 
 func TestProxyProbeThatFindsNothingSettlesFailedAndTheCallDispatches(t *testing.T) {
 	t.Parallel()
+	// The attempt answered (nothing still runs upstream), so its not-found is trusted at once.
 	b := setup(t, `{"tools": {"append": {"target": ["/target"],
-		"probe": {"tool": "find", "arguments": {"target": "/target"}, "found": "/found"}}}}`)
+		"probe": {"tool": "find", "arguments": {"target": "/target"}, "found": "/found", "not_found_after": "1ns"}}}}`)
 	b.setMode("reject") // isError without a no_effect rule: unknown, and nothing was written
 	args := map[string]any{"target": "inbox:bob", "text": "hello"}
 	s := b.host("proxy")
@@ -191,7 +192,7 @@ func TestProxySettlesATaskByTasksGetThenReplays(t *testing.T) {
 	rs := b.residuals()
 	require.Len(t, rs, 1)
 	require.Equal(t, residual.Succeeded, rs[0].State)
-	require.Equal(t, "task-1", rs[0].Handle)
+	require.Regexp(t, `^[0-9a-f]{16}/task-1$`, rs[0].Handle, "the handle names the upstream session")
 }
 
 func TestProxyRefusesProtectedToolsWhoseDefinitionChangedUntilLocked(t *testing.T) {

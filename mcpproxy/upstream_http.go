@@ -66,10 +66,15 @@ var reservedHeaders = map[string]bool{
 	"Transfer-Encoding": true, "Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Last-Event-Id": true,
 }
 
+// idempotencyHeaders make Go's net/http treat a POST as idempotent and silently send it
+// again over a new connection after some failures; --header may not set them.
+var idempotencyHeaders = map[string]bool{"Idempotency-Key": true, "X-Idempotency-Key": true}
+
 // ParseHeaders turns "NAME=VALUE" flags into headers for DialUpstream. It returns an error
 // naming the flag (by position and name, never its value, which may be a secret) for a
 // flag without '=', an invalid header name or value, or a header the proxy sets itself
-// (Accept, Content-Type, Mcp-Session-Id, Mcp-Protocol-Version, ...). A name given twice
+// (Accept, Content-Type, Mcp-Session-Id, Mcp-Protocol-Version, ...) or Idempotency-Key or
+// X-Idempotency-Key (with them Go's HTTP client may re-send a POST). A name given twice
 // sends both values.
 func ParseHeaders(flags []string) (http.Header, error) {
 	h := http.Header{}
@@ -83,6 +88,8 @@ func ParseHeaders(flags []string) (http.Header, error) {
 			return nil, fmt.Errorf("mcpproxy: header %d: %q is not a valid header name", i+1, name)
 		case !httpguts.ValidHeaderFieldValue(value):
 			return nil, fmt.Errorf("mcpproxy: header %d (%s): the value holds characters a header may not (newline, control characters)", i+1, name)
+		case idempotencyHeaders[http.CanonicalHeaderKey(name)]:
+			return nil, fmt.Errorf("mcpproxy: header %d: %s may not be sent: Go's HTTP client re-sends a POST that carries it when a connection fails, which could run a tool call twice", i+1, http.CanonicalHeaderKey(name))
 		case reservedHeaders[http.CanonicalHeaderKey(name)]:
 			return nil, fmt.Errorf("mcpproxy: header %d: %s is set by the proxy itself", i+1, http.CanonicalHeaderKey(name))
 		}

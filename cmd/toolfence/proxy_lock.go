@@ -203,6 +203,8 @@ func printReport(w io.Writer, rep *mcpproxy.Report) {
 		decision, target, pin := "bypass", "-", "-"
 		if t.Protect {
 			decision, target, pin = "protect", t.Target, t.Pin
+		} else if t.Pin != "" {
+			pin = t.Pin // a pinned tool is checked before it is bypassed
 		}
 		notes := append([]string{t.Why}, t.Warnings...)
 		for i := range notes[1:] {

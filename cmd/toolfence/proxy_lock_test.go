@@ -43,7 +43,7 @@ func TestProxyLockCheckAndPins(t *testing.T) {
 	require.Len(t, lines, 8, "a header and one line per tool:\n%s", r.stdout)
 	require.Regexp(t, `(?m)^begin_call\s+protect\s+/operation\s+ok\s+default: not annotated read-only$`, r.stdout)
 	require.Regexp(t, `(?m)^commit_call\s+protect\s+digest of arguments\s+ok\s+default: not annotated read-only; warning: no target pointers`, r.stdout)
-	require.Regexp(t, `(?m)^list_pending\s+bypass\s+-\s+-\s+annotated readOnlyHint: true$`, r.stdout)
+	require.Regexp(t, `(?m)^list_pending\s+bypass\s+-\s+ok\s+annotated readOnlyHint: true$`, r.stdout, "a pinned tool is checked before it is bypassed")
 
 	// A changed pin: check says so and exits 1; the proxy refuses the tool, forwards the rest.
 	pins.Tools["begin_call"] = "sha256:" + strings.Repeat("0", 64)

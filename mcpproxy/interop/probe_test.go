@@ -60,9 +60,15 @@ func TestProbeSettlesAKilledProxysCall(t *testing.T) {
 	}
 }
 
+// probeTrustingNotFound is probePolicy whose probe's "not found" is trusted 1ms after the
+// attempt began (the upstream that ran it is dead: nothing still runs it).
+const probeTrustingNotFound = `{"tools": {"append": {"target": ["/target"],
+	"probe": {"tool": "find", "arguments": {"target": "/target", "text": "/text"}, "found": "/found", "not_found_after": "1ms"}}}}`
+
 // TestProbeNotFoundDispatchesAgain: the upstream dies before any effect; with a probe, the
 // call through a new proxy asks it, it finds nothing, the attempt is recorded failed and
-// the call is sent again and acts. Effects = 1, dispatches = 2.
+// the call is sent again and acts. Effects = 1, dispatches = 2. With the default
+// not_found_after (the timeout) the same call is refused instead: the attempt may still run.
 func TestProbeNotFoundDispatchesAgain(t *testing.T) {
 	t.Parallel()
 	for _, fx := range fixtures {
@@ -75,6 +81,14 @@ func TestProbeNotFoundDispatchesAgain(t *testing.T) {
 			_ = h.close()
 			require.Zero(t, w.effectCount())
 
+			h = w.goSDK(w.proxyArgv(w.store))
+			o = h.call(t, mcpfixture.ToolAppend, args, nil)
+			require.Equal(t, kindUnknown, o.Kind, "not found, but the attempt began less than not_found_after ago: %s", o.Raw)
+			require.Contains(t, string(o.Raw), "may still be running upstream")
+			require.NoError(t, h.close())
+			require.Equal(t, 1, w.dispatchCount())
+
+			require.NoError(t, os.WriteFile(w.policy, []byte(probeTrustingNotFound), 0o600))
 			h = w.goSDK(w.proxyArgv(w.store))
 			o = h.call(t, mcpfixture.ToolAppend, args, nil)
 			require.False(t, o.IsError, o.Raw)
