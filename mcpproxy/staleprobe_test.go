@@ -79,7 +79,7 @@ func (e *stpEnd) send(t *testing.T, id float64, method, params string) {
 // and nothing is dispatched a third time.
 func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
 	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"mode":"protect","target":["/order"],"timeout":"5s",
-		"probe":{"tool":"find","arguments":{"order":"/order"},"found":"/found"}}}}`))
+		"probe":{"tool":"find","arguments":{"order":"/order"},"found":"/found","not_found_after":"1ns"}}}}`))
 	require.NoError(t, err)
 	l, err := badger.Open(filepath.Join(t.TempDir(), "store"), badger.Options{})
 	require.NoError(t, err)
