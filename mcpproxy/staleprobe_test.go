@@ -2,7 +2,6 @@ package mcpproxy_test
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,60 +16,6 @@ import (
 	"github.com/toolfence/toolfence/mcpproxy"
 	"github.com/toolfence/toolfence/residual"
 )
-
-// stpEnd is one side of an in-memory JSON-RPC connection, read continuously.
-type stpEnd struct {
-	conn mcp.Connection
-	in   chan jsonrpc.Message
-}
-
-func stpConnect(t *testing.T, tr mcp.Transport) *stpEnd {
-	c, err := tr.Connect(context.Background())
-	require.NoError(t, err)
-	e := &stpEnd{conn: c, in: make(chan jsonrpc.Message, 100)}
-	go func() {
-		defer close(e.in)
-		for {
-			m, err := c.Read(context.Background())
-			if err != nil {
-				return
-			}
-			e.in <- m
-		}
-	}()
-	return e
-}
-
-func (e *stpEnd) next(t *testing.T) jsonrpc.Message {
-	t.Helper()
-	select {
-	case m, ok := <-e.in:
-		require.True(t, ok, "connection closed")
-		return m
-	case <-time.After(10 * time.Second):
-		t.Fatal("timeout waiting for a message")
-	}
-	return nil
-}
-
-func (e *stpEnd) nextCall(t *testing.T) *jsonrpc.Request {
-	t.Helper()
-	for {
-		if q, ok := e.next(t).(*jsonrpc.Request); ok && q.IsCall() {
-			return q
-		}
-	}
-}
-
-func (e *stpEnd) answer(t *testing.T, id jsonrpc.ID, result string) {
-	require.NoError(t, e.conn.Write(context.Background(), &jsonrpc.Response{ID: id, Result: json.RawMessage(result)}))
-}
-
-func (e *stpEnd) send(t *testing.T, id float64, method, params string) {
-	jid, err := jsonrpc.MakeID(id)
-	require.NoError(t, err)
-	require.NoError(t, e.conn.Write(context.Background(), &jsonrpc.Request{ID: jid, Method: method, Params: json.RawMessage(params)}))
-}
 
 // Two calls meet the same unknown residual and both probe. The first probe says "not found":
 // its call resolves the residual failed and dispatches attempt 2, whose outcome is unknown
@@ -97,25 +42,25 @@ func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { _ = p.Serve(ctx, down, upc) }()
-	host, up := stpConnect(t, hostT), stpConnect(t, fakeT)
+	host, up := newRaw(t, hostT), newRaw(t, fakeT)
 
 	const chargeDef = `{"name":"charge","inputSchema":{"type":"object"}}`
 	const findDef = `{"name":"find","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`
 	host.send(t, 1, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
-	list := up.nextCall(t)
+	list := up.nextReq(t)
 	require.Equal(t, "tools/list", list.Method)
 	up.answer(t, list.ID, `{"tools":[`+chargeDef+`,`+findDef+`]}`)
-	first := up.nextCall(t)
+	first := up.nextReq(t)
 	up.answer(t, first.ID, `{"isError":true,"content":[{"type":"text","text":"boom"}]}`) // attempt 1: unknown
 	require.Contains(t, string(host.next(t).(*jsonrpc.Response).Result), "unknown")
 
 	host.send(t, 2, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
 	host.send(t, 3, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
-	pa, pb := up.nextCall(t), up.nextCall(t)
+	pa, pb := up.nextReq(t), up.nextReq(t)
 	require.Contains(t, string(pa.Params), `"find"`)
 	require.Contains(t, string(pb.Params), `"find"`)
 	up.answer(t, pa.ID, `{"content":[],"structuredContent":{"found":false}}`)
-	second := up.nextCall(t)
+	second := up.nextReq(t)
 	require.Contains(t, string(second.Params), `"charge"`)
 	up.answer(t, second.ID, `{"isError":true,"content":[{"type":"text","text":"boom after the charge"}]}`) // attempt 2: unknown
 	require.Contains(t, string(host.next(t).(*jsonrpc.Response).Result), "unknown")
