@@ -46,7 +46,7 @@ func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
 
 	const chargeDef = `{"name":"charge","inputSchema":{"type":"object"}}`
 	const findDef = `{"name":"find","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`
-	host.send(t, 1, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	host.send(t, float64(1), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
 	list := up.nextReq(t)
 	require.Equal(t, "tools/list", list.Method)
 	up.answer(t, list.ID, `{"tools":[`+chargeDef+`,`+findDef+`]}`)
@@ -54,8 +54,8 @@ func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
 	up.answer(t, first.ID, `{"isError":true,"content":[{"type":"text","text":"boom"}]}`) // attempt 1: unknown
 	require.Contains(t, string(host.next(t).(*jsonrpc.Response).Result), "unknown")
 
-	host.send(t, 2, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
-	host.send(t, 3, "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	host.send(t, float64(2), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	host.send(t, float64(3), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
 	pa, pb := up.nextReq(t), up.nextReq(t)
 	require.Contains(t, string(pa.Params), `"find"`)
 	require.Contains(t, string(pb.Params), `"find"`)
