@@ -112,8 +112,8 @@ func newProxyLockCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lock [--config FILE] [--pins FILE] --server-id ID (-- CMD ARGS... | --upstream URL [--header K=V])",
 		Short: "Pin the upstream's tool definitions: write the digest of each to the pins file",
-		Long: `Start the upstream MCP server (CMD ARGS...), list its tools, and write the pins file: the
-server id and, per tool, the SHA-256 of the canonical JSON of its whole definition as the
+		Long: `Start the upstream MCP server (CMD ARGS...) or connect to it (--upstream URL, with
+--header NAME=VALUE), list its tools, and write the pins file: the server id and, per tool, the SHA-256 of the canonical JSON of its whole definition as the
 upstream lists it. The file is replaced atomically.
 
 A proxy given the pins (--pins, or the default beside --config) refuses every call of a
@@ -158,8 +158,8 @@ func newProxyCheckCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check [--config FILE] [--pins FILE] --server-id ID (-- CMD ARGS... | --upstream URL [--header K=V])",
 		Short: "Show what the proxy would do with each upstream tool: decision, target, pin, warnings",
-		Long: `Start the upstream MCP server (CMD ARGS...), list its tools and print one line per tool:
-the decision (protect or bypass, and why), the target (the policy's JSON pointers, or
+		Long: `Start the upstream MCP server (CMD ARGS...) or connect to it (--upstream URL, with
+--header NAME=VALUE), list its tools and print one line per tool: the decision (protect or bypass, and why), the target (the policy's JSON pointers, or
 "digest of arguments": a re-worded retry is then not recognised), the pin status (ok,
 missing, changed, unlisted; "no pins" without a pins file; "-" for bypassed tools) and
 warnings: a pointer that names no property of the tool's inputSchema. Problems that refuse
