@@ -169,12 +169,10 @@ func (b blocking) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.
 	return b.Ledger.Reserve(ctx, p)
 }
 
-// TestOwnerChild is the owner process of the SIGKILL tests: it owns the store in
+// runOwner is the owner process of the SIGKILL tests (the test binary re-executed with
+// $TOOLFENCE_REMOTE_TEST_ROLE=owner, see TestMain): it owns the store in
 // $TOOLFENCE_REMOTE_TEST_DIR, says "ready" and serves until killed.
-func TestOwnerChild(t *testing.T) {
-	if os.Getenv(roleEnv) != "owner" {
-		t.Skip("the owner process of TestOwnerKilled")
-	}
+func runOwner() {
 	opts := sharedOpts(os.Getenv("TOOLFENCE_REMOTE_TEST_DIR"), nil)
 	open := opts.Open
 	opts.Open = func() (ledger.Ledger, error) {
@@ -193,10 +191,10 @@ func TestOwnerChild(t *testing.T) {
 	select {}
 }
 
-// startOwner runs TestOwnerChild on dir and waits for its "ready".
+// startOwner runs the owner process (runOwner) on dir and waits for its "ready".
 func startOwner(t *testing.T, dir string) (*exec.Cmd, *bufio.Scanner) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestOwnerChild$", "-test.v=false")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), roleEnv+"=owner", "TOOLFENCE_REMOTE_TEST_DIR="+dir)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
