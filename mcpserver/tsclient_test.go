@@ -3,38 +3,25 @@ package mcpserver_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/npmci"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
 // tsClientDir is the Node project of the TypeScript SDK client (client.mjs); its
 // package-lock.json pins @modelcontextprotocol/sdk, and `npm ci` installs it there.
 const tsClientDir = "testdata/tsclient"
-
-// installStamp, inside node_modules, holds the SHA-256 of the package.json and
-// package-lock.json that node_modules was installed from, so a later test run skips `npm ci`
-// while they are unchanged.
-const installStamp = "node_modules/.toolfence-installed"
-
-var npmInstall struct {
-	once sync.Once
-	err  error
-}
 
 // tsClient returns the node binary once node_modules of tsClientDir is installed, running
 // `npm ci` at most once per test binary and only when package.json or package-lock.json
@@ -51,33 +38,8 @@ func tsClient(t *testing.T) string {
 		}
 		t.Skip(msg)
 	}
-	npmInstall.once.Do(func() { npmInstall.err = npmCI(npm) })
-	require.NoError(t, npmInstall.err)
+	require.NoError(t, npmci.Install(npm, tsClientDir))
 	return node
-}
-
-func npmCI(npm string) error {
-	h := sha256.New()
-	for _, name := range []string{"package.json", "package-lock.json"} {
-		b, err := os.ReadFile(filepath.Join(tsClientDir, name))
-		if err != nil {
-			return err
-		}
-		h.Write(b)
-	}
-	want := hex.EncodeToString(h.Sum(nil))
-	stamp := filepath.Join(tsClientDir, installStamp)
-	if got, err := os.ReadFile(stamp); err == nil && string(got) == want {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--prefer-offline", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error")
-	cmd.Dir = tsClientDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("npm ci in %s: %w\n%s", tsClientDir, err, out)
-	}
-	return os.WriteFile(stamp, []byte(want), 0o644)
 }
 
 // tsJob is the argument of client.mjs: how to reach the server.

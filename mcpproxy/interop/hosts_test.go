@@ -4,16 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +17,8 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/npmci"
 )
 
 // host is an MCP client as users run them, connected over stdio to a command.
@@ -204,13 +201,6 @@ const tsHostDir = "testdata/tsclient"
 
 // installStamp, inside node_modules, holds the SHA-256 of the package.json and
 // package-lock.json node_modules was installed from, so later runs skip `npm ci`.
-const installStamp = "node_modules/.toolfence-installed"
-
-var npmInstall struct {
-	once sync.Once
-	err  error
-}
-
 // node returns the node binary once node_modules of tsHostDir is installed (`npm ci` at
 // most once per test binary, and only when the lock changed; cached tarballs are not
 // downloaded again). Without node or npm the test fails: the matrix needs the host.
@@ -219,33 +209,8 @@ func node(t *testing.T) string {
 	nodeBin, errNode := exec.LookPath("node")
 	npm, errNpm := exec.LookPath("npm")
 	require.NoError(t, errors.Join(errNode, errNpm), "the TypeScript SDK host needs node and npm on PATH (Debian: apt-get install nodejs npm)")
-	npmInstall.once.Do(func() { npmInstall.err = npmCI(npm) })
-	require.NoError(t, npmInstall.err)
+	require.NoError(t, npmci.Install(npm, tsHostDir))
 	return nodeBin
-}
-
-func npmCI(npm string) error {
-	h := sha256.New()
-	for _, name := range []string{"package.json", "package-lock.json"} {
-		b, err := os.ReadFile(filepath.Join(tsHostDir, name))
-		if err != nil {
-			return err
-		}
-		h.Write(b)
-	}
-	want := hex.EncodeToString(h.Sum(nil))
-	stamp := filepath.Join(tsHostDir, installStamp)
-	if got, err := os.ReadFile(stamp); err == nil && string(got) == want {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--prefer-offline", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error")
-	cmd.Dir = tsHostDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("npm ci in %s: %w\n%s", tsHostDir, err, out)
-	}
-	return os.WriteFile(stamp, []byte(want), 0o644)
 }
 
 // tsCall is one call host.mjs makes.
