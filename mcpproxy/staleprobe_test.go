@@ -2,17 +2,12 @@ package mcpproxy_test
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
-	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -26,23 +21,8 @@ func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
 	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"mode":"protect","target":["/order"],"timeout":"5s",
 		"probe":{"tool":"find","arguments":{"order":"/order"},"found":"/found","not_found_after":"1ns"}}}}`))
 	require.NoError(t, err)
-	l, err := badger.Open(filepath.Join(t.TempDir(), "store"), badger.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second})
-	require.NoError(t, err)
-	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fx", Policy: pol})
-	require.NoError(t, err)
-	hostT, downT := mcp.NewInMemoryTransports()
-	upT, fakeT := mcp.NewInMemoryTransports()
-	down, err := downT.Connect(context.Background())
-	require.NoError(t, err)
-	upc, err := upT.Connect(context.Background())
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() { _ = p.Serve(ctx, down, upc) }()
-	host, up := newRaw(t, hostT), newRaw(t, fakeT)
+	r := newRig(t, mcpproxy.Options{Policy: pol}, nil)
+	host, up, l, ic := r.host, r.up, r.l, r.ic
 
 	const chargeDef = `{"name":"charge","inputSchema":{"type":"object"}}`
 	const findDef = `{"name":"find","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`
