@@ -12,7 +12,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
@@ -113,20 +112,10 @@ Example:
 	cmd.Flags().StringVar(&f.http, "http", "", "serve hosts over streamable HTTP at ADDR (host:port), endpoint /mcp, instead of stdio")
 	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "--http: bearer tokens (\"TOKEN [NAMESPACE]\" lines or JSON, as serve's); each token's sessions live in its namespace")
 	cmd.Flags().StringVar(&f.pins, "pins", "", "catalog pins (toolfence proxy lock); default: the --config path with .pins.json, when it exists")
-	f.net.addProxy(cmd.Flags())
+	f.net.addShared(cmd.Flags())
 	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
 	cmd.AddCommand(newProxyLockCmd(a), newProxyCheckCmd(a))
 	return cmd
-}
-
-// addProxy adds the limits of serve's HTTP surface that the proxy's --http shares.
-func (n *netFlags) addProxy(fl *pflag.FlagSet) {
-	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
-	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
-	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
-	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
-	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a host session (and its upstream session) without requests for this long")
-	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
 }
 
 // check validates the upstream flags and args: exactly one of --upstream URL and -- CMD,

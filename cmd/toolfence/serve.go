@@ -53,18 +53,25 @@ type netFlags struct {
 	pageSize      int
 }
 
-func (n *netFlags) add(fl *pflag.FlagSet) {
+// addShared adds the limits of the HTTP surface that serve --http and proxy --http share:
+// connections, timeouts and sessions.
+func (n *netFlags) addShared(fl *pflag.FlagSet) {
 	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
 	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
 	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
 	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
-	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session without requests for this long")
+	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session (for proxy: with its upstream session) without requests for this long")
+	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
+}
+
+// add adds serve's limits: the shared ones, and those of its JSON, in-flight requests and pages.
+func (n *netFlags) add(fl *pflag.FlagSet) {
+	n.addShared(fl)
 	fl.IntVar(&n.maxDepth, "max-depth", mcpserver.DefaultMaxDepth, "--http: deepest JSON nesting of a request")
 	fl.IntVar(&n.maxValues, "max-values", mcpserver.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
 	fl.IntVar(&n.maxInFlight, "max-inflight", mcpserver.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
 	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpserver.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
 	fl.IntVar(&n.pageSize, "page-size", mcpserver.DefaultPageSize, "entries per answer of resources/list, toolfence://pending and reconcile (each says when more remain)")
-	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
 }
 
 // apply copies the limits into opts, refusing values that are not positive.
