@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpserver"
@@ -27,24 +29,29 @@ func TestListingsArePaged(t *testing.T) {
 		keys[b.Key] = true
 	}
 
-	// resources/list
-	seen := map[string]bool{}
-	var cursor mcp.Cursor
-	for range n + 2 {
-		var req mcp.ListResourcesRequest
-		req.Params.Cursor = cursor
-		res, err := c.ListResourcesByPage(ctx(t), req)
-		require.NoError(t, err)
-		require.LessOrEqual(t, len(res.Resources), page)
-		for _, r := range res.Resources {
-			require.False(t, seen[r.URI], "listed twice: %s", r.URI)
-			seen[r.URI] = true
+	// resources/list: it follows the ledger through the watcher, so a residual opened a
+	// moment ago may not be listed yet; page through it until the watcher has caught up.
+	// Every pass must keep to the page size and list nothing twice.
+	var seen map[string]bool
+	require.EventuallyWithT(t, func(ct *assert.CollectT) {
+		seen = map[string]bool{}
+		var cursor mcp.Cursor
+		for range n + 2 {
+			var req mcp.ListResourcesRequest
+			req.Params.Cursor = cursor
+			res, err := c.ListResourcesByPage(ctx(t), req)
+			require.NoError(ct, err)
+			require.LessOrEqual(ct, len(res.Resources), page)
+			for _, r := range res.Resources {
+				require.False(ct, seen[r.URI], "listed twice: %s", r.URI)
+				seen[r.URI] = true
+			}
+			if cursor = res.NextCursor; cursor == "" {
+				break
+			}
 		}
-		if cursor = res.NextCursor; cursor == "" {
-			break
-		}
-	}
-	require.Len(t, seen, n+1, "every open residual and the pending list")
+		assert.Len(ct, seen, n+1, "every open residual and the pending list")
+	}, 10*time.Second, 5*time.Millisecond)
 
 	// toolfence://pending, page after page
 	got := map[string]bool{}
