@@ -26,6 +26,33 @@ type callParams struct {
 	Meta      map[string]json.RawMessage `json:"_meta"`
 }
 
+// relayIfBypassed relays a bypassed tools/call at once, on the goroutine that read it, when
+// the upstream's tool list is cached: no goroutine and no hand-off for a call the proxy only
+// relays (each hand-off costs a wake-up, measured in internal/proxybench). It returns false,
+// having done nothing, for every other call; call handles those.
+func (s *session) relayIfBypassed(ctx context.Context, req *jsonrpc.Request) bool {
+	s.mu.Lock()
+	cat, catErr := s.catalog, s.catErr
+	s.mu.Unlock()
+	if cat == nil || catErr != nil {
+		return false
+	}
+	var params callParams
+	if json.Unmarshal(req.Params, &params) != nil || params.Name == "" {
+		return false
+	}
+	info := lookupTool(cat, params.Name)
+	if d := s.p.cfg.Policy.decide(params.Name, info); d.protect || s.pinRefusal(params.Name, info, d) != "" {
+		return false
+	}
+	ctx, span := s.p.startCall(ctx, req.ID, params)
+	if resp := s.relay(ctx, req, params.Name, span); resp != nil {
+		endCall(span, resp)
+		s.answerResponse(ctx, resp)
+	}
+	return true
+}
+
 // call handles one tools/call of the host: forwarded untouched for a bypassed tool, through
 // the barrier for a protected one. Each gets a span (startCall), ended as its answer goes
 // to the host.
@@ -58,34 +85,15 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		answer(refusal(params.Name, kind, fmt.Sprintf("refused: %v; nothing was sent upstream", err)))
 		return
 	}
-	var info *toolInfo
-	if t, ok := cat[params.Name]; ok {
-		info = &t
-	}
+	info := lookupTool(cat, params.Name)
 	d := s.p.cfg.Policy.decide(params.Name, info)
-	// A pinned tool is checked before it may be bypassed: a definition that changed since
-	// it was locked (say, annotated read-only now) must not turn a protected tool into a
-	// relayed one. Only the policy file's explicit bypass skips the check.
-	if pins := s.p.cfg.Pins; pins != nil && !d.protect && !s.p.cfg.Policy.explicitBypass(params.Name) {
-		if _, pinned := pins.pinned(params.Name); pinned {
-			if st := pins.status(params.Name, info); st != "ok" {
-				s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", KindPin, "tool", params.Name, "pin", st)
-				answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
-				return
-			}
-		}
+	if st := s.pinRefusal(params.Name, info, d); st != "" {
+		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", KindPin, "tool", params.Name, "pin", st)
+		answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
+		return
 	}
 	if !d.protect {
-		// Relayed untouched; the span ends when readUpstream passes upstream's answer on.
-		s.mu.Lock()
-		s.relayed[hostKey(req.ID)] = span
-		s.mu.Unlock()
-		if err := s.up.Write(ctx, req); err != nil {
-			s.mu.Lock()
-			delete(s.relayed, hostKey(req.ID))
-			s.mu.Unlock()
-			answer(refusal(params.Name, KindUnavailable, "not sent: the upstream server is gone: "+err.Error()))
-		}
+		resp = s.relay(ctx, req, params.Name, span)
 		return
 	}
 	if pins := s.p.cfg.Pins; pins != nil {
@@ -107,6 +115,48 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		cancel(nil)
 	}()
 	resp = s.guard(callCtx, req, params, d.rule)
+}
+
+// lookupTool is the upstream's definition of the named tool; nil when the list lacks it.
+func lookupTool(cat map[string]toolInfo, name string) *toolInfo {
+	if t, ok := cat[name]; ok {
+		return &t
+	}
+	return nil
+}
+
+// pinRefusal is the pin status that refuses a call the policy would bypass ("" when the
+// call may go): a pinned tool is checked before it may be bypassed, since a definition that
+// changed since it was locked (say, annotated read-only now) must not turn a protected tool
+// into a relayed one. Only the policy file's explicit bypass skips the check. (A protected
+// call's pin is checked by call itself.)
+func (s *session) pinRefusal(name string, info *toolInfo, d decision) string {
+	pins := s.p.cfg.Pins
+	if pins == nil || d.protect || s.p.cfg.Policy.explicitBypass(name) {
+		return ""
+	}
+	if _, pinned := pins.pinned(name); !pinned {
+		return ""
+	}
+	if st := pins.status(name, info); st != "ok" {
+		return st
+	}
+	return ""
+}
+
+// relay sends a bypassed call upstream untouched; its span ends when readUpstream passes
+// upstream's answer on. It returns the host's answer only when the call could not be sent.
+func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, span trace.Span) *jsonrpc.Response {
+	s.mu.Lock()
+	s.relayed[hostKey(req.ID)] = span
+	s.mu.Unlock()
+	if err := s.up.Write(ctx, req); err != nil {
+		s.mu.Lock()
+		delete(s.relayed, hostKey(req.ID))
+		s.mu.Unlock()
+		return &jsonrpc.Response{ID: req.ID, Result: refusal(tool, KindUnavailable, "not sent: the upstream server is gone: "+err.Error())}
+	}
+	return nil
 }
 
 func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {

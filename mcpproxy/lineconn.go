@@ -16,58 +16,28 @@ import (
 
 // lineConn is the MCP stdio framing (one JSON-RPC message per line) over a reader and a
 // writer, as mcp.IOTransport makes it, but decoding each line once with encoding/json
-// (decodeMessage): the SDK's connection first tries every message as a batch and its JSON
-// decoder allocates and clears a large buffer per call, which took a third of a relaying
-// proxy's CPU (measured in internal/proxybench). A batch (a line holding an array) is read
-// as its messages, one after the other. Read and Close may be called concurrently; so may
-// Writes.
+// (decodeMessage) and on the reading goroutine itself: the SDK's connection first tries
+// every message as a batch, its JSON decoder allocates and clears a large buffer per call,
+// and it hands each message from a reading goroutine of its own to the caller of Read; the
+// three took most of a relaying proxy's added time (measured in internal/proxybench). A
+// batch (a line holding an array) is read as its messages, one after the other. Read must
+// not be called concurrently with itself; Close and Writes may be called from any goroutine.
 type lineConn struct {
-	w        io.Writer
-	closer   func() error // closes the underlying streams; nil: nothing to close
-	wmu      sync.Mutex
-	incoming chan lineMsg
-	closed   chan struct{}
-	once     sync.Once
-	queue    []jsonrpc.Message // the rest of a batch; used by Read only
-}
-
-type lineMsg struct {
-	msgs []jsonrpc.Message
-	err  error
+	r      *bufio.Reader
+	w      io.Writer
+	closer func() error // closes the underlying streams; nil: nothing to close
+	wmu    sync.Mutex
+	closed chan struct{}
+	once   sync.Once
+	queue  []jsonrpc.Message // the rest of a batch; used by Read only
 }
 
 var _ mcp.Connection = (*lineConn)(nil)
 
-// newLineConn reads messages from r (in a goroutine of its own, so that Close ends a
-// pending Read) and writes them to w; closer, when set, is called once by Close.
+// newLineConn reads messages from r and writes them to w; closer, when set, is called once
+// by Close, and should close r so that a pending Read ends.
 func newLineConn(r io.Reader, w io.Writer, closer func() error) *lineConn {
-	c := &lineConn{w: w, closer: closer, incoming: make(chan lineMsg), closed: make(chan struct{})}
-	go c.readLoop(bufio.NewReaderSize(r, 64<<10))
-	return c
-}
-
-func (c *lineConn) readLoop(r *bufio.Reader) {
-	for {
-		line, err := readLine(r, mcp.DefaultMaxLineLength)
-		var m lineMsg
-		switch {
-		case err != nil && len(line) == 0:
-			m.err = err
-		default:
-			m.msgs, m.err = decodeLine(line)
-		}
-		if m.err == nil && len(m.msgs) == 0 {
-			continue // a blank line
-		}
-		select {
-		case c.incoming <- m:
-		case <-c.closed:
-			return
-		}
-		if m.err != nil {
-			return
-		}
-	}
+	return &lineConn{r: bufio.NewReaderSize(r, 64<<10), w: w, closer: closer, closed: make(chan struct{})}
 }
 
 // readLine returns the next line without its newline; a last line without a newline is
@@ -166,24 +136,42 @@ func decodeMessage(data []byte) (jsonrpc.Message, error) {
 	return r, nil
 }
 
-// Read returns the next message; io.EOF once the reader ended or the connection is closed.
+// Read returns the next message, read on the calling goroutine; io.EOF once the reader
+// ended or the connection is closed. A pending Read ends on Close only when the closer
+// closes the reader (ctx is checked before reading, not during).
 func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if len(c.queue) > 0 {
 		m := c.queue[0]
 		c.queue = c.queue[1:]
 		return m, nil
 	}
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case m := <-c.incoming:
-		if m.err != nil {
-			return nil, m.err
+	for {
+		select {
+		case <-c.closed:
+			return nil, io.EOF
+		default:
 		}
-		c.queue = m.msgs[1:]
-		return m.msgs[0], nil
-	case <-c.closed:
-		return nil, io.EOF
+		line, err := readLine(c.r, mcp.DefaultMaxLineLength)
+		if err != nil && len(line) == 0 {
+			select {
+			case <-c.closed:
+				return nil, io.EOF // the closer closed the reader under this Read
+			default:
+				return nil, err
+			}
+		}
+		msgs, err := decodeLine(line)
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) == 0 {
+			continue // a blank line
+		}
+		c.queue = msgs[1:]
+		return msgs[0], nil
 	}
 }
 

@@ -48,14 +48,15 @@ func TestLineConnFraming(t *testing.T) {
 	require.Error(t, err)
 }
 
-// TestLineConnWriteAndClose: Write puts one message on one line; Close ends a pending Read
-// with EOF, calls the closer once, and later Writes fail.
+// TestLineConnWriteAndClose: Write puts one message on one line; Close calls the closer
+// once, a Read pending on the reader it closes ends with EOF (not the reader's "closed
+// pipe"), and later Writes and Reads fail.
 func TestLineConnWriteAndClose(t *testing.T) {
 	t.Parallel()
 	pr, pw := io.Pipe()
 	out, outW := io.Pipe()
 	closed := 0
-	c := newLineConn(pr, outW, func() error { closed++; return nil })
+	c := newLineConn(pr, outW, func() error { closed++; return pr.Close() })
 	go func() {
 		id, _ := jsonrpc.MakeID(float64(7))
 		_ = c.Write(context.Background(), &jsonrpc.Request{ID: id, Method: "ping"})
@@ -76,6 +77,8 @@ func TestLineConnWriteAndClose(t *testing.T) {
 	}
 	require.Equal(t, 1, closed)
 	require.Error(t, c.Write(context.Background(), &jsonrpc.Request{Method: "x"}))
+	_, err = c.Read(context.Background())
+	require.ErrorIs(t, err, io.EOF)
 	_ = pw.Close()
 }
 

@@ -203,6 +203,9 @@ func (s *session) readDownstream(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			return err // the session ended while this message was read: nothing is relayed
+		}
 		if req, ok := msg.(*jsonrpc.Request); ok {
 			switch {
 			case req.IsCall() && reservedID(req.ID):
@@ -216,6 +219,9 @@ func (s *session) readDownstream(ctx context.Context) error {
 			case req.Method == "notifications/cancelled" && cancelsReserved(req):
 				continue // the host cannot cancel the proxy's own requests
 			case req.Method == "tools/call" && req.IsCall():
+				if s.relayIfBypassed(ctx, req) {
+					continue
+				}
 				s.wg.Add(1)
 				go s.call(ctx, req)
 				continue

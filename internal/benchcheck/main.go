@@ -68,6 +68,8 @@ var targets = []target{
 		bench{"internal/proxybench", "Direct"}},
 	{13, "a bypassed call through the proxy ≤ 1.10 × the direct call (ProxyBypassed / Direct)",
 		bench{"internal/proxybench", "ProxyBypassed"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, false, bench{}},
+	{13, "reference: a byte relay process (io.Copy each way) ÷ the direct call (RelayFloor / Direct)",
+		bench{"internal/proxybench", "RelayFloor"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, true, bench{}},
 }
 
 // parse reads benchmark output and returns the ns/op samples of every benchmark in the order

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,12 @@ func TestMain(m *testing.M) {
 	switch os.Getenv(roleEnv) {
 	case "payments":
 		_ = payments.Serve(context.Background(), &payments.FileLedger{Path: os.Getenv("PAYMENTS_LEDGER")})
+		os.Exit(0)
+	case "relay":
+		if err := runRelay(); err != nil {
+			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
 		os.Exit(0)
 	case "proxy":
 		if err := runProxy(); err != nil {
@@ -88,6 +95,33 @@ func runProxy() error {
 		fmt.Fprintf(os.Stderr, "proxy: allocated %d bytes in %d allocations\n", ms.TotalAlloc, ms.Mallocs)
 	}
 	return err
+}
+
+// runRelay is a byte relay between its stdio and the payments server (this binary): io.Copy
+// each way, no parsing, the least a process in the path can do.
+func runRelay() error {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), roleEnv+"=payments")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go func() {
+		_, _ = io.Copy(in, os.Stdin)
+		_ = in.Close()
+	}()
+	if _, err := io.Copy(os.Stdout, out); err != nil {
+		return err
+	}
+	return cmd.Wait()
 }
 
 const (
@@ -148,6 +182,11 @@ func BenchmarkProxyProtected(b *testing.B) { bench(b, host(b, "proxy", protect))
 // BenchmarkProxyBypassed is the same call through the proxy with charge bypassed: relayed
 // untouched.
 func BenchmarkProxyBypassed(b *testing.B) { bench(b, host(b, "proxy", bypass)) }
+
+// BenchmarkRelayFloor is the same call through a byte relay process (runRelay): what any
+// process between host and upstream costs on this machine, the floor under ProxyBypassed.
+// A reference, not a target.
+func BenchmarkRelayFloor(b *testing.B) { bench(b, host(b, "relay", "")) }
 
 // BenchmarkGuardedCall is interceptor's GuardedCall measured in this run: one guarded call
 // after another (no-op tool, distinct keys) on badger with group commit.
