@@ -96,11 +96,3 @@ func (u *Upstream) Close() error {
 	})
 	return nil
 }
-
-// Stdio returns the connection of a proxy to its host over r (the host's requests, usually
-// os.Stdin) and w (the answers, usually os.Stdout): newline-delimited JSON-RPC. Messages
-// are read on the goroutine that calls Read, so closing the connection does not end a Read
-// pending on r (Serve returns without waiting for one); it closes neither r nor w.
-func Stdio(r io.Reader, w io.Writer) mcp.Connection {
-	return newLineConn(r, w, nil)
-}
