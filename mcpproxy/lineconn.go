@@ -30,6 +30,7 @@ type lineConn struct {
 	closed chan struct{}
 	once   sync.Once
 	queue  []jsonrpc.Message // the rest of a batch; used by Read only
+	raw    []byte            // the line of the message Read returned last, when it held only that one
 }
 
 var _ mcp.Connection = (*lineConn)(nil)
@@ -143,6 +144,7 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	c.raw = nil
 	if len(c.queue) > 0 {
 		m := c.queue[0]
 		c.queue = c.queue[1:]
@@ -163,6 +165,7 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 				return nil, err
 			}
 		}
+		line = bytes.TrimSpace(line)
 		msgs, err := decodeLine(line)
 		if err != nil {
 			return nil, err
@@ -170,7 +173,10 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		if len(msgs) == 0 {
 			continue // a blank line
 		}
-		c.queue = msgs[1:]
+		c.queue, c.raw = msgs[1:], nil
+		if len(msgs) == 1 {
+			c.raw = line
+		}
 		return msgs[0], nil
 	}
 }
@@ -192,6 +198,23 @@ func (c *lineConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	default:
 	}
 	_, err = c.w.Write(append(data, '\n'))
+	return err
+}
+
+// lastRaw returns the line of the message Read returned last, as it was read (without its
+// newline), or nil when that message came in a batch. It is valid until the next Read.
+func (c *lineConn) lastRaw() []byte { return c.raw }
+
+// writeRaw writes line, a message as another lineConn read it (lastRaw), and a newline.
+func (c *lineConn) writeRaw(line []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	select {
+	case <-c.closed:
+		return errors.New("mcpproxy: write on a closed connection")
+	default:
+	}
+	_, err := c.w.Write(append(line, '\n'))
 	return err
 }
 

@@ -269,10 +269,28 @@ func (s *session) readUpstream(ctx context.Context) error {
 		if answered != nil {
 			endCall(answered, msg.(*jsonrpc.Response))
 		}
-		if err := s.down.Write(ctx, msg); err != nil {
+		if err := s.relayUp(ctx, msg); err != nil {
 			return err
 		}
 	}
+}
+
+// relayUp passes a message of the upstream on to the host: as upstream wrote it when both
+// sides are stdio lines, else re-encoded. (Nothing the proxy decides depends on the bytes
+// of an upstream message it relays, so the host may see upstream's own; a host's message is
+// always re-encoded, so that upstream sees exactly what the proxy judged.)
+func (s *session) relayUp(ctx context.Context, msg jsonrpc.Message) error {
+	if up, ok := s.up.(*lineConn); ok {
+		if down, ok := s.down.(*lineConn); ok {
+			if raw := up.lastRaw(); raw != nil {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return down.writeRaw(raw)
+			}
+		}
+	}
+	return s.down.Write(ctx, msg)
 }
 
 // ReservedIDPrefix begins the id of every request the proxy itself sends upstream
