@@ -12,6 +12,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -98,8 +99,15 @@ func runProxy() error {
 }
 
 // runRelay is a byte relay between its stdio and the payments server (this binary): io.Copy
-// each way, no parsing, the least a process in the path can do.
+// each way (copyPlain), no parsing, the least a process in the path can do. Its stdio is read and
+// written through the runtime poller, as the proxy's is (mcpproxy.Stdio).
 func runRelay() error {
+	for _, fd := range []int{0, 1} {
+		if err := syscall.SetNonblock(fd, true); err != nil {
+			return err
+		}
+	}
+	stdin, stdout := os.NewFile(0, "stdin"), os.NewFile(1, "stdout")
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), roleEnv+"=payments")
 	cmd.Stderr = os.Stderr
@@ -115,13 +123,18 @@ func runRelay() error {
 		return err
 	}
 	go func() {
-		_, _ = io.Copy(in, os.Stdin)
+		_, _ = copyPlain(in, stdin)
 		_ = in.Close()
 	}()
-	if _, err := io.Copy(os.Stdout, out); err != nil {
+	if _, err := copyPlain(stdout, out); err != nil {
 		return err
 	}
 	return cmd.Wait()
+}
+
+// copyPlain copies with read and write calls only (io.Copy between files would splice).
+func copyPlain(dst io.Writer, src io.Reader) (int64, error) {
+	return io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 64<<10))
 }
 
 const (
