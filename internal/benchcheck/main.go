@@ -68,6 +68,9 @@ var targets = []target{
 		bench{"internal/proxybench", "Direct"}},
 	{13, "a bypassed call through the proxy ≤ 1.10 × the direct call (ProxyBypassed / Direct)",
 		bench{"internal/proxybench", "ProxyBypassed"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, false, bench{}},
+	{13, "reference: the proxy's cost in guarded calls with an idle tool ((ProxyProtected − Direct) / GuardedCallIdleTool)",
+		bench{"internal/proxybench", "ProxyProtected"}, bench{"internal/proxybench", "GuardedCallIdleTool"}, 1, true, 1.5, true,
+		bench{"internal/proxybench", "Direct"}},
 	{13, "reference: a byte relay process (io.Copy each way) ÷ the direct call (RelayFloor / Direct)",
 		bench{"internal/proxybench", "RelayFloor"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, true, bench{}},
 }

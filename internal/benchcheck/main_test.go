@@ -134,12 +134,14 @@ BenchmarkProxyProtected-2   	     200	   5000000 ns/op
 BenchmarkProxyBypassed-2    	     400	   2100000 ns/op
 BenchmarkRelayFloor-2       	     400	   2200000 ns/op
 BenchmarkGuardedCall-2      	     400	   2500000 ns/op
+BenchmarkGuardedCallIdleTool-2 	     400	   3000000 ns/op
 pkg: github.com/toolfence/toolfence/internal/proxybench
 BenchmarkDirect-2           	     500	   2000000 ns/op
 BenchmarkProxyProtected-2   	     200	   6000000 ns/op
 BenchmarkProxyBypassed-2    	     400	   2400000 ns/op
 BenchmarkRelayFloor-2       	     400	   2300000 ns/op
 BenchmarkGuardedCall-2      	     400	   2000000 ns/op
+BenchmarkGuardedCallIdleTool-2 	     400	   2500000 ns/op
 `
 	s, err := parse(strings.NewReader(out))
 	require.NoError(t, err)
@@ -151,14 +153,21 @@ BenchmarkGuardedCall-2      	     400	   2000000 ns/op
 			got = append(got, r)
 		}
 	}
-	require.Len(t, got, 3)
+	require.Len(t, got, 4)
 	require.InDeltaSlice(t, []float64{1.2, 2.0}, got[0].values, 1e-9) // (5−2)/2.5, (6−2)/2
 	require.Equal(t, 1, got[0].met)
 	require.InDeltaSlice(t, []float64{1.05, 1.2}, got[1].values, 1e-9)
 	require.Equal(t, 1, got[1].met)
-	require.InDeltaSlice(t, []float64{1.1, 1.15}, got[2].values, 1e-9) // the relay floor, a reference
+	require.InDeltaSlice(t, []float64{1.0, 1.6}, got[2].values, 1e-9)  // references: (5−2)/3, (6−2)/2.5
+	require.InDeltaSlice(t, []float64{1.1, 1.15}, got[3].values, 1e-9) // the relay floor
 
 	delete(s, bench{"internal/proxybench", "Direct"})
-	_, err = judge(targets[len(targets)-3], s)
+	var protect target
+	for _, tg := range targets {
+		if tg.num.name == "ProxyProtected" && !tg.reference {
+			protect = tg
+		}
+	}
+	_, err = judge(protect, s)
 	require.ErrorContains(t, err, "Direct: not measured")
 }
