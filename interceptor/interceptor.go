@@ -109,6 +109,12 @@ func (ic *Interceptor) operation(name string) Operation { return ic.Operation(na
 // nil in it: see Operation.
 func (ic *Interceptor) Settings() Options { return ic.cfg }
 
+// TracesOff reports that no span would be recorded now: the interceptor's TracerProvider
+// is OpenTelemetry's no-op one, or it is the global one and no provider has been installed
+// yet. Surfaces built on the interceptor (the MCP proxy) check it to skip their own spans
+// as the interceptor skips its own; a provider installed later turns it false.
+func (ic *Interceptor) TracesOff() bool { return ic.tel.tracesOff() }
+
 // Ledger returns the ledger the interceptor writes to.
 func (ic *Interceptor) Ledger() ledger.Ledger { return ic.ledger }
 

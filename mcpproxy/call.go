@@ -197,7 +197,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	call := interceptor.Call{Operation: p.cfg.ServerID + "/" + params.Name, Target: target, Args: args, CallID: fmt.Sprint(req.ID.Raw())}
 	// The guarded call's span, as Do makes it: Begin and Report set its gen_ai.* and
 	// toolfence.* attributes; upstream's request carries its trace context.
-	ctx, span := p.tracer.Start(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := p.startSpan(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
 	bopts := interceptor.BeginOptions{LeaseTTL: time.Duration(rule.Lease)}

@@ -32,6 +32,9 @@ func tracer(ic *interceptor.Interceptor) trace.Tracer {
 // parent is the trace context in the request's params._meta (traceparent, tracestate; the
 // global propagator reads them).
 func (p *Proxy) startCall(ctx context.Context, id jsonrpc.ID, params callParams) (context.Context, trace.Span) {
+	if p.ic.TracesOff() {
+		return ctx, offSpan // the host's trace context, if any, reaches upstream in the params as sent
+	}
 	ctx = mcptrace.Extract(ctx, metaStrings(params.Meta))
 	ctx, span := p.tracer.Start(ctx, mcptrace.SpanName("tools/call", params.Name), trace.WithSpanKind(trace.SpanKindServer))
 	if span.IsRecording() {
@@ -44,6 +47,18 @@ func (p *Proxy) startCall(ctx context.Context, id jsonrpc.ID, params callParams)
 		}
 	}
 	return ctx, span
+}
+
+// offSpan is the span of every call while traces are off: no-op, allocated once.
+var offSpan = trace.SpanFromContext(context.Background())
+
+// startSpan starts a span, or returns ctx and offSpan without allocating while traces are
+// off (Interceptor.TracesOff).
+func (p *Proxy) startSpan(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if p.ic.TracesOff() {
+		return ctx, offSpan
+	}
+	return p.tracer.Start(ctx, name, opts...)
 }
 
 // endCall ends the span of a tools/call with the answer the host got: error.type is the
