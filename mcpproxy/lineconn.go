@@ -190,22 +190,15 @@ func (c *lineConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if err != nil {
 		return err
 	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	select {
-	case <-c.closed:
-		return errors.New("mcpproxy: write on a closed connection")
-	default:
-	}
-	_, err = c.w.Write(append(data, '\n'))
-	return err
+	return c.writeRaw(data)
 }
 
 // lastRaw returns the line of the message Read returned last, as it was read (without its
 // newline), or nil when that message came in a batch. It is valid until the next Read.
 func (c *lineConn) lastRaw() []byte { return c.raw }
 
-// writeRaw writes line, a message as another lineConn read it (lastRaw), and a newline.
+// writeRaw writes line (one encoded message, or one as another lineConn read it: lastRaw)
+// and a newline, unless the connection is closed.
 func (c *lineConn) writeRaw(line []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()

@@ -205,35 +205,30 @@ func BenchmarkRelayFloor(b *testing.B) { bench(b, host(b, "relay", "")) }
 // BenchmarkGuardedCall is interceptor's GuardedCall measured in this run: one guarded call
 // after another (no-op tool, distinct keys) on badger with group commit.
 func BenchmarkGuardedCall(b *testing.B) {
-	l, err := badger.Open(b.TempDir(), badger.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Options{Holder: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx := interceptor.WithTask(context.Background(), "bench")
-	noop := func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
+	guardedCalls(b, func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
 		return interceptor.Response{Status: 200, Body: []byte(`{"ok":true}`)}, nil
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		res, err := ic.Do(ctx, interceptor.Call{Operation: "noop", Target: strconv.Itoa(i)}, noop)
-		if err != nil || res.Replayed {
-			b.Fatalf("call %d: %v %+v", i, err, res)
-		}
-	}
+	})
 }
 
 // BenchmarkGuardedCallIdleTool is GuardedCall with a tool that waits a millisecond, as a
 // tool that asks a server does, so the process idles between Begin and Commit as the
 // proxy's does while upstream works. Its ns/op is the barrier's own time per call: the
 // guarded call's minus the tool's, both timed around each call. A reference beside
-// GuardedCall: on this machine the same steps cost more after an idle wait.
+// GuardedCall (docs/benchmarks.md).
 func BenchmarkGuardedCallIdleTool(b *testing.B) {
+	var inTool time.Duration
+	total := guardedCalls(b, func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
+		start := time.Now()
+		time.Sleep(time.Millisecond)
+		inTool += time.Since(start)
+		return interceptor.Response{Status: 200, Body: []byte(`{"ok":true}`)}, nil
+	})
+	b.ReportMetric(float64(total-inTool)/float64(b.N), "ns/op")
+}
+
+// guardedCalls makes one guarded call of tool after another (distinct keys) on a fresh
+// badger store with group commit, and returns the time spent in them.
+func guardedCalls(b *testing.B, tool interceptor.ToolFunc) time.Duration {
 	l, err := badger.Open(b.TempDir(), badger.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -244,23 +239,16 @@ func BenchmarkGuardedCallIdleTool(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := interceptor.WithTask(context.Background(), "bench")
-	var inTool time.Duration
-	wait := func(context.Context, interceptor.Dispatch) (interceptor.Response, error) {
-		start := time.Now()
-		time.Sleep(time.Millisecond)
-		inTool += time.Since(start)
-		return interceptor.Response{Status: 200, Body: []byte(`{"ok":true}`)}, nil
-	}
 	var total time.Duration
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
-		res, err := ic.Do(ctx, interceptor.Call{Operation: "wait", Target: strconv.Itoa(i)}, wait)
+		res, err := ic.Do(ctx, interceptor.Call{Operation: "bench", Target: strconv.Itoa(i)}, tool)
 		total += time.Since(start)
 		if err != nil || res.Replayed {
 			b.Fatalf("call %d: %v %+v", i, err, res)
 		}
 	}
-	b.ReportMetric(float64(total-inTool)/float64(b.N), "ns/op")
+	return total
 }
