@@ -1,6 +1,7 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,7 +39,7 @@ func (s *session) relayIfBypassed(ctx context.Context, req *jsonrpc.Request) boo
 		return false
 	}
 	var params callParams
-	if json.Unmarshal(req.Params, &params) != nil || params.Name == "" {
+	if json.Unmarshal(req.Params, &params) != nil || params.Name == "" || checkParamKeys(req.Params) != nil {
 		return false
 	}
 	info := lookupTool(cat, params.Name)
@@ -73,6 +74,11 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", KindInvalidInput)
 		answer(refusal("tools/call", KindInvalidInput,
 			fmt.Sprintf("invalid tools/call request, nothing was sent upstream: want params with a tool name (%v)", perr)))
+		return
+	}
+	if err := checkParamKeys(req.Params); err != nil {
+		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", KindInvalidInput, "err", err)
+		answer(refusal(params.Name, KindInvalidInput, "invalid tools/call request, nothing was sent upstream: "+err.Error()))
 		return
 	}
 	cat, err := s.tools(ctx)
@@ -115,6 +121,46 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		cancel(nil)
 	}()
 	resp = s.guard(callCtx, req, params, d.rule)
+}
+
+// paramKeys are the keys of tools/call params the proxy reads.
+var paramKeys = [...]string{"name", "arguments", "_meta"}
+
+// checkParamKeys refuses tools/call params (a JSON object) holding a key the proxy reads
+// twice, or a key that differs from one only in case ("Name"): encoding/json matches keys
+// regardless of case and keeps the last, while a case-sensitive upstream (the TypeScript
+// and Python SDKs) reads the exact key, so the proxy could judge one tool or one set of
+// arguments and upstream run another. The params are relayed as the host sent them, so
+// they must mean one thing.
+func checkParamKeys(params json.RawMessage) error {
+	dec := json.NewDecoder(bytes.NewReader(params))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return errors.New("params must be a JSON object")
+	}
+	var seen [len(paramKeys)]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("params: %w", err)
+		}
+		key, _ := tok.(string)
+		for i, want := range paramKeys {
+			switch {
+			case !strings.EqualFold(key, want):
+			case key != want:
+				return fmt.Errorf("params key %q: write it %q (keys are case-sensitive, and a key that differs only in case could mean another tool or arguments upstream)", key, want)
+			case seen[i]:
+				return fmt.Errorf("params key %q is given twice", key)
+			default:
+				seen[i] = true
+			}
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return fmt.Errorf("params: %w", err)
+		}
+	}
+	return nil
 }
 
 // lookupTool is the upstream's definition of the named tool; nil when the list lacks it.

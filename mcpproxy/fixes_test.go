@@ -444,3 +444,48 @@ func TestCheckRefusesAPinnedToolThatTurnedReadOnly(t *testing.T) {
 	require.False(t, rep.Tools[1].Refused, "a read-only tool without a pin is bypassed unchecked")
 	require.Empty(t, rep.Tools[1].Pin)
 }
+
+// A tools/call whose params hold a key the proxy reads twice, or one that differs from it
+// only in case, is refused (invalid_input) and nothing is sent upstream: encoding/json reads
+// {"name":"read","Name":"charge"} as charge, a case-sensitive upstream as read (and the
+// other way round), so the proxy's verdict could be about another tool than the one run.
+// Before and after the tool list is cached (the inline relay of bypassed calls).
+func TestProxyRefusesAmbiguousCallParams(t *testing.T) {
+	r := newRig(t, mcpproxy.Options{}, nil)
+	refused := func(id float64, params string) {
+		t.Helper()
+		r.host.send(t, id, "tools/call", params)
+		res := r.hostResult(t, id)
+		require.Contains(t, res, `"isError":true`, params)
+		require.Contains(t, res, "invalid_input", params)
+		require.Contains(t, res, "nothing was sent upstream", params)
+		r.nothingSentUpstream(t, 100+id)
+	}
+	ok := func(id float64) {
+		t.Helper()
+		relayed := r.up.nextReq(t)
+		require.Equal(t, "tools/call", relayed.Method)
+		require.JSONEq(t, `{"name":"read","arguments":{}}`, string(relayed.Params))
+		r.up.answer(t, relayed.ID, `{"content":[{"type":"text","text":"ok"}]}`)
+		require.Contains(t, r.hostResult(t, id), `"ok"`)
+	}
+
+	// Before the tool list is fetched: refused at once.
+	refused(1, `{"name":"charge","Name":"read","arguments":{"order":"A"}}`)
+	// The same call with its keys written once and as they are goes through.
+	r.host.send(t, float64(2), "tools/call", `{"name":"read","arguments":{}}`)
+	r.listed(t, chargeDef, readDef)
+	ok(2)
+	// With the list cached (bypassed calls are relayed inline): refused all the same.
+	for i, params := range []string{
+		`{"name":"read","Name":"charge","arguments":{}}`,
+		`{"name":"read","arguments":{},"Arguments":{"order":"A"}}`,
+		`{"name":"read","arguments":{},"_META":{}}`,
+		`{"name":"charge","name":"read","arguments":{}}`,
+	} {
+		refused(float64(3+i), params)
+	}
+	require.Empty(t, r.residuals(t))
+	r.host.send(t, float64(9), "tools/call", `{"name":"read","arguments":{}}`)
+	ok(9)
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -23,6 +24,7 @@ import (
 // batch (a line holding an array) is read as its messages, one after the other. Read must
 // not be called concurrently with itself; Close and Writes may be called from any goroutine.
 type lineConn struct {
+	src    io.Reader // what r reads: its read deadline, when it has one, interrupts a Read
 	r      *bufio.Reader
 	w      io.Writer
 	closer func() error // closes the underlying streams; nil: nothing to close
@@ -31,14 +33,21 @@ type lineConn struct {
 	once   sync.Once
 	queue  []jsonrpc.Message // the rest of a batch; used by Read only
 	raw    []byte            // the line of the message Read returned last, when it held only that one
+	// watched is the ctx whose end interrupts src (see Read); unwatch undoes that.
+	watched context.Context
+	unwatch func() bool
 }
+
+// deadliner is a reader whose pending Read a deadline ends: a pipe or socket *os.File read
+// through the runtime poller.
+type deadliner interface{ SetReadDeadline(time.Time) error }
 
 var _ mcp.Connection = (*lineConn)(nil)
 
 // newLineConn reads messages from r and writes them to w; closer, when set, is called once
 // by Close, and should close r so that a pending Read ends.
 func newLineConn(r io.Reader, w io.Writer, closer func() error) *lineConn {
-	return &lineConn{r: bufio.NewReaderSize(r, 64<<10), w: w, closer: closer, closed: make(chan struct{})}
+	return &lineConn{src: r, r: bufio.NewReaderSize(r, 64<<10), w: w, closer: closer, closed: make(chan struct{})}
 }
 
 // readLine returns the next line without its newline; a last line without a newline is
@@ -138,11 +147,22 @@ func decodeMessage(data []byte) (jsonrpc.Message, error) {
 }
 
 // Read returns the next message, read on the calling goroutine; io.EOF once the reader
-// ended or the connection is closed. A pending Read ends on Close only when the closer
-// closes the reader (ctx is checked before reading, not during).
+// ended or the connection is closed. When ctx ends, a pending Read returns ctx's error if
+// the reader has a read deadline (a pipe or socket read through the poller: the upstream's
+// pipe, Stdio's duplicates); the connection is then done (a line may have been cut). For
+// other readers ctx is checked before reading, and a pending Read ends on Close only when
+// the closer closes the reader.
 func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if d, ok := c.src.(deadliner); ok && ctx.Done() != nil && ctx != c.watched {
+		// Once per context, not per Read: Serve reads a whole session under one.
+		if c.unwatch != nil && !c.unwatch() {
+			_ = d.SetReadDeadline(time.Time{}) // the last context ended: read again
+		}
+		c.watched = ctx
+		c.unwatch = context.AfterFunc(ctx, func() { _ = d.SetReadDeadline(time.Unix(1, 0)) })
 	}
 	c.raw = nil
 	if len(c.queue) > 0 {
@@ -157,6 +177,9 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		default:
 		}
 		line, err := readLine(c.r, mcp.DefaultMaxLineLength)
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr // interrupted (the line, if any, may be cut)
+		}
 		if err != nil && len(line) == 0 {
 			select {
 			case <-c.closed:

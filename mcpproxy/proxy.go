@@ -159,7 +159,16 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 			// The upstream ending is never a clean end of the host's session.
 			err = errUpstreamGone
 		}
+	case <-ctx.Done():
+		// A reader the context cannot interrupt (a terminal, a file) stays blocked; the
+		// session ends anyway.
+		err = ctx.Err()
 	}
+	// From here on no new call starts (readDownstream may still hand one over); the calls
+	// in flight are settled.
+	s.mu.Lock()
+	s.ending = true
+	s.mu.Unlock()
 	s.wg.Wait()
 	cancel()
 	s.mu.Lock()
@@ -195,6 +204,7 @@ type session struct {
 	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
 	catErr  error
 	catGen  uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
+	ending  bool   // Serve is ending: no new call starts (wg.Add only while false, under mu)
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -219,10 +229,13 @@ func (s *session) readDownstream(ctx context.Context) error {
 			case req.Method == "notifications/cancelled" && cancelsReserved(req):
 				continue // the host cannot cancel the proxy's own requests
 			case req.Method == "tools/call" && req.IsCall():
+				if !s.starting() {
+					return ctx.Err() // Serve is ending: the call is not started, nothing is sent
+				}
 				if s.relayIfBypassed(ctx, req) {
+					s.wg.Done()
 					continue
 				}
-				s.wg.Add(1)
 				go s.call(ctx, req)
 				continue
 			case req.Method == "notifications/cancelled" && s.cancelled(req):
@@ -273,6 +286,18 @@ func (s *session) readUpstream(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// starting counts a host's tools/call in the calls Serve waits for, unless Serve is ending
+// (false: the call must not start). A call that starts is settled before Serve returns.
+func (s *session) starting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ending {
+		return false
+	}
+	s.wg.Add(1)
+	return true
 }
 
 // relayUp passes a message of the upstream on to the host: as upstream wrote it when both

@@ -21,23 +21,29 @@ import (
 // the descriptors back in blocking mode. For any other r, a Read pending on r ends only
 // when r does (Serve returns without waiting for it).
 func Stdio(r io.Reader, w io.Writer) mcp.Connection {
-	var undo []func() error
+	var dups []*os.File
+	var restore []func() error
 	if f, ok := r.(*os.File); ok {
-		if p, restore := pollable(f); p != nil {
-			r, undo = p, append(undo, restore)
+		if p, undo := pollable(f); p != nil {
+			r, dups, restore = p, append(dups, p), append(restore, undo)
 		}
 	}
 	if f, ok := w.(*os.File); ok {
-		if p, restore := pollable(f); p != nil {
-			w, undo = p, append(undo, restore)
+		if p, undo := pollable(f); p != nil {
+			w, dups, restore = p, append(dups, p), append(restore, undo)
 		}
 	}
 	var closer func() error
-	if len(undo) > 0 {
+	if len(dups) > 0 {
 		closer = func() error {
+			// Every duplicate first: stdin and stdout may be one socket, whose mode must
+			// not turn blocking under a write still in progress on the other duplicate.
 			var errs []error
-			for _, u := range undo {
-				errs = append(errs, u())
+			for _, d := range dups {
+				errs = append(errs, d.Close())
+			}
+			for _, undo := range restore {
+				errs = append(errs, undo())
 			}
 			return errors.Join(errs...)
 		}
@@ -46,38 +52,45 @@ func Stdio(r io.Reader, w io.Writer) mcp.Connection {
 }
 
 // pollable returns a non-blocking duplicate of f's descriptor, as an *os.File the runtime
-// polls, and the function that closes it and puts f back in blocking mode (the mode belongs
-// to the open file, which the duplicate shares). It returns nil when f is not a pipe or a
-// socket (a terminal or a file keeps its blocking mode: other processes may share it), or
-// when the duplicate cannot be made.
+// polls, and the function that puts f back in blocking mode (the mode belongs to the open
+// file, which the duplicate shares) once the duplicate is closed. It returns nil when f is
+// not a pipe or a socket (a terminal or a file keeps its mode: other processes may share
+// it), when f is non-blocking already (Go polls it as it is: an *os.File of os.Pipe, or a
+// stdin handed over non-blocking), or when the duplicate cannot be made. It reads f's
+// descriptor without f.Fd, which would switch f to blocking mode for good.
 func pollable(f *os.File) (*os.File, func() error) {
-	fd := int(f.Fd())
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil {
-		return nil, nil
-	}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFIFO && t != unix.S_IFSOCK {
-		return nil, nil
-	}
-	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, nil
 	}
-	wasNonblock := flags&unix.O_NONBLOCK != 0
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil
-	}
-	if err := unix.SetNonblock(dup, true); err != nil {
-		_ = unix.Close(dup)
-		return nil, nil
-	}
-	p := os.NewFile(uintptr(dup), f.Name())
-	return p, func() error {
-		err := p.Close()
-		if !wasNonblock {
-			err = errors.Join(err, unix.SetNonblock(fd, false))
+	var fd, dup int
+	ok := false
+	cerr := rc.Control(func(u uintptr) {
+		fd = int(u)
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil {
+			return
 		}
-		return err
+		if t := st.Mode & unix.S_IFMT; t != unix.S_IFIFO && t != unix.S_IFSOCK {
+			return
+		}
+		flags, err := unix.FcntlInt(u, unix.F_GETFL, 0)
+		if err != nil || flags&unix.O_NONBLOCK != 0 {
+			return
+		}
+		if dup, err = unix.FcntlInt(u, unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			return
+		}
+		if err := unix.SetNonblock(dup, true); err != nil {
+			_ = unix.Close(dup)
+			return
+		}
+		ok = true
+	})
+	if cerr != nil || !ok {
+		return nil, nil
 	}
+	// The descriptor number stays f's while f is open; Stdio's caller keeps f open (Stdio
+	// never closes r or w).
+	return os.NewFile(uintptr(dup), f.Name()), func() error { return unix.SetNonblock(fd, false) }
 }

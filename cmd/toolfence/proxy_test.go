@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -181,4 +183,41 @@ func TestProxyMetricsAndLogs(t *testing.T) {
 	require.Equal(t, "tf/commit_call", unknown[0]["operation"])
 	require.NotEmpty(t, unknown[0]["recovery"])
 	require.NotContains(t, stderr.String(), "secret-body", "no arguments in the log")
+}
+
+// TestProxyBinaryStopsOnSIGTERM: with the host's stdin still open and nothing to read,
+// SIGTERM ends the proxy (exit status 1, "context canceled"), and its upstream with it.
+func TestProxyBinaryStopsOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "proxy", "--store", filepath.Join(dir, "proxy"), "--server-id", "tf", "--",
+		bin, "serve", "--stdio", "--store", filepath.Join(dir, "upstream"))
+	stderr := &lineWatch{re: regexp.MustCompile(`(context canceled)`), found: make(chan string, 1)}
+	cmd.Stderr = stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	defer in.Close()
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	// Serving: an initialize goes through to the upstream and back.
+	_, err = in.Write([]byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}` + "\n"))
+	require.NoError(t, err)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, stderr.String())
+	require.Contains(t, line, `"serverInfo"`)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, stderr.String())
+		require.Equal(t, 1, exit.ExitCode())
+		require.Contains(t, stderr.String(), "context canceled")
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("the proxy did not stop on SIGTERM; stderr: %s", stderr.String())
+	}
 }
