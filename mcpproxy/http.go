@@ -49,6 +49,22 @@ type HTTPOptions struct {
 	SessionIdle time.Duration
 	// MaxBody bounds a request body. Defaults to the interceptor's MaxArgs plus 1 MiB.
 	MaxBody int64
+	// MaxDepth caps how deeply a POST's JSON nests objects and arrays; a deeper one gets
+	// 400 (JSON-RPC -32600) before it is decoded, and nothing is relayed. Defaults to
+	// mcpserver.DefaultMaxDepth.
+	MaxDepth int
+	// MaxValues caps the objects, arrays and elements in a POST's JSON (each '{', '[' and
+	// ',' outside strings counts one); more get 400 as for MaxDepth. Defaults to
+	// mcpserver.DefaultMaxValues.
+	MaxValues int
+	// MaxInFlight caps the POSTs one token has in progress at once (a POST is in progress
+	// from before its body is read until its answer ends, streamed or not; notification
+	// streams (GET) do not count); more get 429 with Retry-After. Defaults to
+	// mcpserver.DefaultMaxInFlight.
+	MaxInFlight int
+	// MaxInFlightTotal caps the POSTs in progress at once over all tokens; more get 429 as
+	// for MaxInFlight. Defaults to mcpserver.DefaultMaxInFlightTotal.
+	MaxInFlightTotal int
 	// Clock reads the time of session expiry. Defaults to the interceptor's clock.
 	Clock lease.Clock
 	// Logger gets session events and failures (never tokens). Defaults to the proxy's.
@@ -82,6 +98,8 @@ type HTTPServer struct {
 	sessions map[string]*httpSession
 	opening  map[string]int // owner → initializes in progress
 	closed   bool
+
+	inFlight httpserve.InFlight // POSTs in progress, under MaxInFlight and MaxInFlightTotal
 }
 
 // httpSession is one host session: its connection, its owner (a digest of the token) and
@@ -95,15 +113,21 @@ type httpSession struct {
 }
 
 // NewHTTPServer returns the HTTP server of p. It returns an error when Dial is missing or a
-// limit is negative.
+// limit is negative (naming the limits); a zero limit means its default.
 func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
 	switch {
 	case opts.Dial == nil:
 		return nil, errors.New("mcpproxy: HTTPOptions.Dial is required")
 	case opts.MaxSessions < 0, opts.SessionIdle < 0, opts.MaxBody < 0:
 		return nil, errors.New("mcpproxy: negative HTTP limit")
+	case opts.MaxDepth < 0, opts.MaxValues < 0, opts.MaxInFlight < 0, opts.MaxInFlightTotal < 0:
+		return nil, errors.New("mcpproxy: HTTPOptions.MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
 	opts.MaxSessions = cmp.Or(opts.MaxSessions, mcpserver.DefaultMaxSessions)
+	opts.MaxDepth = cmp.Or(opts.MaxDepth, mcpserver.DefaultMaxDepth)
+	opts.MaxValues = cmp.Or(opts.MaxValues, mcpserver.DefaultMaxValues)
+	opts.MaxInFlight = cmp.Or(opts.MaxInFlight, mcpserver.DefaultMaxInFlight)
+	opts.MaxInFlightTotal = cmp.Or(opts.MaxInFlightTotal, mcpserver.DefaultMaxInFlightTotal)
 	opts.SessionIdle = cmp.Or(opts.SessionIdle, mcpserver.DefaultSessionIdle)
 	opts.MaxBody = cmp.Or(opts.MaxBody, int64(p.ic.Settings().MaxArgs)+1<<20)
 	if opts.Clock == nil {
@@ -149,7 +173,11 @@ func (h *HTTPServer) space(ns string) (*Proxy, error) {
 // without tokens, only loopback connections (403 otherwise). An initialize without a
 // session id opens a session (its upstream session too; 502 when that fails); every other
 // request needs an Mcp-Session-Id (400 without) of a live session of the same token (404
-// otherwise, so the host initializes anew).
+// otherwise, so the host initializes anew). A POST past HTTPOptions.MaxInFlight of its
+// token or MaxInFlightTotal gets 429 with Retry-After before its body is read; one whose
+// body exceeds MaxBody 413, and one whose JSON nests deeper than MaxDepth or holds more
+// than MaxValues values 400 (JSON-RPC -32600) before it is decoded. Nothing of a refused
+// request is relayed upstream.
 func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ns, owner, ok := h.authenticate(w, r)
 	if !ok {
@@ -178,6 +206,14 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "toolfence proxy: a POST must have Content-Type: application/json", http.StatusUnsupportedMediaType)
 			return
 		}
+		// Taken before the body is read, so the bodies held at once are bounded too; held
+		// until the answer ends (a streamed one until upstream answers).
+		if full := h.inFlight.Acquire(owner, h.opts.MaxInFlight, h.opts.MaxInFlightTotal); full != "" {
+			w.Header().Set("Retry-After", "1")
+			jsonError(w, http.StatusTooManyRequests, codeBusy, "toolfence proxy: busy: "+full+"; nothing was relayed, retry after a second")
+			return
+		}
+		defer h.inFlight.Release(owner)
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBody))
 		var tooLarge *http.MaxBytesError
 		switch {
@@ -186,6 +222,10 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case err != nil:
 			http.Error(w, "toolfence proxy: reading the request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := httpserve.CheckShape(body, h.opts.MaxDepth, h.opts.MaxValues); err != nil {
+			jsonError(w, http.StatusBadRequest, codeInvalidRequest, "toolfence proxy: "+err.Error()+"; nothing was relayed")
 			return
 		}
 		batch = len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
@@ -302,7 +342,7 @@ func loopback(r *http.Request) bool {
 func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owner string) *httpSession {
 	if !h.makeRoom(owner) {
 		w.Header().Set("Retry-After", "60")
-		jsonError(w, http.StatusTooManyRequests, -32000, fmt.Sprintf(
+		jsonError(w, http.StatusTooManyRequests, codeBusy, fmt.Sprintf(
 			"toolfence proxy: busy: this token holds %d sessions, each with a request in flight; end one (DELETE) or retry later", h.opts.MaxSessions))
 		return nil
 	}
@@ -436,6 +476,10 @@ func (h *HTTPServer) sweepEvery() {
 	}
 }
 
+// InFlight returns how many POSTs are in progress (holding a slot under
+// HTTPOptions.MaxInFlight and MaxInFlightTotal), over every token.
+func (h *HTTPServer) InFlight() int { return h.inFlight.Total() }
+
 // Sessions returns how many host sessions are open (their upstream not yet closed).
 func (h *HTTPServer) Sessions() int {
 	h.mu.Lock()
@@ -506,6 +550,10 @@ func (h *HTTPServer) ListenAndServe(ctx context.Context, addr string, limits htt
 	}
 	return nil
 }
+
+// codeBusy is the JSON-RPC error code of a request refused because a limit is full (as
+// serve's).
+const codeBusy = -32000
 
 // jsonError answers status with a JSON-RPC error without id.
 func jsonError(w http.ResponseWriter, status int, code int64, msg string) {

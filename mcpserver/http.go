@@ -56,11 +56,11 @@ func (s *Server) Handler() http.Handler {
 		var method string
 		if r.Method == http.MethodPost && r.Body != nil {
 			// Taken before the body is read, so buffered bodies are bounded too.
-			if full := s.inFlight.acquire(owner, s.opts.MaxInFlight, s.opts.MaxInFlightTotal); full != "" {
+			if full := s.inFlight.Acquire(owner, s.opts.MaxInFlight, s.opts.MaxInFlightTotal); full != "" {
 				busy(w, time.Second, full+"; retry after a second")
 				return
 			}
-			defer s.inFlight.release(owner)
+			defer s.inFlight.Release(owner)
 			body, err := readBody(w, r, limit)
 			var tooLarge *http.MaxBytesError
 			switch {
@@ -71,7 +71,7 @@ func (s *Server) Handler() http.Handler {
 				http.Error(w, "toolfence: reading the request body: "+err.Error(), http.StatusBadRequest)
 				return
 			}
-			if err := checkShape(body, s.opts.MaxDepth, s.opts.MaxValues); err != nil {
+			if err := httpserve.CheckShape(body, s.opts.MaxDepth, s.opts.MaxValues); err != nil {
 				invalidRequest(w, err.Error())
 				return
 			}

@@ -176,7 +176,7 @@ type Server struct {
 	closed bool
 
 	sessions sessionTable
-	inFlight inFlight
+	inFlight httpserve.InFlight
 }
 
 // New returns a Server over the ledger of ic. ic serves its own namespace (the stdio

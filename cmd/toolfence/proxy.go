@@ -57,7 +57,11 @@ namespace. Each host session gets its own upstream session: a child process per 
 (killed with its process group when the session ends) or a new HTTP session upstream. A
 session ends on DELETE, after --session-idle without requests, or when its token opens more
 than --max-sessions; --max-conns, --idle-timeout, --read-timeout and --header-timeout bound
-connections as for serve. Without any token only a loopback ADDR is allowed.
+connections as for serve. As for serve, a POST whose JSON nests deeper than --max-depth or
+holds more than --max-values values gets 400 before it is decoded, and one past
+--max-inflight requests in progress for its token (or --max-inflight-total over all tokens)
+gets 429 with Retry-After; nothing of a refused request is relayed. Without any token only a
+loopback ADDR is allowed.
 
 Everything is relayed untouched (tools/list, resources, prompts, notifications) except
 tools/call of protected tools. By default a tool annotated readOnlyHint: true is bypassed
@@ -247,6 +251,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 			return f.upstream(ctx, args, a.stderr, log)
 		},
 		Tokens: tokens, MaxSessions: f.net.maxSessions, SessionIdle: f.net.sessionIdle, Logger: log,
+		MaxDepth: f.net.maxDepth, MaxValues: f.net.maxValues, MaxInFlight: f.net.maxInFlight, MaxInFlightTotal: f.net.maxTotal,
 	})
 	if err != nil {
 		return usagef("%v", err)
@@ -255,11 +260,14 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	return h.ListenAndServe(ctx, f.http, limits, func(addr net.Addr) { serving(a.stderr, addr, tokens) })
 }
 
-// applyProxy checks the limits addProxy adds and copies them into opts.
+// applyProxy checks the limits addShared adds, refusing values that are not positive, and
+// copies them into opts.
 func (n netFlags) applyProxy(opts *mcpserver.Options) error {
 	for name, v := range map[string]int64{
 		"--max-conns": int64(n.maxConns), "--idle-timeout": int64(n.idleTimeout), "--read-timeout": int64(n.readTimeout),
 		"--header-timeout": int64(n.headerTimeout), "--session-idle": int64(n.sessionIdle), "--max-sessions": int64(n.maxSessions),
+		"--max-depth": int64(n.maxDepth), "--max-values": int64(n.maxValues), "--max-inflight": int64(n.maxInFlight),
+		"--max-inflight-total": int64(n.maxTotal),
 	} {
 		if v <= 0 {
 			return usagef("%s must be positive", name)
@@ -267,5 +275,6 @@ func (n netFlags) applyProxy(opts *mcpserver.Options) error {
 	}
 	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
 	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
+	opts.MaxDepth, opts.MaxValues, opts.MaxInFlight, opts.MaxInFlightTotal = n.maxDepth, n.maxValues, n.maxInFlight, n.maxTotal
 	return nil
 }

@@ -38,6 +38,10 @@ func TestProxyHTTPUsage(t *testing.T) {
 	fails(t, exitUsage, []string{"--token-file applies to --http only"}, with("--token-file", "x", "--", "true")...)
 	fails(t, exitUsage, []string{"non-loopback address without a bearer token"}, with("--http", "0.0.0.0:0", "--", "true")...)
 	fails(t, exitUsage, []string{"--max-sessions must be positive"}, with("--http", "127.0.0.1:0", "--max-sessions", "0", "--", "true")...)
+	for _, flag := range []string{"--max-depth", "--max-values", "--max-inflight", "--max-inflight-total"} {
+		fails(t, exitUsage, []string{flag + " must be positive"}, with("--http", "127.0.0.1:0", flag, "0", "--", "true")...)
+		fails(t, exitUsage, []string{flag + " must be positive"}, with("--http", "127.0.0.1:0", flag, "-1", "--", "true")...)
+	}
 	tokens := filepath.Join(dir, "tokens")
 	require.NoError(t, os.WriteFile(tokens, []byte(serveToken+"\n"), 0o644))
 	fails(t, exitUsage, []string{"other users may read it"}, with("--http", "127.0.0.1:0", "--token-file", tokens, "--", "true")...)
@@ -228,4 +232,47 @@ func TestProxyBinaryHTTPDownstream(t *testing.T) {
 	r = tf(t, nil, "ls", "--store", filepath.Join(dir, "proxy"), "--json", "--all")
 	require.Equal(t, 0, r.code, r.String())
 	require.NotContains(t, r.stdout, "tf/begin_call", "nothing in the default namespace")
+}
+
+// TestProxyBinaryHTTPJSONBounds: proxy --http passes --max-depth and --max-values on: a POST
+// past either gets 400 with a JSON-RPC invalid-request error naming the bound, and no
+// upstream child is started for it.
+func TestProxyBinaryHTTPJSONBounds(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	// The upstream would leave a file behind if it were ever started.
+	_, url, stderr := startProc(t, "proxy", "--store", filepath.Join(dir, "proxy"), "--server-id", "tf",
+		"--http", "127.0.0.1:0", "--max-depth", "3", "--max-values", "12", "--", "sh", "-c", "touch "+started)
+	post := func(capabilities string) (int, string) {
+		body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":` +
+			capabilities + `,"clientInfo":{"name":"x","version":"1"}}}`
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err, "stderr: %s", stderr)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct{ capabilities, names string }{
+		{`{"a":[[1]]}`, "the request's JSON nests more than 3 levels deep"},
+		// The initialize around them holds 9 values (its objects and commas), these 4.
+		{`{"a":1,"b":2,"c":3,"d":4}`, "the request's JSON holds more than 12 values"},
+	} {
+		status, body := post(c.capabilities)
+		require.Equal(t, http.StatusBadRequest, status, body)
+		var rpc struct {
+			Error struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &rpc), body)
+		require.Equal(t, -32600, rpc.Error.Code, body)
+		require.Contains(t, rpc.Error.Message, c.names)
+	}
+	require.NoFileExists(t, started, "no upstream was started for a refused initialize")
 }

@@ -54,7 +54,7 @@ type netFlags struct {
 }
 
 // addShared adds the limits of the HTTP surface that serve --http and proxy --http share:
-// connections, timeouts and sessions.
+// connections, timeouts, sessions, the shape of a request's JSON and requests in progress.
 func (n *netFlags) addShared(fl *pflag.FlagSet) {
 	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
 	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
@@ -62,15 +62,15 @@ func (n *netFlags) addShared(fl *pflag.FlagSet) {
 	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
 	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session (for proxy: with its upstream session) without requests for this long")
 	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
-}
-
-// add adds serve's limits: the shared ones, and those of its JSON, in-flight requests and pages.
-func (n *netFlags) add(fl *pflag.FlagSet) {
-	n.addShared(fl)
 	fl.IntVar(&n.maxDepth, "max-depth", mcpserver.DefaultMaxDepth, "--http: deepest JSON nesting of a request")
 	fl.IntVar(&n.maxValues, "max-values", mcpserver.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
 	fl.IntVar(&n.maxInFlight, "max-inflight", mcpserver.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
 	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpserver.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
+}
+
+// add adds serve's limits: the shared ones, and the size of its pages.
+func (n *netFlags) add(fl *pflag.FlagSet) {
+	n.addShared(fl)
 	fl.IntVar(&n.pageSize, "page-size", mcpserver.DefaultPageSize, "entries per answer of resources/list, toolfence://pending and reconcile (each says when more remain)")
 }
 

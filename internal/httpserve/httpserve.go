@@ -1,7 +1,9 @@
-// Package httpserve is the one set-up of toolfence's HTTP servers (serve --http and the
-// example tool server): timeouts and a cap on open connections that never cut a long-lived
-// response stream, and the refusal of requests a web page makes a browser send
-// (CheckBrowser). It imports nothing of toolfence.
+// Package httpserve is the one set-up of toolfence's HTTP servers (serve --http, proxy
+// --http and the example tool server): timeouts and a cap on open connections that never
+// cut a long-lived response stream, the refusal of requests a web page makes a browser send
+// (CheckBrowser), of JSON bodies too deep or too large in values to decode (CheckShape), and
+// the count of requests in progress per token and in all (InFlight). It imports nothing of
+// toolfence.
 package httpserve
 
 import (
