@@ -209,8 +209,7 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Taken before the body is read, so the bodies held at once are bounded too; held
 		// until the answer ends (a streamed one until upstream answers).
 		if full := h.inFlight.Acquire(owner, h.opts.MaxInFlight, h.opts.MaxInFlightTotal); full != "" {
-			w.Header().Set("Retry-After", "1")
-			jsonError(w, http.StatusTooManyRequests, codeBusy, "toolfence proxy: busy: "+full+"; nothing was relayed, retry after a second")
+			busy(w, time.Second, "toolfence proxy: busy: "+full+"; nothing was relayed, retry after a second")
 			return
 		}
 		defer h.inFlight.Release(owner)
@@ -341,8 +340,7 @@ func loopback(r *http.Request) bool {
 // in flight (release it). It answers 429, 502 or 503 and returns nil when it cannot.
 func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owner string) *httpSession {
 	if !h.makeRoom(owner) {
-		w.Header().Set("Retry-After", "60")
-		jsonError(w, http.StatusTooManyRequests, codeBusy, fmt.Sprintf(
+		busy(w, time.Minute, fmt.Sprintf(
 			"toolfence proxy: busy: this token holds %d sessions, each with a request in flight; end one (DELETE) or retry later", h.opts.MaxSessions))
 		return nil
 	}
@@ -556,6 +554,17 @@ func (h *HTTPServer) ListenAndServe(ctx context.Context, addr string, limits htt
 const codeBusy = -32000
 
 // jsonError answers status with a JSON-RPC error without id.
+// busy answers 429 with Retry-After and a JSON-RPC busy error (codeBusy) whose data says
+// when to retry (retry_after_ms), as serve's busy answer does.
+func busy(w http.ResponseWriter, retry time.Duration, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+	w.WriteHeader(http.StatusTooManyRequests)
+	_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{
+		"code": codeBusy, "message": msg, "data": map[string]any{"retry_after_ms": retry.Milliseconds()},
+	}})
+}
+
 func jsonError(w http.ResponseWriter, status int, code int64, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

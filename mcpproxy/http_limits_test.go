@@ -206,6 +206,15 @@ func TestHTTPDownstreamInFlightBounded(t *testing.T) {
 	require.Equal(t, int64(-32000), code)
 	require.True(t, strings.HasPrefix(msg, "toolfence proxy: busy: "), msg)
 	require.Contains(t, msg, "this token has 1 requests in progress")
+	var data struct {
+		Error struct {
+			Data struct {
+				RetryAfterMS int64 `json:"retry_after_ms"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(busy.body), &data))
+	require.EqualValues(t, 1000, data.Error.Data.RetryAfterMS, "as serve's busy answer says it")
 	require.Equal(t, 1, r.h.InFlight())
 
 	// Another token is served meanwhile: the limit is per token.
