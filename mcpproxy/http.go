@@ -14,8 +14,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -281,7 +279,7 @@ func isInitialize(msgs []jsonrpc.Message) bool {
 // 401 / 403 and returns false.
 func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner string, ok bool) {
 	if h.opts.Tokens.Len() == 0 {
-		if !loopback(r) {
+		if !httpserve.LoopbackConn(r) {
 			http.Error(w, "toolfence proxy: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
 			return "", "", false
 		}
@@ -296,21 +294,12 @@ func (h *HTTPServer) authenticate(w http.ResponseWriter, r *http.Request) (ns, o
 	return h.opts.Tokens.Authenticate(w, r, "toolfence proxy")
 }
 
-// loopbackOrigin reports whether r has no Origin header or one whose host is a loopback
-// name (http://localhost:3000, http://127.0.0.1); "null" and other origins are not.
+// loopbackOrigin reports whether r has no Origin header or one loopback origin
+// (httpserve.LoopbackOrigin: http://localhost:3000, http://127.0.0.1); "null", other
+// origins and repeated Origin headers are not.
 func loopbackOrigin(r *http.Request) bool {
 	o, ok := r.Header["Origin"]
-	if !ok {
-		return true
-	}
-	if len(o) != 1 {
-		return false
-	}
-	u, err := url.Parse(o[0])
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return false
-	}
-	return loopbackHost(u.Host)
+	return !ok || (len(o) == 1 && httpserve.LoopbackOrigin(o[0]))
 }
 
 // loopbackHost reports whether the host[:port] of a Host header names a loopback address.
@@ -319,21 +308,7 @@ func loopbackHost(hostport string) bool {
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
 		host = h
 	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
-}
-
-func loopback(r *http.Request) bool {
-	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	if !ok || addr == nil {
-		return false
-	}
-	ap, err := netip.ParseAddrPort(addr.String())
-	return err == nil && ap.Addr().IsLoopback()
+	return httpserve.LoopbackHost(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
 }
 
 // open makes room under owner's cap, dials the upstream and starts a session relayed by p,

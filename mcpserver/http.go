@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"time"
 
@@ -158,24 +157,13 @@ const errCodeBusy = -32000
 // writes 401 / 403 and returns false.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner string, ok bool) {
 	if s.opts.Tokens.Len() == 0 {
-		if !loopbackConn(r) {
+		if !httpserve.LoopbackConn(r) {
 			http.Error(w, "toolfence: no bearer tokens are configured, so only loopback connections are served", http.StatusForbidden)
 			return "", "", false
 		}
 		return s.base.Namespace(), "loopback", true
 	}
 	return s.opts.Tokens.Authenticate(w, r, "toolfence")
-}
-
-// loopbackConn reports whether r arrived on a loopback connection. Requests without a
-// local address (not from net/http's server) are not loopback.
-func loopbackConn(r *http.Request) bool {
-	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	if !ok || addr == nil {
-		return false
-	}
-	ap, err := netip.ParseAddrPort(addr.String())
-	return err == nil && ap.Addr().IsLoopback()
 }
 
 // ListenAndServe serves Handler at Path on addr until ctx ends, holding at most

@@ -3,6 +3,7 @@ package httpserve
 import (
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -37,10 +38,26 @@ func LoopbackOrigin(origin string) bool {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || (u.Path != "" && u.Path != "/") {
 		return false
 	}
-	host := u.Hostname()
+	return LoopbackHost(u.Hostname())
+}
+
+// LoopbackHost reports whether host (a name or an IP address, without port or brackets)
+// is localhost or a loopback address.
+func LoopbackHost(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Zone() == "" && ip.Unmap().IsLoopback()
+}
+
+// LoopbackConn reports whether r arrived on a loopback connection. Requests without a
+// local address (not from net/http's server) are not loopback.
+func LoopbackConn(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || addr == nil {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(addr.String())
+	return err == nil && ap.Addr().IsLoopback()
 }

@@ -22,6 +22,15 @@ func TestLoopbackOrigin(t *testing.T) {
 	}
 }
 
+func TestLoopbackHost(t *testing.T) {
+	for _, h := range []string{"localhost", "LocalHost", "127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1"} {
+		require.True(t, httpserve.LoopbackHost(h), h)
+	}
+	for _, h := range []string{"", "example.com", "localhost.example.com", "10.0.0.1", "::2", "fe80::1%lo", "[::1]"} {
+		require.False(t, httpserve.LoopbackHost(h), h)
+	}
+}
+
 func TestCheckBrowser(t *testing.T) {
 	req := func(method, ct, origin string) *http.Request {
 		r := httptest.NewRequest(method, "/x", strings.NewReader("{}"))
