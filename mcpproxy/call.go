@@ -27,27 +27,54 @@ type callParams struct {
 	Meta      map[string]json.RawMessage `json:"_meta"`
 }
 
+// hostCall is a host's tools/call as the proxy reads it, parsed once: its params, and
+// when they are refused, the refusal (tool names the tool, or "tools/call" when the params
+// name none).
+type hostCall struct {
+	req     *jsonrpc.Request
+	params  callParams
+	invalid string // "": the params may go on
+	tool    string
+}
+
+// parseCall decodes req's params and checks their keys (checkParamKeys).
+func parseCall(req *jsonrpc.Request) hostCall {
+	c := hostCall{req: req}
+	perr := json.Unmarshal(req.Params, &c.params)
+	c.tool = c.params.Name
+	switch {
+	case perr != nil || c.params.Name == "":
+		c.tool = "tools/call"
+		c.invalid = fmt.Sprintf("invalid tools/call request, nothing was sent upstream: want params with a tool name (%v)", perr)
+	default:
+		if err := checkParamKeys(req.Params); err != nil {
+			c.invalid = "invalid tools/call request, nothing was sent upstream: " + err.Error()
+		}
+	}
+	return c
+}
+
 // relayIfBypassed relays a bypassed tools/call at once, on the goroutine that read it, when
 // the upstream's tool list is cached: no goroutine and no hand-off for a call the proxy only
 // relays (each hand-off costs a wake-up, measured in internal/proxybench). It returns false,
 // having done nothing, for every other call; call handles those.
-func (s *session) relayIfBypassed(ctx context.Context, req *jsonrpc.Request) bool {
+func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
+	if c.invalid != "" {
+		return false
+	}
 	s.mu.Lock()
 	cat, catErr := s.catalog, s.catErr
 	s.mu.Unlock()
 	if cat == nil || catErr != nil {
 		return false
 	}
-	var params callParams
-	if json.Unmarshal(req.Params, &params) != nil || params.Name == "" || checkParamKeys(req.Params) != nil {
-		return false
-	}
+	params := c.params
 	info := lookupTool(cat, params.Name)
 	if d := s.p.cfg.Policy.decide(params.Name, info); d.protect || s.pinRefusal(params.Name, info, d) != "" {
 		return false
 	}
-	ctx, span := s.p.startCall(ctx, req.ID, params)
-	if resp := s.relay(ctx, req, params.Name, span); resp != nil {
+	ctx, span := s.p.startCall(ctx, c.req.ID, params)
+	if resp := s.relay(ctx, c.req, params.Name, span); resp != nil {
 		endCall(span, resp)
 		s.answerResponse(ctx, resp)
 	}
@@ -57,10 +84,9 @@ func (s *session) relayIfBypassed(ctx context.Context, req *jsonrpc.Request) boo
 // call handles one tools/call of the host: forwarded untouched for a bypassed tool, through
 // the barrier for a protected one. Each gets a span (startCall), ended as its answer goes
 // to the host.
-func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
+func (s *session) call(ctx context.Context, c hostCall) {
 	defer s.wg.Done()
-	var params callParams
-	perr := json.Unmarshal(req.Params, &params)
+	req, params := c.req, c.params
 	ctx, span := s.p.startCall(ctx, req.ID, params)
 	var resp *jsonrpc.Response // the host's answer, unless upstream gives it (bypass)
 	defer func() {
@@ -70,15 +96,9 @@ func (s *session) call(ctx context.Context, req *jsonrpc.Request) {
 		}
 	}()
 	answer := func(result json.RawMessage) { resp = &jsonrpc.Response{ID: req.ID, Result: result} }
-	if perr != nil || params.Name == "" {
+	if c.invalid != "" {
 		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", KindInvalidInput)
-		answer(refusal("tools/call", KindInvalidInput,
-			fmt.Sprintf("invalid tools/call request, nothing was sent upstream: want params with a tool name (%v)", perr)))
-		return
-	}
-	if err := checkParamKeys(req.Params); err != nil {
-		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", KindInvalidInput, "err", err)
-		answer(refusal(params.Name, KindInvalidInput, "invalid tools/call request, nothing was sent upstream: "+err.Error()))
+		answer(refusal(c.tool, KindInvalidInput, c.invalid))
 		return
 	}
 	cat, err := s.tools(ctx)

@@ -232,11 +232,12 @@ func (s *session) readDownstream(ctx context.Context) error {
 				if !s.starting() {
 					return ctx.Err() // Serve is ending: the call is not started, nothing is sent
 				}
-				if s.relayIfBypassed(ctx, req) {
+				c := parseCall(req)
+				if s.relayIfBypassed(ctx, c) {
 					s.wg.Done()
 					continue
 				}
-				go s.call(ctx, req)
+				go s.call(ctx, c)
 				continue
 			case req.Method == "notifications/cancelled" && s.cancelled(req):
 				continue
