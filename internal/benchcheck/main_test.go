@@ -134,14 +134,18 @@ BenchmarkProxyProtected-2   	     200	   5000000 ns/op
 BenchmarkProxyBypassed-2    	     400	   2100000 ns/op
 BenchmarkRelayFloor-2       	     400	   2200000 ns/op
 BenchmarkGuardedCall-2      	     400	   2500000 ns/op
-BenchmarkGuardedCallIdleTool-2 	     400	   3000000 ns/op
+BenchmarkGuardedUpstreamCall-2 	     400	   4000000 ns/op
+BenchmarkFsyncBackToBack-2  	    5000	    200000 ns/op
+BenchmarkFsyncSpaced-2      	     900	    400000 ns/op
 pkg: github.com/toolfence/toolfence/internal/proxybench
 BenchmarkDirect-2           	     500	   2000000 ns/op
 BenchmarkProxyProtected-2   	     200	   6000000 ns/op
 BenchmarkProxyBypassed-2    	     400	   2400000 ns/op
 BenchmarkRelayFloor-2       	     400	   2300000 ns/op
 BenchmarkGuardedCall-2      	     400	   2000000 ns/op
-BenchmarkGuardedCallIdleTool-2 	     400	   2500000 ns/op
+BenchmarkGuardedUpstreamCall-2 	     400	   5000000 ns/op
+BenchmarkFsyncBackToBack-2  	    5000	    200000 ns/op
+BenchmarkFsyncSpaced-2      	     900	    300000 ns/op
 `
 	s, err := parse(strings.NewReader(out))
 	require.NoError(t, err)
@@ -153,13 +157,15 @@ BenchmarkGuardedCallIdleTool-2 	     400	   2500000 ns/op
 			got = append(got, r)
 		}
 	}
-	require.Len(t, got, 4)
+	require.Len(t, got, 6)
 	require.InDeltaSlice(t, []float64{1.2, 2.0}, got[0].values, 1e-9) // (5−2)/2.5, (6−2)/2
 	require.Equal(t, 1, got[0].met)
 	require.InDeltaSlice(t, []float64{1.05, 1.2}, got[1].values, 1e-9)
 	require.Equal(t, 1, got[1].met)
-	require.InDeltaSlice(t, []float64{1.0, 1.6}, got[2].values, 1e-9)  // references: (5−2)/3, (6−2)/2.5
-	require.InDeltaSlice(t, []float64{1.1, 1.15}, got[3].values, 1e-9) // the relay floor
+	require.InDeltaSlice(t, []float64{0.8, 1.5}, got[2].values, 1e-9)  // references: (4−2)/2.5, (5−2)/2
+	require.InDeltaSlice(t, []float64{1.25, 1.2}, got[3].values, 1e-9) // 5/4, 6/5
+	require.InDeltaSlice(t, []float64{2.0, 1.5}, got[4].values, 1e-9)  // spaced ÷ back-to-back syncs
+	require.InDeltaSlice(t, []float64{1.1, 1.15}, got[5].values, 1e-9) // the relay floor
 
 	delete(s, bench{"internal/proxybench", "Direct"})
 	var protect target
