@@ -149,7 +149,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 func LoadPolicy(path string) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+		return nil, fmt.Errorf("%w: cannot read the policy file: %w", ErrPolicy, err)
 	}
 	var p *Policy
 	switch strings.ToLower(filepath.Ext(path)) {
@@ -205,6 +205,10 @@ func parseYAML(data []byte) (*Policy, error) {
 }
 
 func parseJSON(data []byte) (*Policy, error) {
+	var ke *keyError
+	if err := checkPolicyKeys(data); errors.As(err, &ke) {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p Policy

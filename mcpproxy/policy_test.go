@@ -14,13 +14,14 @@ import (
 func TestParsePolicyYAMLMeetsTheSameRules(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, doc, want string }{
-		{"unknown top-level key", "tool: {}\n", `unknown field "tool"`},
-		{"unknown tool key", "tools:\n  a:\n    targets: [/x]\n", `unknown field "targets"`},
-		{"unknown probe key", "tools:\n  a:\n    probe: {tool: b, found: /f, args: {}}\n", `unknown field "args"`},
-		{"unknown key key", "tools:\n  a:\n    key: {header: X}\n", `unknown field "header"`},
+		{"unknown top-level key", "tool: {}\n", `unknown key "tool" (want one of: tools)`},
+		{"unknown tool key", "tools:\n  a:\n    targets: [/x]\n", `tool "a": unknown key "targets"`},
+		{"unknown probe key", "tools:\n  a:\n    probe: {tool: b, found: /f, args: {}}\n", `tool "a": probe: unknown key "args"`},
+		{"unknown key key", "tools:\n  a:\n    key: {header: X}\n", `tool "a": key: unknown key "header"`},
 		{"bad mode", "tools:\n  a: {mode: guard}\n", `tool "a": mode "guard": want "protect" or "bypass"`},
 		{"bad YAML", "tools:\n  a: [\n", `YAML:`},
 		{"duplicate key", "tools:\n  a: {}\n  a: {}\n", `already defined`},
+		{"key in another case", "tools:\n  a: {mode: protect, Mode: bypass}\n", `tool "a": key "Mode": write it "mode" (keys are case-sensitive)`},
 		{"second document", "tools: {}\n---\ntools: {}\n", `a second YAML document`},
 		{"not a mapping", "- a\n", `must be a mapping`},
 		{"empty", "\n", `the policy is empty`},
@@ -61,6 +62,38 @@ tools:
 	require.Equal(t, &mcpproxy.ProbeRule{Tool: "find_charge", Arguments: map[string]string{"order_id": "/order_id"}, Found: "/found"}, c.Probe)
 	require.Equal(t, &mcpproxy.KeyRule{Argument: "idempotency_key"}, c.Key)
 	require.Equal(t, mcpproxy.Bypass, p.Tools["search"].Mode)
+}
+
+// TestParsePolicyRefusesAmbiguousKeys: encoding/json keeps the last of repeated keys and
+// matches keys regardless of case, so a tool listed twice, or "mode" beside "Mode", would
+// decide a tool's protection by key order. Each is refused, naming where it is.
+func TestParsePolicyRefusesAmbiguousKeys(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, doc, want string }{
+		{"tool twice", `{"tools": {"charge": {"mode": "protect", "target": ["/order_id"]}, "charge": {"mode": "bypass"}}}`, `tools: key "charge" is given twice`},
+		{"rule key twice", `{"tools": {"charge": {"mode": "protect", "mode": "bypass"}}}`, `tool "charge": key "mode" is given twice`},
+		{"tools twice", `{"tools": {}, "tools": {"charge": {"mode": "bypass"}}}`, `key "tools" is given twice`},
+		{"probe argument twice", `{"tools": {"c": {"probe": {"tool": "f", "found": "/x", "arguments": {"id": "/a", "id": "/b"}}}}}`, `tool "c": probe: arguments: key "id" is given twice`},
+		{"mode in another case", `{"tools": {"charge": {"Mode": "bypass"}}}`, `tool "charge": key "Mode": write it "mode" (keys are case-sensitive)`},
+		{"tools in another case", `{"Tools": {"charge": {"mode": "bypass"}}}`, `key "Tools": write it "tools"`},
+		{"no_effect key in another case", `{"tools": {"c": {"no_effect": {"Patterns": ["x"]}}}}`, `tool "c": no_effect: key "Patterns": write it "patterns"`},
+		{"unknown rule key", `{"tools": {"c": {"targets": ["/a"]}}}`, `tool "c": unknown key "targets" (want one of: key, lease, mode, no_effect, probe, target, timeout)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
+			require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	// Tool names are the upstream's, and case-sensitive: two that differ in case are two tools.
+	p, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"charge": {"mode": "protect"}, "Charge": {"mode": "bypass"}}}`))
+	require.NoError(t, err)
+	require.Equal(t, mcpproxy.Protect, p.Tools["charge"].Mode)
+	require.Equal(t, mcpproxy.Bypass, p.Tools["Charge"].Mode)
+	// Malformed JSON is still reported by the decoder, with its offset.
+	_, err = mcpproxy.ParsePolicy([]byte(`{"tools": {"c": {"mode": "protect"}}`))
+	require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+	require.ErrorContains(t, err, "unexpected EOF")
 }
 
 func TestLoadPolicyChoosesTheFormatByExtension(t *testing.T) {

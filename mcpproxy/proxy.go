@@ -53,6 +53,15 @@ const DefaultTimeout = 2 * time.Minute
 
 var serverIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
+// CheckServerID returns an error when id is not a valid server id (Options.ServerID): 1-64
+// letters, digits, '.', '_' or '-', starting with a letter or digit.
+func CheckServerID(id string) error {
+	if !serverIDPattern.MatchString(id) {
+		return fmt.Errorf("mcpproxy: server id %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+	}
+	return nil
+}
+
 // Options configure a Proxy.
 type Options struct {
 	// ServerID names the upstream server in operations (<ServerID>/<tool>). Required:
@@ -97,8 +106,8 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if ic == nil {
 		return nil, errors.New("mcpproxy: nil interceptor")
 	}
-	if !serverIDPattern.MatchString(cfg.ServerID) {
-		return nil, fmt.Errorf("mcpproxy: server id %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", cfg.ServerID)
+	if err := CheckServerID(cfg.ServerID); err != nil {
+		return nil, err
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("mcpproxy: timeout %v is negative", cfg.Timeout)

@@ -286,9 +286,9 @@ func TestProxyRefusesEveryCallWhenThePolicyNamesAnUnknownTool(t *testing.T) {
 func TestParsePolicyRefusesBadInput(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, doc, want string }{
-		{"unknown top-level key", `{"tool": {}}`, `unknown field "tool"`},
-		{"unknown tool key", `{"tools": {"a": {"targets": ["/x"]}}}`, `unknown field "targets"`},
-		{"unknown no_effect key", `{"tools": {"a": {"no_effect": {"code": [1]}}}}`, `unknown field "code"`},
+		{"unknown top-level key", `{"tool": {}}`, `unknown key "tool" (want one of: tools)`},
+		{"unknown tool key", `{"tools": {"a": {"targets": ["/x"]}}}`, `tool "a": unknown key "targets"`},
+		{"unknown no_effect key", `{"tools": {"a": {"no_effect": {"code": [1]}}}}`, `tool "a": no_effect: unknown key "code" (want one of: codes, patterns)`},
 		{"bad mode", `{"tools": {"a": {"mode": "guard"}}}`, `tool "a": mode "guard": want "protect" or "bypass"`},
 		{"bad pointer", `{"tools": {"a": {"target": ["to"]}}}`, `tool "a": target:`},
 		{"bad pattern", `{"tools": {"a": {"no_effect": {"patterns": ["("]}}}}`, `tool "a": no_effect pattern`},

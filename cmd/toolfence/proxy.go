@@ -179,6 +179,15 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	if f.tokenFile != "" && f.http == "" {
 		return usagef("--token-file applies to --http only")
 	}
+	if err := mcpproxy.CheckServerID(f.serverID); err != nil {
+		return usagef("--server-id: %v", err)
+	}
+	switch {
+	case f.timeout < 0:
+		return usagef("--timeout %v is negative", f.timeout)
+	case f.lease < 0:
+		return usagef("--lease %v is negative", f.lease)
+	}
 	pol, pins, err := loadPolicyAndPins(f.config, f.pins, f.serverID)
 	if err != nil {
 		return err
@@ -201,11 +210,12 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		if err := mcpserver.CheckBind(f.http, tokens.Len()); err != nil {
 			return usagef("%v", err)
 		}
-		if len(args) > 0 {
-			// Children start per session: find the command now, not at the first host.
-			if _, err := exec.LookPath(args[0]); err != nil {
-				return fmt.Errorf("starting upstream %q: %w", args[0], err)
-			}
+	}
+	if len(args) > 0 {
+		// Find the command before the store is opened (a typo must not leave a store
+		// behind) and, over --http, where children start per session, before any host.
+		if _, err := exec.LookPath(args[0]); err != nil {
+			return fmt.Errorf("starting upstream %q: %w", args[0], err)
 		}
 	}
 	log, err := a.logger()

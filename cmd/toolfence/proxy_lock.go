@@ -119,7 +119,10 @@ upstream lists it. The file is replaced atomically.
 A proxy given the pins (--pins, or the default beside --config) refuses every call of a
 protected tool whose definition differs from its pin, or that has none, until a person has
 reviewed the change and run lock again: a changed description or schema can change what a
-call means. Bypassed tools are not checked.
+call means. A tool the policy file bypasses (mode: bypass) is not checked; a pinned tool
+bypassed only by its readOnlyHint annotation is, since a changed definition may be what
+made it read-only. With --config, the policy is read first and must fit the upstream (the
+problems "toolfence proxy check" reports refuse the lock): nothing is written otherwise.
 
 The pins file is --pins, else the --config path with its extension replaced by
 .pins.json (proxy.yaml → proxy.pins.json); one of them is required.
@@ -134,9 +137,19 @@ Example:
 			if path == "" {
 				return usagef("give --pins FILE (or --config FILE: the pins then go beside it as .pins.json)")
 			}
+			var pol *mcpproxy.Policy
+			if f.config != "" {
+				var err error
+				if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
+					return usagef("--config: %v", err)
+				}
+			}
 			list, err := listUpstream(cmd.Context(), a, &f, args)
 			if err != nil {
 				return err
+			}
+			if rep := mcpproxy.Check(f.serverID, pol, nil, list); pol != nil && len(rep.Problems) > 0 {
+				return fmt.Errorf("proxy lock: nothing written: the policy %s does not fit the upstream: %s (see toolfence proxy check)", f.config, strings.Join(rep.Problems, "; "))
 			}
 			pins, err := mcpproxy.Lock(f.serverID, list)
 			if err != nil {

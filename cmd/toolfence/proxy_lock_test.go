@@ -124,3 +124,34 @@ func TestProxyRefusesMalformedPinsAndWritesNothing(t *testing.T) {
 	require.Contains(t, r.stderr, `bad.yaml: mcpproxy: invalid policy: tool "send": probe: tool "send" is the protected tool itself`)
 	require.NoDirExists(t, store)
 }
+
+// TestProxyLockReadsThePolicy: lock reads --config before it writes pins beside it: a path
+// that does not exist, a malformed policy or one naming a tool the upstream does not list
+// is an error, and no pins file is written.
+func TestProxyLockReadsThePolicy(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	upstream := []string{bin, "serve", "--stdio", "--store", filepath.Join(dir, "upstream")}
+	lock := func(policy string) result {
+		return tf(t, nil, append([]string{"proxy", "lock", "--config", policy, "--server-id", "tf", "--"}, upstream...)...)
+	}
+
+	r := lock(filepath.Join(dir, "typo.yaml"))
+	require.Equal(t, exitUsage, r.code, r.String())
+	require.Contains(t, r.stderr, "cannot read the policy file")
+	require.NoFileExists(t, filepath.Join(dir, "typo.pins.json"))
+
+	dup := filepath.Join(dir, "dup.json")
+	require.NoError(t, os.WriteFile(dup, []byte(`{"tools": {"begin_call": {"mode": "protect"}, "begin_call": {"mode": "bypass"}}}`), 0o600))
+	r = lock(dup)
+	require.Equal(t, exitUsage, r.code, r.String())
+	require.Contains(t, r.stderr, `tools: key "begin_call" is given twice`)
+	require.NoFileExists(t, filepath.Join(dir, "dup.pins.json"))
+
+	unknown := filepath.Join(dir, "unknown.yaml")
+	require.NoError(t, os.WriteFile(unknown, []byte("tools:\n  send_mail: {mode: protect}\n"), 0o600))
+	r = lock(unknown)
+	require.Equal(t, exitError, r.code, r.String())
+	require.Contains(t, r.stderr, `nothing written: the policy `+unknown+` does not fit the upstream: the policy names tool "send_mail"`)
+	require.NoFileExists(t, filepath.Join(dir, "unknown.pins.json"))
+}

@@ -56,6 +56,22 @@ func TestProxyRefusesBadInputAndWritesNothing(t *testing.T) {
 	r = tf(t, nil, "proxy", "--store", store, "--server-id", "mail", "--", filepath.Join(dir, "no-such-server"))
 	require.Equal(t, exitError, r.code, r.String())
 	require.Contains(t, r.stderr, `starting upstream "`+filepath.Join(dir, "no-such-server")+`"`)
+	require.NoDirExists(t, store, "nothing written for a command that does not exist")
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--server-id", "mail", "--timeout", "-1s"}, "--timeout -1s is negative"},
+		{[]string{"--server-id", "mail", "--lease", "-2s"}, "--lease -2s is negative"},
+		{[]string{"--server-id", "bad id"}, `--server-id: mcpproxy: server id "bad id"`},
+		{[]string{"--server-id", "mail", "--config", filepath.Join(dir, "nope.yaml")}, "cannot read the policy file"},
+	} {
+		r = tf(t, nil, append(append([]string{"proxy", "--store", store}, tc.args...), "--", "true")...)
+		require.Equal(t, exitUsage, r.code, r.String())
+		require.Contains(t, r.stderr, tc.want)
+		require.NoDirExists(t, store, "nothing written for %v", tc.args)
+	}
 }
 
 // TestProxyBinaryRelaysAnUpstream: the binary in front of another toolfence (serve --stdio,
