@@ -277,6 +277,14 @@ func (s *session) readUpstream(ctx context.Context) error {
 					continue
 				}
 			}
+			if reservedID(m.ID) {
+				// An answer to one of the proxy's own requests that no one waits for any more
+				// (it timed out, was cancelled): never the host's (its ids in the reserved
+				// space are refused), so it is dropped, not relayed.
+				s.p.log.Warn("toolfence proxy: upstream's late answer to the proxy's own request was dropped: the proxy no longer waits for it",
+					"id", m.ID.Raw(), "error", m.Error != nil)
+				continue
+			}
 			s.mu.Lock()
 			answered = s.relayed[hostKey(m.ID)]
 			delete(s.relayed, hostKey(m.ID))
@@ -332,7 +340,9 @@ func (s *session) relayUp(ctx context.Context, msg jsonrpc.Message) error {
 // (tools/list, probes, tasks/get, guarded tools/call): "toolfence-proxy:<random per
 // session>:<n>". A host request whose id is a string with this prefix is refused with
 // JSON-RPC error -32600 (invalid request) and nothing is relayed, so no host request can be
-// answered with the answer of the proxy's own.
+// answered with the answer of the proxy's own; and an upstream answer in this space that no
+// one waits for any more (a request that timed out or was cancelled) is dropped, never
+// relayed to the host.
 const ReservedIDPrefix = "toolfence-proxy:"
 
 // codeInvalidRequest is JSON-RPC's invalid request error code.
