@@ -75,6 +75,8 @@ func story(tf, pay, dir string) error {
 		}
 		defer os.RemoveAll(d)
 		dir = d
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), policy, 0o644); err != nil {
 		return err
