@@ -420,21 +420,33 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 // textBlock is an MCP text content block.
 func textBlock(text string) map[string]any { return map[string]any{"type": "text", "text": text} }
 
-// replayed is the host's answer to a replay: the recorded result, a text block first that
-// says it is a replay, and MetaReplayed and MetaCall in its _meta.
+// replayed is the host's answer to a replay: a tool result with a text block first that
+// says it is a replay (tools.ReplayNote), and MetaReplayed and MetaCall in its _meta.
+// A recorded output is taken for a CallToolResult (upstream's answer, or a probe's) only when
+// it is whole and a JSON object with a "content" array: it is given back in its shape, the
+// note before its content and its _meta merged. Anything else (a cut result, or what an
+// operator gave `toolfence resolve --result`) follows the note as a text block, and a JSON
+// object also as structuredContent; an empty output (resolved without --result) adds nothing.
 func replayed(res *interceptor.Result) json.RawMessage {
 	note := tools.ReplayNote(res)
 	meta := map[string]any{MetaReplayed: true, MetaCall: map[string]any{
 		"key": res.Key, "attempt": res.Attempt, "token": res.Token, "recorded_at": res.RecordedAt, "truncated": res.Truncated,
 	}}
 	var doc map[string]json.RawMessage
-	if res.Truncated || json.Unmarshal(res.Output, &doc) != nil || doc == nil {
-		// A cut (or foreign) result cannot be given back in its shape: show it as text.
-		out, _ := json.Marshal(map[string]any{"content": []any{textBlock(note + ": " + string(res.Output))}, "_meta": meta})
+	var content []json.RawMessage
+	if res.Truncated || json.Unmarshal(res.Output, &doc) != nil || doc == nil ||
+		json.Unmarshal(doc["content"], &content) != nil || content == nil {
+		blocks := []any{textBlock(note)}
+		if len(bytes.TrimSpace(res.Output)) > 0 {
+			blocks = append(blocks, textBlock(string(res.Output)))
+		}
+		result := map[string]any{"content": blocks, "_meta": meta}
+		if doc != nil {
+			result["structuredContent"] = json.RawMessage(res.Output)
+		}
+		out, _ := json.Marshal(result)
 		return out
 	}
-	var content []json.RawMessage
-	_ = json.Unmarshal(doc["content"], &content)
 	first, _ := json.Marshal(textBlock(note))
 	doc["content"], _ = json.Marshal(append([]json.RawMessage{first}, content...))
 	var old map[string]json.RawMessage
