@@ -124,7 +124,7 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	}
 	if pins := s.p.cfg.Pins; pins != nil {
 		if st := pins.status(params.Name, info); st != "ok" {
-			s.p.log.Warn("toolfence proxy: call refused: tool definition not pinned", "kind", KindPin, "tool", params.Name, "pin", st)
+			s.p.log.Warn("toolfence proxy: call refused: the tool definition does not match its pin", "kind", KindPin, "tool", params.Name, "pin", st)
 			answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
 			return
 		}

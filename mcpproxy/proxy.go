@@ -118,7 +118,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		cfg.Policy = &Policy{}
 	}
 	if cfg.Pins != nil && cfg.Pins.ServerID != cfg.ServerID {
-		return nil, fmt.Errorf("%w: the pins were locked for server %q, not %q: run toolfence proxy lock --server-id %s", ErrPins, cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
+		return nil, fmt.Errorf("%w: the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", ErrPins, cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
 	}
 	margin := ic.Settings().Margin
 	for _, name := range cfg.Policy.names() {

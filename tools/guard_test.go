@@ -476,3 +476,13 @@ func TestRequestWithoutToolContextIsNotDispatched(t *testing.T) {
 	require.Equal(t, "charged", out, "the key was not locked: the fixed tool runs")
 	require.EqualValues(t, 1, hits.Load())
 }
+
+// TestReplayObservationOfAnEmptyOutput: a key resolved without a result replays as the note
+// alone, with no dangling ": ".
+func TestReplayObservationOfAnEmptyOutput(t *testing.T) {
+	t.Parallel()
+	res := &interceptor.Result{Replayed: true, RecordedAt: epoch}
+	require.Equal(t, "[replayed] already done, outcome recorded at "+epoch.Format(time.RFC3339), replayObservation(res))
+	res.Output = []byte("ok")
+	require.Equal(t, "[replayed] already done, outcome recorded at "+epoch.Format(time.RFC3339)+": ok", replayObservation(res))
+}

@@ -17,10 +17,13 @@ const ReplayPrefix = "[replayed] "
 // replayObservation is "[replayed] already done, outcome recorded at <RFC3339>: <cached
 // output>"; the time is when the outcome was recorded (the commit, or a reconciler's or
 // person's resolution), which can be later than the effect upstream; the cached output
-// follows byte for byte.
+// follows byte for byte. An empty output (a key resolved without a result) leaves the note alone.
 func replayObservation(res *interceptor.Result) string {
 	var b strings.Builder
 	b.WriteString(ReplayNote(res))
+	if len(res.Output) == 0 {
+		return b.String()
+	}
 	b.WriteString(": ")
 	b.Write(res.Output)
 	return b.String()

@@ -40,7 +40,7 @@ type proxyFlags struct {
 func newProxyCmd(a *app) *cobra.Command {
 	var f proxyFlags
 	cmd := &cobra.Command{
-		Use:   "proxy [--config FILE] --server-id ID [--task T] [--http ADDR --token-file F] (-- CMD ARGS... | --upstream URL [--header NAME=VALUE]...)",
+		Use:   "proxy [--store DIR] [--config FILE] [--pins FILE] --server-id ID [--task T] [--http ADDR --token-file F] (-- CMD ARGS... | --upstream URL [--header NAME=VALUE]...)",
 		Short: "Guard any MCP server: relay an MCP host to it and put every mutating tools/call through the barrier",
 		Long: `Run an upstream MCP server behind toolfence. The upstream is either a command
 (-- CMD ARGS..., started as a stdio child in its own process group) or a streamable-HTTP

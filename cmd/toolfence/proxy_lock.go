@@ -102,7 +102,7 @@ func loadProxyPins(pins, config, serverID string) (*mcpproxy.Pins, error) {
 		return nil, usagef("--pins: %v", err)
 	}
 	if p.ServerID != serverID {
-		return nil, usagef("--pins: %s: the pins were locked for server %q, not %q: run toolfence proxy lock --server-id %s", path, p.ServerID, serverID, serverID)
+		return nil, usagef("--pins: %s: the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", path, p.ServerID, serverID, serverID)
 	}
 	return p, nil
 }
