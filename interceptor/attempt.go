@@ -23,6 +23,13 @@ type BeginOptions struct {
 	// LeaseTTL is the lease of this attempt. Defaults to the operation's LeaseTTL, then
 	// Options.LeaseTTL. It must be longer than the margin.
 	LeaseTTL time.Duration
+	// Settle, when set, is called once when the key is blocked by an unknown outcome or an
+	// accepted attempt (a *Violation UnknownOutcome or AwaitingUpstream) to settle it, say
+	// by asking upstream (the MCP proxy's probes and tasks/get) and calling Resolve. When it
+	// returns true, Begin reserves again, once, and returns that: a replay, a new attempt or
+	// a refusal. Only what Begin returns is counted and logged, so a key that Settle cleared
+	// is not also reported as a refused call.
+	Settle func(ctx context.Context, v *Violation) (settled bool)
 }
 
 // Attempt is one attempt that holds its lease: steps 1 and 2 of the barrier are done (a
@@ -99,6 +106,11 @@ func (a *Attempt) TTL() time.Duration { return a.ttl }
 // toolfence.calls.
 func (ic *Interceptor) Begin(ctx context.Context, call Call, opts BeginOptions) (*Attempt, *Result, error) {
 	a, res, err := ic.begin(ctx, call, opts)
+	var blocked *Violation
+	if opts.Settle != nil && errors.As(err, &blocked) &&
+		(blocked.Kind == UnknownOutcome || blocked.Kind == AwaitingUpstream) && opts.Settle(ctx, blocked) {
+		a, res, err = ic.begin(ctx, call, opts)
+	}
 	switch {
 	case a != nil:
 	case res != nil:

@@ -378,3 +378,53 @@ func TestReconcileSpanAndCounts(t *testing.T) {
 	require.Equal(t, s.SpanContext.SpanID(), r.Parent.SpanID())
 	require.Equal(t, map[string]int64{"result=succeeded": 1, "result=open": 1}, f.counts("toolfence.reconcile.residuals"))
 }
+
+// TestBeginSettleCountsOnlyTheOutcome: with BeginOptions.Settle, a key blocked by an unknown
+// outcome is offered to Settle once; when Settle resolves it, Begin reserves again and only
+// that (here a replay) is counted and logged, not the refusal that Settle cleared. When
+// Settle cannot, the refusal is counted and logged once; a payload mismatch never reaches
+// Settle.
+func TestBeginSettleCountsOnlyTheOutcome(t *testing.T) {
+	f := setupTelemetry(t, withConfig(func(c *interceptor.Options) { c.RenewEvery = -1 }))
+	call := interceptor.Call{Operation: "email.send", Target: "bob", Args: []byte(`{"to":"bob"}`)}
+	_, err := f.ic.Do(f.ctx, call, answering(interceptor.Response{}, errors.New("timeout")).fn)
+	requireViolation(t, err, interceptor.UnknownOutcome, f.key("email.send", "bob"))
+	f.logs.Reset()
+
+	var offered []interceptor.Kind
+	unsettled := interceptor.BeginOptions{Settle: func(context.Context, *interceptor.Violation) bool { return false }}
+	unsettled.Settle = func(_ context.Context, v *interceptor.Violation) bool {
+		offered = append(offered, v.Kind)
+		return false
+	}
+	_, _, err = f.ic.Begin(f.ctx, call, unsettled)
+	requireViolation(t, err, interceptor.UnknownOutcome, f.key("email.send", "bob"))
+	require.Equal(t, []interceptor.Kind{interceptor.UnknownOutcome}, offered)
+	require.Equal(t, 1, strings.Count(f.logs.String(), `"kind":"unknown_outcome"`), "the refusal Settle could not clear is logged once")
+
+	f.logs.Reset()
+	settle := interceptor.BeginOptions{Settle: func(ctx context.Context, v *interceptor.Violation) bool {
+		offered = append(offered, v.Kind)
+		_, err := f.ic.Resolve(ctx, interceptor.ResolveParams{Key: v.Key, As: residual.Succeeded, By: "probe", Note: "found it", Result: []byte(`"sent"`), IfToken: v.Token})
+		require.NoError(t, err)
+		return true
+	}}
+	a, res, err := f.ic.Begin(f.ctx, call, settle)
+	require.NoError(t, err)
+	require.Nil(t, a)
+	require.True(t, res.Replayed)
+	require.Equal(t, []byte(`"sent"`), res.Output)
+	require.Len(t, offered, 2)
+	require.Empty(t, f.logs.String(), "a key Settle cleared is not reported as refused")
+
+	_, _, err = f.ic.Begin(f.ctx, interceptor.Call{Operation: "email.send", Target: "bob", Args: []byte(`{"to":"eve"}`)}, settle)
+	requireViolation(t, err, interceptor.PayloadMismatch, f.key("email.send", "bob"))
+	require.Len(t, offered, 2, "a payload mismatch is not offered to Settle")
+
+	require.Equal(t, map[string]int64{
+		"operation=email.send,reason=unknown,result=executed":         1,
+		"operation=email.send,reason=unknown_outcome,result=refused":  1,
+		"operation=email.send,reason=,result=replayed":                1,
+		"operation=email.send,reason=payload_mismatch,result=refused": 1,
+	}, f.counts("toolfence.calls"))
+}

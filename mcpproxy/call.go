@@ -266,18 +266,18 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	ctx, span := p.startSpan(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
-	bopts := interceptor.BeginOptions{LeaseTTL: time.Duration(rule.Lease)}
-	a, replay, err := p.ic.Begin(bctx, call, bopts)
-	var v *interceptor.Violation
 	var learned string // what upstream said about an open residual (probe, tasks/get)
-	if errors.As(err, &v) && (v.Kind == interceptor.UnknownOutcome || v.Kind == interceptor.AwaitingUpstream) {
-		// Ask upstream what became of the earlier attempt; when that settles it (through
-		// the interceptor's Resolve), begin again: a replay, or a new attempt.
-		var resolved bool
-		if learned, resolved = s.settle(ctx, bctx, v, params.Name, rule, args); resolved {
-			a, replay, err = p.ic.Begin(bctx, call, bopts)
-		}
-	}
+	a, replay, err := p.ic.Begin(bctx, call, interceptor.BeginOptions{
+		LeaseTTL: time.Duration(rule.Lease),
+		// Ask upstream what became of an earlier attempt left unknown or accepted; when that
+		// settles it (through the interceptor's Resolve), Begin reserves again: a replay, or
+		// a new attempt.
+		Settle: func(_ context.Context, v *interceptor.Violation) bool {
+			var resolved bool
+			learned, resolved = s.settle(ctx, bctx, v, params.Name, rule, args)
+			return resolved
+		},
+	})
 	switch {
 	case replay != nil:
 		return &jsonrpc.Response{ID: req.ID, Result: replayed(replay)}
@@ -318,7 +318,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		// effect, or a JSON-RPC error that means the call never ran.
 		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
 	}
-	v = &interceptor.Violation{
+	v := &interceptor.Violation{
 		Kind: interceptor.UnknownOutcome, Key: res.Key, Task: task, Operation: call.Operation, Target: target,
 		State: res.State, Attempt: res.Attempt, Holder: a.Holder, Token: res.Token, Since: a.Since,
 		Recovery: interceptor.Recovery(interceptor.UnknownOutcome), Cause: errors.New(rep.Error),

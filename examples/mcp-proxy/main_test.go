@@ -44,5 +44,6 @@ func TestExampleExactlyOneCharge(t *testing.T) {
 	require.Regexp(t, `run 2 \|   tool answered: \[replayed\] already done, outcome recorded at \S+\nrun 2 \| \{"charge_id":"ch_1","found":true\}`, string(out),
 		"run 2's call was settled by the probe and replayed, not charged again")
 	require.NotContains(t, string(out), "run 2 |   tool answered: blocked: a previous attempt may have reached")
+	require.NotContains(t, string(out), "toolfence: call refused", "the unknown outcome the probe settled is not logged as a refused call")
 	require.Contains(t, string(out), "OK: exactly one charge")
 }
