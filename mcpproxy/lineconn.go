@@ -191,7 +191,7 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		line = bytes.TrimSpace(line)
 		msgs, err := decodeLine(line)
 		if err != nil {
-			return nil, err
+			return nil, &badLineError{err: err, line: line}
 		}
 		if len(msgs) == 0 {
 			continue // a blank line
@@ -202,6 +202,25 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		}
 		return msgs[0], nil
 	}
+}
+
+// badLineError is a line Read could not take as JSON-RPC messages (not JSON, not a
+// message). The line is consumed: the connection can be read on.
+type badLineError struct {
+	err  error
+	line []byte
+}
+
+func (e *badLineError) Error() string { return e.err.Error() }
+func (e *badLineError) Unwrap() error { return e.err }
+
+// head is the start of the line, for a log.
+func (e *badLineError) head() string {
+	const n = 120
+	if len(e.line) > n {
+		return string(e.line[:n]) + "…"
+	}
+	return string(e.line)
 }
 
 // Write writes msg as one line.

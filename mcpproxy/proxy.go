@@ -166,7 +166,7 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	case err = <-upErr:
 		if err == nil || errors.Is(err, io.EOF) {
 			// The upstream ending is never a clean end of the host's session.
-			err = errUpstreamGone
+			err = ErrUpstreamGone
 		}
 	case <-ctx.Done():
 		// A reader the context cannot interrupt (a terminal, a file) stays blocked; the
@@ -194,7 +194,9 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	return err
 }
 
-var errUpstreamGone = errors.New("mcpproxy: the upstream server closed the connection")
+// ErrUpstreamGone is Serve's error when the upstream server ended the session (a stdio
+// child exited or closed its stdout, an HTTP upstream closed it).
+var ErrUpstreamGone = errors.New("mcpproxy: the upstream server closed the connection")
 
 // session is the state of one Serve.
 type session struct {
@@ -219,6 +221,12 @@ type session struct {
 func (s *session) readDownstream(ctx context.Context) error {
 	for {
 		msg, err := s.down.Read(ctx)
+		var bad *badLineError
+		if errors.As(err, &bad) {
+			// As the official SDKs' stdio servers do, the session ends: a request in that
+			// line could not be answered (no id can be read from it).
+			return fmt.Errorf("mcpproxy: the host sent a line that is not a JSON-RPC message: %w (line %q)", err, bad.head())
+		}
 		if err != nil {
 			return err
 		}
@@ -261,6 +269,15 @@ func (s *session) readDownstream(ctx context.Context) error {
 func (s *session) readUpstream(ctx context.Context) error {
 	for {
 		msg, err := s.up.Read(ctx)
+		var bad *badLineError
+		if errors.As(err, &bad) {
+			// A stdio server that prints something else on stdout (a banner, a log line):
+			// the line is dropped and the session goes on. Were it the answer to a call in
+			// flight, that call ends at its timeout as unknown, never as succeeded.
+			s.p.log.Warn("toolfence proxy: upstream wrote a line that is not a JSON-RPC message; it was dropped (a server must write only JSON-RPC on stdout)",
+				"err", err, "line", bad.head())
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -436,7 +453,7 @@ func (s *session) roundTrip(ctx context.Context, method string, params json.RawM
 		return nil, cause
 	case <-s.upDone:
 		forget()
-		return nil, errUpstreamGone
+		return nil, ErrUpstreamGone
 	}
 }
 

@@ -201,7 +201,7 @@ func TestServeEndingWhileACallIsRead(t *testing.T) {
 		down.in <- call(2)
 		served := make(chan error, 1)
 		go func() { served <- p.Serve(context.Background(), down, up) }()
-		require.ErrorIs(t, awaitServe(t, served), errUpstreamGone)
+		require.ErrorIs(t, awaitServe(t, served), ErrUpstreamGone)
 	}
 }
 

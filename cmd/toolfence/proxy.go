@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -248,7 +249,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		}
 		defer closer.Close()
 		err = p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up)
-		if u, ok := closer.(*mcpproxy.Upstream); ok && err != nil && ctx.Err() == nil {
+		if u, ok := closer.(*mcpproxy.Upstream); ok && errors.Is(err, mcpproxy.ErrUpstreamGone) && ctx.Err() == nil {
 			// Not stopped by a signal: say how the upstream ended, if it did.
 			if state, ended := u.Exit(2 * time.Second); ended {
 				err = fmt.Errorf("%w: upstream %q ended (%s)", err, args[0], state)
