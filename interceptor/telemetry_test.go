@@ -392,7 +392,7 @@ func TestBeginSettleCountsOnlyTheOutcome(t *testing.T) {
 	f.logs.Reset()
 
 	var offered []interceptor.Kind
-	unsettled := interceptor.BeginOptions{Settle: func(context.Context, *interceptor.Violation) bool { return false }}
+	var unsettled interceptor.BeginOptions
 	unsettled.Settle = func(_ context.Context, v *interceptor.Violation) bool {
 		offered = append(offered, v.Kind)
 		return false

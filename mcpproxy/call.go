@@ -295,7 +295,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	sess := a.KeepAlive(ctx)
 	dctx, stop := context.WithTimeoutCause(sess.Ctx(), time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout)),
 		fmt.Errorf("no answer from upstream within %v", time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout))))
-	resp, callErr := s.roundTrip(dctx, "tools/call", withTraceContext(ctx, sent))
+	resp, callErr := s.roundTripFor(dctx, a.Dispatch.Key, "tools/call", withTraceContext(ctx, sent))
 	stop()
 	sess.Close()
 
@@ -422,11 +422,13 @@ func textBlock(text string) map[string]any { return map[string]any{"type": "text
 
 // replayed is the host's answer to a replay: a tool result with a text block first that
 // says it is a replay (tools.ReplayNote), and MetaReplayed and MetaCall in its _meta.
-// A recorded output is taken for a CallToolResult (upstream's answer, or a probe's) only when
-// it is whole and a JSON object with a "content" array: it is given back in its shape, the
-// note before its content and its _meta merged. Anything else (a cut result, or what an
-// operator gave `toolfence resolve --result`) follows the note as a text block, and a JSON
-// object also as structuredContent; an empty output (resolved without --result) adds nothing.
+// A recorded output is taken for a CallToolResult (upstream's answer, or a probe's) when it
+// is whole and a JSON object with a "content" array, or without "content" but with
+// "structuredContent", "isError" or "_meta" (a server that left content out; classify
+// records such answers too): it is given back in its shape, the note before its content and
+// its _meta merged. Anything else (a cut result, or what an operator gave `toolfence resolve
+// --result`) follows the note as a text block, and a JSON object also as structuredContent;
+// an empty output (resolved without --result) adds nothing.
 func replayed(res *interceptor.Result) json.RawMessage {
 	note := tools.ReplayNote(res)
 	meta := map[string]any{MetaReplayed: true, MetaCall: map[string]any{
@@ -434,8 +436,16 @@ func replayed(res *interceptor.Result) json.RawMessage {
 	}}
 	var doc map[string]json.RawMessage
 	var content []json.RawMessage
-	if res.Truncated || json.Unmarshal(res.Output, &doc) != nil || doc == nil ||
-		json.Unmarshal(doc["content"], &content) != nil || content == nil {
+	isResult := !res.Truncated && json.Unmarshal(res.Output, &doc) == nil && doc != nil
+	if raw, ok := doc["content"]; isResult && ok {
+		isResult = json.Unmarshal(raw, &content) == nil && content != nil
+	} else if isResult {
+		_, structured := doc["structuredContent"]
+		_, isError := doc["isError"]
+		_, hasMeta := doc["_meta"]
+		isResult = structured || isError || hasMeta
+	}
+	if !isResult {
 		blocks := []any{textBlock(note)}
 		if len(bytes.TrimSpace(res.Output)) > 0 {
 			blocks = append(blocks, textBlock(string(res.Output)))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/residual"
 )
 
 // wireMsg is any JSON-RPC message as it crossed a pipe.
@@ -141,6 +144,12 @@ func TestProxyDropsLateAnswersToItsOwnRequests(t *testing.T) {
 			after, raw := next(hostLines, "host")
 			require.Equal(t, "notifications/message", after.Method, raw)
 			require.Contains(t, logs.String(), gid, "the dropped answer is logged with its id")
+			// With the key it is the evidence for, and what upstream answered.
+			m := regexp.MustCompile(`key=(tf1_[0-9a-f]+) answer=succeeded`).FindStringSubmatch(logs.String())
+			require.NotNil(t, m, logs.String())
+			r, err := l.Get(context.Background(), ledger.GetParams{Namespace: ic.Namespace(), Key: m[1]})
+			require.NoError(t, err)
+			require.Equal(t, residual.Unknown, r.State, "the logged key is the call left unknown")
 
 			// Nothing else reaches the host until the session ends.
 			require.NoError(t, hostW.Close())

@@ -281,6 +281,18 @@ func parseJSON(data []byte) (*Policy, error) {
 	return &p, nil
 }
 
+// CheckLeases returns an error wrapping ErrPolicy, naming the tool, when a tool's lease is not
+// longer than margin (the interceptor's safety margin: such an attempt could never be
+// dispatched). New checks it; a caller can check it before it opens a store.
+func (p *Policy) CheckLeases(margin time.Duration) error {
+	for _, name := range p.names() {
+		if l := time.Duration(p.Tools[name].Lease); l != 0 && l <= margin {
+			return fmt.Errorf("%w: tool %q: lease %v is not longer than the safety margin %v", ErrPolicy, name, l, margin)
+		}
+	}
+	return nil
+}
+
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {

@@ -120,11 +120,8 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if cfg.Pins != nil && cfg.Pins.ServerID != cfg.ServerID {
 		return nil, fmt.Errorf("%w: the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", ErrPins, cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
 	}
-	margin := ic.Settings().Margin
-	for _, name := range cfg.Policy.names() {
-		if l := time.Duration(cfg.Policy.Tools[name].Lease); l != 0 && l <= margin {
-			return nil, fmt.Errorf("%w: tool %q: lease %v is not longer than the safety margin %v", ErrPolicy, name, l, margin)
-		}
+	if err := cfg.Policy.CheckLeases(ic.Settings().Margin); err != nil {
+		return nil, err
 	}
 	// A tool whose upstream deduplicates by our key may be dispatched again over an unknown
 	// outcome, under the same key: the interceptor's barrier decides that (Redispatch).
@@ -154,7 +151,7 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
-		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, upDone: make(chan struct{})}
+		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, late: map[string]string{}, upDone: make(chan struct{})}
 	s.upSess = newUpstreamSession()
 	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
@@ -212,6 +209,7 @@ type session struct {
 	waiting map[string]chan *jsonrpc.Response  // our request id → its answer
 	calls   map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
 	relayed map[string]trace.Span              // host id of a bypassed call → its span, until upstream answers
+	late    map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
 	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
 	catErr  error
 	catGen  uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
@@ -297,9 +295,20 @@ func (s *session) readUpstream(ctx context.Context) error {
 			if reservedID(m.ID) {
 				// An answer to one of the proxy's own requests that no one waits for any more
 				// (it timed out, was cancelled): never the host's (its ids in the reserved
-				// space are refused), so it is dropped, not relayed.
-				s.p.log.Warn("toolfence proxy: upstream's late answer to the proxy's own request was dropped: the proxy no longer waits for it",
-					"id", m.ID.Raw(), "error", m.Error != nil)
+				// space are refused), so it is dropped, not relayed. For a guarded call it is
+				// the evidence its unknown outcome needs: logged with the key and what it says.
+				id, _ := m.ID.Raw().(string)
+				s.mu.Lock()
+				key := s.late[id]
+				delete(s.late, id)
+				s.mu.Unlock()
+				attrs := []any{"id", id}
+				if key != "" {
+					rep := classify(NoEffect{}, m, nil)
+					attrs = append(attrs, "key", key, "answer", string(rep.Outcome), "detail", rep.Error,
+						"recovery", "check upstream, then toolfence resolve "+key+" --as succeeded|failed")
+				}
+				s.p.log.Warn("toolfence proxy: upstream's late answer to the proxy's own request was dropped: the proxy no longer waits for it", attrs...)
 				continue
 			}
 			s.mu.Lock()
@@ -427,6 +436,16 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 // response comes with the reason it never came: ctx ended (a cancellation is sent
 // upstream), the upstream is gone, or the request could not be written.
 func (s *session) roundTrip(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
+	return s.roundTripFor(ctx, "", method, params)
+}
+
+// maxLate bounds the ids of guarded calls given up on (session.late) that a session keeps.
+const maxLate = 256
+
+// roundTripFor is roundTrip for the dispatch of the guarded call key: when ctx ends first,
+// the request's id is kept with key, so that upstream's late answer, which is dropped, is
+// logged with the key it settles (the evidence a person needs to resolve it).
+func (s *session) roundTripFor(ctx context.Context, key, method string, params json.RawMessage) (*jsonrpc.Response, error) {
 	idText := s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
 	id, _ := jsonrpc.MakeID(idText)
 	ch := make(chan *jsonrpc.Response, 1)
@@ -447,6 +466,17 @@ func (s *session) roundTrip(ctx context.Context, method string, params json.RawM
 		return r, nil
 	case <-ctx.Done():
 		forget()
+		if key != "" {
+			s.mu.Lock()
+			if len(s.late) >= maxLate {
+				for id := range s.late { // any one: the bound only keeps a lost session small
+					delete(s.late, id)
+					break
+				}
+			}
+			s.late[idText] = key
+			s.mu.Unlock()
+		}
 		cause := context.Cause(ctx)
 		note, _ := json.Marshal(map[string]any{"requestId": idText, "reason": "toolfence proxy: " + cause.Error()})
 		_ = s.up.Write(context.WithoutCancel(ctx), &jsonrpc.Request{Method: "notifications/cancelled", Params: note})

@@ -105,3 +105,17 @@ func TestReplayOfAToolResultKeepsItsShape(t *testing.T) {
 	require.JSONEq(t, `{"found":true}`, string(doc.StructuredContent))
 	require.Len(t, top, 3)
 }
+
+// TestReplayOfAToolResultWithoutContentKeepsItsShape: a server that left "content" out of a
+// result with structuredContent (classify records it as succeeded) is replayed in its shape:
+// its structuredContent and _meta where they were, the note as its content; not nested as
+// the structuredContent of a wrapper, which a host checking outputSchema would refuse.
+func TestReplayOfAToolResultWithoutContentKeepsItsShape(t *testing.T) {
+	res, doc, top := replayOf(t, `{"structuredContent":{"id":1},"_meta":{"example.com/x":1}}`)
+	require.Equal(t, []string{"text:" + tools.ReplayNote(res)}, texts(doc))
+	require.JSONEq(t, `{"id":1}`, string(doc.StructuredContent))
+	require.Equal(t, "1", string(doc.Meta["example.com/x"]))
+	require.Len(t, top, 3)
+	_, doc, _ = replayOf(t, `{"isError":false}`)
+	require.Nil(t, doc.StructuredContent, "an object with isError is a result, not an operator's value")
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpproxy"
 	"github.com/toolfence/toolfence/mcpserver"
 )
@@ -189,9 +191,17 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	case f.lease < 0:
 		return usagef("--lease %v is negative", f.lease)
 	}
+	if f.lease != 0 && f.lease <= lease.DefaultMargin {
+		return usagef("--lease %v is not longer than the safety margin %v", f.lease, lease.DefaultMargin)
+	}
 	pol, pins, err := loadPolicyAndPins(f.config, f.pins, f.serverID)
 	if err != nil {
 		return err
+	}
+	if pol != nil {
+		if err := pol.CheckLeases(lease.DefaultMargin); err != nil {
+			return usagef("--config: %v", err)
+		}
 	}
 	var tokens mcpserver.Tokens
 	var limits httpserve.Limits
@@ -249,7 +259,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		}
 		defer closer.Close()
 		err = p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up)
-		if u, ok := closer.(*mcpproxy.Upstream); ok && errors.Is(err, mcpproxy.ErrUpstreamGone) && ctx.Err() == nil {
+		if u, ok := closer.(*mcpproxy.Upstream); ok && (errors.Is(err, mcpproxy.ErrUpstreamGone) || errors.Is(err, syscall.EPIPE)) && ctx.Err() == nil {
 			// Not stopped by a signal: say how the upstream ended, if it did.
 			if state, ended := u.Exit(2 * time.Second); ended {
 				err = fmt.Errorf("%w: upstream %q ended (%s)", err, args[0], state)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -148,8 +149,8 @@ Example:
 			if err != nil {
 				return err
 			}
-			if rep := mcpproxy.Check(f.serverID, pol, nil, list); pol != nil && len(rep.Problems) > 0 {
-				return fmt.Errorf("proxy lock: nothing written: the policy %s does not fit the upstream: %s (see toolfence proxy check)", f.config, strings.Join(rep.Problems, "; "))
+			if problems := policyProblems(f.serverID, pol, list); len(problems) > 0 {
+				return fmt.Errorf("proxy lock: nothing written: the policy %s does not fit the upstream: %s (see toolfence proxy check)", f.config, strings.Join(problems, "; "))
 			}
 			pins, err := mcpproxy.Lock(f.serverID, list)
 			if err != nil {
@@ -164,6 +165,23 @@ Example:
 	}
 	f.add(cmd)
 	return cmd
+}
+
+// policyProblems are the problems proxy check reports for pol (nil: none) that it does not
+// report without a policy: a tool or probe tool the policy names that the upstream does not
+// list. (A tool definition that cannot be read is the upstream's problem, not the policy's.)
+func policyProblems(serverID string, pol *mcpproxy.Policy, list []mcpproxy.Tool) []string {
+	if pol == nil {
+		return nil
+	}
+	without := mcpproxy.Check(serverID, nil, nil, list).Problems
+	var out []string
+	for _, p := range mcpproxy.Check(serverID, pol, nil, list).Problems {
+		if !slices.Contains(without, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func newProxyCheckCmd(a *app) *cobra.Command {

@@ -58,6 +58,8 @@ func TestProxyRefusesBadInputAndWritesNothing(t *testing.T) {
 	require.Contains(t, r.stderr, `starting upstream "`+filepath.Join(dir, "no-such-server")+`"`)
 	require.NoDirExists(t, store, "nothing written for a command that does not exist")
 
+	shortLease := filepath.Join(dir, "short.yaml")
+	require.NoError(t, os.WriteFile(shortLease, []byte("tools:\n  send: {lease: 10ms}\n"), 0o600))
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -66,6 +68,8 @@ func TestProxyRefusesBadInputAndWritesNothing(t *testing.T) {
 		{[]string{"--server-id", "mail", "--lease", "-2s"}, "--lease -2s is negative"},
 		{[]string{"--server-id", "bad id"}, `--server-id: mcpproxy: server id "bad id"`},
 		{[]string{"--server-id", "mail", "--config", filepath.Join(dir, "nope.yaml")}, "cannot read the policy file"},
+		{[]string{"--server-id", "mail", "--lease", "1ms"}, "--lease 1ms is not longer than the safety margin 50ms"},
+		{[]string{"--server-id", "mail", "--config", shortLease}, `tool "send": lease 10ms is not longer than the safety margin 50ms`},
 	} {
 		r = tf(t, nil, append(append([]string{"proxy", "--store", store}, tc.args...), "--", "true")...)
 		require.Equal(t, exitUsage, r.code, r.String())
