@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
-	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -48,32 +46,10 @@ func TestProxyDropsLateAnswersToItsOwnRequests(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			l, err := badger.Open(filepath.Join(t.TempDir(), "store"), badger.Options{})
-			require.NoError(t, err)
-			t.Cleanup(func() { l.Close() })
-			ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second})
-			require.NoError(t, err)
 			logs := &lockedBuffer{}
-			p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fx", Timeout: c.timeout,
+			ps := newPipeSession(t, interceptor.Options{LeaseTTL: 5 * time.Second}, mcpproxy.Options{ServerID: "fx", Timeout: c.timeout,
 				Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-			require.NoError(t, err)
-
-			pipe := func() (*os.File, *os.File) {
-				r, w, err := os.Pipe()
-				require.NoError(t, err)
-				t.Cleanup(func() { r.Close(); w.Close() })
-				return r, w
-			}
-			hostIn, hostW := pipe()      // host → proxy
-			hostR, proxyOut := pipe()    // proxy → host
-			upIn, proxyToUp := pipe()    // proxy → upstream
-			proxyFromUp, upOut := pipe() // upstream → proxy
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			served := make(chan error, 1)
-			go func() {
-				served <- p.Serve(ctx, mcpproxy.Stdio(hostIn, proxyOut), mcpproxy.Stdio(proxyFromUp, proxyToUp))
-			}()
+			hostW, upOut, served := ps.hostW, ps.upW, ps.served
 			// Every line the proxy writes, on either side, read until its pipe ends.
 			lines := func(f *os.File) <-chan string {
 				ch := make(chan string, 64)
@@ -90,7 +66,7 @@ func TestProxyDropsLateAnswersToItsOwnRequests(t *testing.T) {
 				}()
 				return ch
 			}
-			hostLines, upLines := lines(hostR), lines(upIn)
+			hostLines, upLines := lines(ps.hostR), lines(ps.upR)
 			next := func(ch <-chan string, side string) (wireMsg, string) {
 				t.Helper()
 				select {
@@ -147,7 +123,7 @@ func TestProxyDropsLateAnswersToItsOwnRequests(t *testing.T) {
 			// With the key it is the evidence for, and what upstream answered.
 			m := regexp.MustCompile(`key=(tf1_[0-9a-f]+) answer=succeeded`).FindStringSubmatch(logs.String())
 			require.NotNil(t, m, logs.String())
-			r, err := l.Get(context.Background(), ledger.GetParams{Namespace: ic.Namespace(), Key: m[1]})
+			r, err := ps.l.Get(context.Background(), ledger.GetParams{Namespace: ps.ic.Namespace(), Key: m[1]})
 			require.NoError(t, err)
 			require.Equal(t, residual.Unknown, r.State, "the logged key is the call left unknown")
 
@@ -159,7 +135,7 @@ func TestProxyDropsLateAnswersToItsOwnRequests(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("Serve did not end when the host closed its side")
 			}
-			require.NoError(t, proxyOut.Close())
+			require.NoError(t, ps.proxyOut.Close())
 			for s := range hostLines {
 				t.Errorf("the host got another line: %s", s)
 			}
