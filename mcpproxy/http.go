@@ -254,7 +254,12 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "toolfence proxy: unknown or ended session (Mcp-Session-Id): initialize a new one", http.StatusNotFound)
 		return
 	}
-	defer h.release(sess)
+	// The request stops counting as in flight before its last bytes can reach the host
+	// (idle), so a host that has its answer never finds its session still busy (a new
+	// session at the cap ends the least recently used idle one).
+	var released sync.Once
+	idle := func() { released.Do(func() { h.release(sess) }) }
+	defer idle()
 	switch r.Method {
 	case http.MethodDelete:
 		h.end(sess)
@@ -262,7 +267,7 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		sess.conn.serveGET(w, r)
 	case http.MethodPost:
-		sess.conn.servePOST(w, r, msgs, batch)
+		sess.conn.servePOST(w, r, msgs, batch, idle)
 	}
 }
 

@@ -192,7 +192,9 @@ func (s *sseStream) leftovers() [][]byte {
 // servePOST hands the host's messages to the relay. Without requests among them it
 // answers 202; else it streams (SSE, or one JSON body when the host accepts only JSON)
 // until every request is answered, the host goes away or the session ends.
-func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []jsonrpc.Message, batch bool) {
+// servePOST relays a POST's messages to the session and writes their answers; idle is
+// called once nothing of the request is left to do but writing its last bytes.
+func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []jsonrpc.Message, batch bool, idle func()) {
 	var st *sseStream
 	sse := accepts(r, "text/event-stream")
 	c.mu.Lock()
@@ -240,18 +242,19 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 	}
 	w.Header().Set("Mcp-Session-Id", c.id)
 	if st == nil {
+		idle()
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
 	if !sse {
-		c.serveJSON(w, r, st, batch)
+		c.serveJSON(w, r, st, batch, idle)
 		return
 	}
-	c.stream(w, r, st)
+	c.stream(w, r, st, idle)
 }
 
 // serveJSON waits for every answer of st and writes them as one JSON body.
-func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStream, batch bool) {
+func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStream, batch bool, idle func()) {
 	var all [][]byte
 	for {
 		q, complete := st.take()
@@ -273,6 +276,7 @@ func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStre
 	for i, d := range all {
 		answers[i] = d
 	}
+	idle()
 	w.Header().Set("Content-Type", "application/json")
 	if len(answers) == 1 && !batch {
 		_, _ = w.Write(answers[0])
@@ -282,7 +286,7 @@ func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStre
 }
 
 // stream writes st's messages as server-sent events until st is complete.
-func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream) {
+func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream, idle func()) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -294,6 +298,9 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream)
 	flush()
 	for {
 		q, complete := st.take()
+		if complete {
+			idle() // the last answers follow
+		}
 		for _, d := range q {
 			if _, err := fmt.Fprintf(w, "event: message\ndata: %s\n\n", d); err != nil {
 				return
@@ -369,7 +376,7 @@ func (c *downConn) serveGET(w http.ResponseWriter, r *http.Request) {
 	c.mu.Unlock()
 	defer c.forget(st)
 	w.Header().Set("Mcp-Session-Id", c.id)
-	c.stream(w, r, st)
+	c.stream(w, r, st, func() {}) // released when the handler returns
 }
 
 // accepts reports whether r's Accept header lists mediaType (or */*); an absent header
