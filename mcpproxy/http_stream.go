@@ -191,9 +191,8 @@ func (s *sseStream) leftovers() [][]byte {
 
 // servePOST hands the host's messages to the relay. Without requests among them it
 // answers 202; else it streams (SSE, or one JSON body when the host accepts only JSON)
-// until every request is answered, the host goes away or the session ends.
-// servePOST relays a POST's messages to the session and writes their answers; idle is
-// called once nothing of the request is left to do but writing its last bytes.
+// until every request is answered, the host goes away or the session ends. It calls idle
+// once nothing of the request is left to do but writing its last bytes.
 func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []jsonrpc.Message, batch bool, idle func()) {
 	var st *sseStream
 	sse := accepts(r, "text/event-stream")
