@@ -196,7 +196,7 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		if len(msgs) == 0 {
 			continue // a blank line
 		}
-		c.queue, c.raw = msgs[1:], nil
+		c.queue = msgs[1:]
 		if len(msgs) == 1 {
 			c.raw = line
 		}

@@ -65,16 +65,8 @@ func TestLineConnWriteAndClose(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"jsonrpc":"2.0","id":7,"method":"ping"}`, strings.TrimSpace(line))
 
-	read := make(chan error, 1)
-	go func() { _, err := c.Read(context.Background()); read <- err }()
-	require.NoError(t, c.Close())
-	require.NoError(t, c.Close())
-	select {
-	case err := <-read:
-		require.ErrorIs(t, err, io.EOF)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not end the pending Read")
-	}
+	requireCloseEndsRead(t, c)
+	require.NoError(t, c.Close(), "a second Close is a no-op")
 	require.Equal(t, 1, closed)
 	require.Error(t, c.Write(context.Background(), &jsonrpc.Request{Method: "x"}))
 	_, err = c.Read(context.Background())
@@ -109,5 +101,19 @@ func TestDecodeMessageMatchesTheSDK(t *testing.T) {
 		require.Error(t, sdkErr, in)
 		_, err := decodeMessage([]byte(in))
 		require.Error(t, err, in)
+	}
+}
+
+// requireCloseEndsRead asserts that Close ends a Read pending on c with io.EOF.
+func requireCloseEndsRead(t *testing.T, c *lineConn) {
+	t.Helper()
+	read := make(chan error, 1)
+	go func() { _, err := c.Read(context.Background()); read <- err }()
+	require.NoError(t, c.Close())
+	select {
+	case err := <-read:
+		require.ErrorIs(t, err, io.EOF)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the pending Read")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/stretchr/testify/require"
@@ -60,15 +59,7 @@ func TestStdioPollsPipes(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"jsonrpc":"2.0","id":1,"result":{}}`, strings.TrimSpace(line))
 
-	read := make(chan error, 1)
-	go func() { _, err := c.Read(context.Background()); read <- err }()
-	require.NoError(t, c.Close())
-	select {
-	case err := <-read:
-		require.ErrorIs(t, err, io.EOF)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not end the pending Read")
-	}
+	requireCloseEndsRead(t, lc)
 	require.False(t, nonblocking(t, inR), "blocking mode restored")
 	require.False(t, nonblocking(t, outW), "blocking mode restored")
 
