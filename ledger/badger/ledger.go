@@ -139,6 +139,12 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown sync mode %d", ledger.ErrInvalidParams, int(opts.Sync))
 	}
+	if err := createDir(dir); err != nil {
+		return nil, fmt.Errorf("ledger/badger: create %s: %w", dir, err)
+	}
+	if err := removeEmptyLogs(dir); err != nil {
+		return nil, fmt.Errorf("ledger/badger: remove empty log files in %s: %w", dir, err)
+	}
 	bo := dbadger.DefaultOptions(dir).
 		WithSyncWrites(opts.Sync == SyncWrites).
 		WithLogger(opts.Logger).

@@ -79,8 +79,12 @@ import (
 //     every WAL or value-log file that is not the newest of its kind and has not been
 //     fsynced since it was sealed is fsynced once (a vanished one was flushed to an msynced
 //     L0 table and deleted, which is fine), the directory is fsynced when any entry
-//     appeared since the last listing, and the newest file of each kind is opened and kept
-//     open.
+//     appeared since the last listing, and the newest file of each kind is opened, kept
+//     open and, when it is new to the listing, fsynced once before the directory: badger
+//     creates a log file at its full size (ftruncate) and a directory sync makes only the
+//     entry durable, so without this a power loss could leave a synced entry of an empty
+//     file, and badger refuses to open a store with an empty value-log or WAL file ("Create
+//     a new file"). The value log is otherwise synced only after big values (step 4).
 //  3. fdatasyncs the newest WAL through the descriptor it keeps open (by the msync point
 //     above, this writes back every page badger's msync of the WAL would).
 //  4. fdatasyncs the newest value-log file only when a value of ValueThreshold bytes or
@@ -103,6 +107,23 @@ import (
 // needs no such wait: what it read was in the WAL before its own commit, which its round
 // covers. The replay cache holds only residuals read this way, so it never serves a
 // record that could vanish in a crash.
+//
+// The store's own directory entry: badger creates a missing store directory without
+// syncing its parent, so a power loss could drop the whole store after commits were
+// acknowledged in it. Open creates the directory itself (createDir) and fsyncs the parent
+// of every directory it created, and the parent of the store directory on every Open (a
+// process that crashed after creating it may not have synced it).
+//
+// Empty log files: badger refuses to open a store with an empty WAL or value-log file
+// (z.OpenMmapFile truncates it to full size and reports it as new, which Open takes for an
+// error). A power cut can leave one in two ways: badger creates a WAL and then syncs the
+// directory (Open: newMemTable, then newLevelsController's syncDir) before the first round
+// syncs the file's size; and badger deletes a flushed WAL by truncating it to 0 and then
+// removing it, so a round that fsyncs it as a sealed file in between makes the empty size
+// durable while the removal is not yet. An empty log file holds nothing: every WAL or
+// value log that held an acknowledged write was synced with its full size. So Open, on
+// Linux, deletes them first (removeEmptyLogs), under badger's directory lock. Found by the
+// power-loss runs of internal/jepsen (docs/reliability.md).
 //
 // Not covered here (badger's own business, same in both modes): the L0 table written by a
 // memtable flush gets its directory entry synced only by the next compaction or Close.
@@ -225,7 +246,7 @@ type logSyncer struct {
 	fsync func(f *os.File, dataOnly bool) error
 
 	// Counters, for tests.
-	listings, sealedSyncs, dirSyncs, walSyncs, vlogSyncs int
+	listings, sealedSyncs, newSyncs, dirSyncs, walSyncs, vlogSyncs int
 }
 
 func newLogSyncer(dir string, syncActive bool) *logSyncer {
@@ -336,7 +357,11 @@ func (s *logSyncer) list() error {
 		s.sealed[lf.name] = true
 		s.sealedSyncs++
 	}
-	for ext, id := range newestID {
+	for _, ext := range []string{walExt, vlogExt} {
+		id, ok := newestID[ext]
+		if !ok {
+			continue
+		}
 		if cur := s.newest[ext]; cur != nil && cur.id == id {
 			continue
 		}
@@ -345,6 +370,11 @@ func (s *logSyncer) list() error {
 		if err != nil {
 			return fmt.Errorf("open %s: %w", name, err)
 		}
+		if err := s.fsync(f, false); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("sync new %s: %w", name, err)
+		}
+		s.newSyncs++
 		if old := s.newest[ext]; old != nil {
 			_ = old.f.Close() // synced above as a sealed file, or vanished
 		}
@@ -401,4 +431,51 @@ func (s *logSyncer) close() {
 		_ = lf.f.Close()
 		delete(s.newest, ext)
 	}
+}
+
+// createDir creates dir and its missing parents (mode 0700, as badger would) and fsyncs
+// the parent of each directory it created, and dir's parent in any case, so that the
+// store's directory entry is durable before anything is committed in it.
+func createDir(dir string) error {
+	dir = filepath.Clean(dir)
+	var created []string
+	for d := dir; ; d = filepath.Dir(d) {
+		_, err := os.Stat(d)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		created = append(created, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	parents := []string{filepath.Dir(dir)}
+	for _, d := range created[min(1, len(created)):] {
+		parents = append(parents, filepath.Dir(d)) // deepest first: dir's own parent is first
+	}
+	for _, p := range parents {
+		if err := syncDirPath(p); err != nil {
+			return fmt.Errorf("sync dir %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// syncDirPath fsyncs the directory at path.
+func syncDirPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -12,3 +12,7 @@ const syncOwnLogs = false
 
 // fdatasync falls back to a full fsync.
 func fdatasync(f *os.File) error { return f.Sync() }
+
+// removeEmptyLogs does nothing off Linux: the power-loss tests that found the empty log
+// files run on Linux only (see "Empty log files" in sync.go).
+func removeEmptyLogs(string) error { return nil }

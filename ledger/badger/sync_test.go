@@ -109,7 +109,8 @@ func TestLogSyncerRounds(t *testing.T) {
 	touch("00001.mem")
 	touch("000001.vlog")
 	touch("MANIFEST")
-	require.Equal(t, []string{dirName, "00001.mem"}, round(), "first round: list, sync the directory and the WAL")
+	require.Equal(t, []string{"00001.mem!", "000001.vlog!", dirName, "00001.mem"}, round(),
+		"first round: list, fsync the new logs (their size), then the directory, and the WAL")
 	require.Equal(t, []string{"00001.mem"}, round(), "nothing new: the WAL only")
 	require.Equal(t, 2, s.listings, "every round lists the directory")
 
@@ -127,24 +128,24 @@ func TestLogSyncerRounds(t *testing.T) {
 	require.Equal(t, []string{"00001.mem"}, round(), "covered now")
 
 	touch("00002.mem") // memtable rotation: 00001.mem is sealed
-	require.Equal(t, []string{"00001.mem!", dirName, "00002.mem"}, round())
+	require.Equal(t, []string{"00001.mem!", "00002.mem!", dirName, "00002.mem"}, round())
 	require.Equal(t, []string{"00002.mem"}, round(), "a sealed file is synced once")
 	require.Equal(t, 9, s.listings)
 
 	touch("000002.vlog") // the value log rotates only while a big value is written
 	s.markValueLog()
 	s.doneValueLog()
-	require.Equal(t, []string{"000001.vlog!", dirName, "00002.mem", "000002.vlog"}, round())
+	require.Equal(t, []string{"000001.vlog!", "000002.vlog!", dirName, "00002.mem", "000002.vlog"}, round())
 
 	touch("00003.mem")
 	require.NoError(t, os.Remove(filepath.Join(dir, "00001.mem"))) // flushed to L0
-	require.Equal(t, []string{"00002.mem!", dirName, "00003.mem"}, round())
+	require.Equal(t, []string{"00002.mem!", "00003.mem!", dirName, "00003.mem"}, round())
 	require.NotContains(t, s.sealed, "00001.mem", "vanished files are forgotten")
 	require.Equal(t, 11, s.walSyncs, "one per round")
 	require.Equal(t, 4, s.vlogSyncs, "one per round while a big value may be uncovered")
 }
 
-// Under SyncWrites badger synced the logs: rounds only handle new files.
+// Under SyncWrites badger synced the logs' writes: rounds only handle new files.
 func TestLogSyncerSyncWritesMode(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"00001.mem", "000001.vlog"} {
@@ -156,7 +157,7 @@ func TestLogSyncerSyncWritesMode(t *testing.T) {
 	rec.install(s)
 	s.markValueLog()
 	require.NoError(t, s.sync())
-	require.Equal(t, []string{filepath.Base(dir) + "!"}, rec.synced)
+	require.Equal(t, []string{"00001.mem!", "000001.vlog!", filepath.Base(dir) + "!"}, rec.synced)
 	rec.synced = nil
 	require.NoError(t, s.sync())
 	require.Empty(t, rec.synced)
@@ -186,7 +187,7 @@ func TestLogSyncerVanishedFile(t *testing.T) {
 	}}
 	rec.install(s)
 	require.NoError(t, s.sync())
-	require.Equal(t, []string{filepath.Base(dir) + "!", "00002.mem"}, rec.synced)
+	require.Equal(t, []string{"00002.mem!", filepath.Base(dir) + "!", "00002.mem"}, rec.synced)
 
 	rec.fail = func(string) error { return errors.New("EIO") }
 	require.ErrorContains(t, s.sync(), "EIO", "the WAL sync fails")
@@ -215,4 +216,22 @@ func TestLogSyncerDoubleRotation(t *testing.T) {
 	require.NoError(t, s.sync())
 	require.Contains(t, rec.synced, "00003.mem", "the live WAL is synced")
 	require.NotEqual(t, "00001.mem", rec.synced[len(rec.synced)-1], "not the stale one")
+}
+
+// Open creates a missing store directory and its parents itself (so that it can sync each
+// new entry: see createDir); an existing one is left as it is.
+func TestCreateDir(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "b", "store")
+	require.NoError(t, createDir(dir))
+	for _, d := range []string{filepath.Join(base, "a"), filepath.Join(base, "a", "b"), dir} {
+		fi, err := os.Stat(d)
+		require.NoError(t, err)
+		require.True(t, fi.IsDir())
+		require.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), d)
+	}
+	require.NoError(t, createDir(dir), "an existing directory")
+	require.NoError(t, createDir(base+string(filepath.Separator)), "a trailing separator")
+	require.NoError(t, os.WriteFile(filepath.Join(base, "file"), nil, 0o600))
+	require.Error(t, createDir(filepath.Join(base, "file", "store")), "a file in the way")
 }
