@@ -95,7 +95,7 @@ func (c *Options) defaults() error {
 	}
 	for _, f := range c.Faults {
 		if !validFault(c.Backend, f) {
-			return fmt.Errorf("jepsen: fault %q does not apply to %s (want one of %v)", f, c.Backend, map[string][]string{"postgres": PostgresFaults, "badger": BadgerFaults}[c.Backend])
+			return fmt.Errorf("jepsen: fault %q does not apply to %s (want one of %v)", f, c.Backend, map[string][]string{"postgres": PostgresFaults, "badger": append(BadgerFaults, FPower)}[c.Backend])
 		}
 	}
 	if c.Dir == "" {
@@ -125,7 +125,7 @@ func (c *Options) defaults() error {
 func validFault(backend, f string) bool {
 	list := PostgresFaults
 	if backend == "badger" {
-		list = BadgerFaults
+		list = append(BadgerFaults, FPower) // FPower is opt-in: it needs FUSE (power.go)
 	}
 	for _, x := range list {
 		if x == f {
@@ -155,6 +155,7 @@ type Report struct {
 	Faults   []FaultRecord  `json:"faults"`
 	Injected map[string]int `json:"injected"`
 	Verdict  *Verdict       `json:"verdict"`
+	Power    *PowerReport   `json:"power,omitempty"` // runs with FPower only
 	Dir      string         `json:"dir"`
 }
 
@@ -182,6 +183,7 @@ type harness struct {
 	cluster *pgCluster
 	store   string // badger dir or the proxied DSN
 	admin   *pgx.Conn
+	power   *power // the lazy FS under the badger store, with FPower
 
 	mu       sync.Mutex
 	workers  []*worker
@@ -230,8 +232,11 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 	cancel()
 	hs.heal()
 	hs.stopAll()
+	if err := hs.finalPowerCut(); err != nil {
+		return nil, err
+	}
 	fmt.Fprintf(cfg.Log, "jepsen %s: workload done after %v; final reads\n", cfg.Backend, time.Since(hs.start).Round(time.Millisecond))
-	if err := hs.finalReads(ctx, w); err != nil {
+	if err := hs.finalReads(ctx, w); err != nil && !hs.powerLost(err) {
 		return nil, err
 	}
 	ops := hs.h.Ops()
@@ -240,9 +245,10 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 	}
 	fmt.Fprintf(cfg.Log, "jepsen %s: checking %d ops\n", cfg.Backend, len(ops))
 	v := Check(ops, cfg.CheckTimeout, cfg.Dir)
+	v.Violations = append(v.Violations, hs.powerViolations()...)
 	rep := &Report{Backend: cfg.Backend, Seed: cfg.Seed, Duration: cfg.Duration.String(),
 		Elapsed: time.Since(hs.start).Round(time.Millisecond).String(), Workers: cfg.Workers,
-		Procs: hs.procs, Clients: hs.procs * cfg.Clients, Faults: hs.faults, Injected: map[string]int{}, Verdict: v, Dir: cfg.Dir}
+		Procs: hs.procs, Clients: hs.procs * cfg.Clients, Faults: hs.faults, Injected: map[string]int{}, Verdict: v, Power: hs.powerReport(), Dir: cfg.Dir}
 	for _, f := range hs.faults {
 		rep.Injected[f.Kind]++
 	}
@@ -264,6 +270,9 @@ func (hs *harness) workload() Workload {
 func (hs *harness) setup(ctx context.Context) error {
 	switch hs.cfg.Backend {
 	case "badger":
+		if hs.hasPower() {
+			return hs.setupPower()
+		}
 		hs.store = filepath.Join(hs.cfg.Dir, "store")
 		return os.RemoveAll(hs.store)
 	}
@@ -287,6 +296,7 @@ func (hs *harness) setup(ctx context.Context) error {
 }
 
 func (hs *harness) teardown() {
+	hs.teardownPower()
 	if hs.admin != nil {
 		_ = hs.admin.Close(context.Background())
 	}
@@ -451,6 +461,8 @@ func (hs *harness) inject(ctx context.Context, kind string, n int) (string, erro
 		return fmt.Sprintf("full partition for %v, healed", d), nil
 	case FSkew:
 		return hs.skew(), nil
+	case FPower:
+		return hs.powerCut(ctx, n)
 	case FRestart:
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -129,23 +129,26 @@ func (n *node) sync() (int, error) {
 
 // Counters counts what the FS has done since New.
 type Counters struct {
-	FileSyncs, DirSyncs int // fsync and fdatasync calls on files; fsync calls on directories
-	SyncedPages         int // dirty pages written to blobs by file syncs
-	Cuts                int
-	Dropped             CutStats // summed over every cut
+	FileSyncs   int      `json:"file_syncs"`   // fsync and fdatasync calls on files
+	DirSyncs    int      `json:"dir_syncs"`    // fsync calls on directories
+	SyncedPages int      `json:"synced_pages"` // dirty pages written to blobs by file syncs
+	Cuts        int      `json:"cuts"`
+	Dropped     CutStats `json:"dropped"` // summed over every cut
 }
 
 // CutStats says what one cut dropped.
 type CutStats struct {
 	// Pages is the number of dirty (unsynced) pages dropped; Files the number of files that
 	// had unsynced pages or an unsynced size.
-	Pages, Files int
+	Pages int `json:"pages"`
+	Files int `json:"files"`
 	// Entries is the number of directory entries that differed from the directory's last
 	// synced state (a name added, removed or pointing elsewhere), in directories that
 	// survived the cut.
-	Entries int
-	// Vanished is the number of files that no synced entry reached, deleted with their data.
-	Vanished int
+	Entries int `json:"entries"`
+	// Vanished is the number of files that no synced entry reached, deleted with their
+	// data: new files whose entry was never synced, and files whose removal was.
+	Vanished int `json:"vanished"`
 }
 
 func (s CutStats) add(o CutStats) CutStats {
