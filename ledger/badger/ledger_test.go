@@ -24,9 +24,14 @@ import (
 )
 
 // TestMain checks that no test leaves goroutines behind (badger's, ours), except in the
-// crash helper child, which is killed.
+// crash helper child and the power-loss tests' workers, which are killed; in a worker it
+// plants the bug PlantEnv names (plant).
 func TestMain(m *testing.M) {
 	if os.Getenv(crashRoleEnv) != "" {
+		os.Exit(m.Run())
+	}
+	if os.Getenv(powerWorkerEnv) != "" {
+		plant = os.Getenv(PlantEnv)
 		os.Exit(m.Run())
 	}
 	goleak.VerifyTestMain(m)

@@ -294,6 +294,10 @@ func (s *logSyncer) sync() error {
 		if lf == nil {
 			return fmt.Errorf("no %s file in %s to sync", ext, s.dir)
 		}
+		if ext == walExt && plant == plantSkipWALSync && s.walSyncs%2 == 1 {
+			s.walSyncs++ // planted: this round acknowledges without syncing the WAL
+			continue
+		}
 		if err := s.fsync(lf.f, true); err != nil {
 			return fmt.Errorf("sync %s: %w", lf.name, err)
 		}
@@ -395,6 +399,14 @@ func (s *logSyncer) list() error {
 	s.listed = true
 	return nil
 }
+
+// plant names a bug planted for the power-loss test (power_test.go); TestMain sets it in
+// that test's worker processes only, from PlantEnv.
+var plant string
+
+// plantSkipWALSync is the planted bug: every other round skips the fdatasync of the newest
+// WAL, so the commits it acknowledges are durable only once a later round syncs.
+const plantSkipWALSync = "skip-wal-sync"
 
 // syncSealed fsyncs a sealed log file. One that vanished was flushed to an msynced L0 table
 // (WAL) and deleted, which is fine.
