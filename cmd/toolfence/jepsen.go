@@ -44,7 +44,9 @@ PostgreSQL runs start a throwaway cluster (initdb and pg_ctl on PATH; as root it
 the postgres user) on a free port, with a fault proxy between the clients and it; the
 machine's own server is never touched. Faults: kill, stop, terminate, latency, bandwidth,
 reset, timeout, partition, skew, restart. Badger runs one worker process at a time (its
-directory lock) with kill, stop and skew.
+directory lock) with kill, stop and skew; add power (--faults kill,skew,stop,power) to put
+its store on a FUSE filesystem that drops everything unsynced at each cut (needs root and
+/dev/fuse; internal/lazyfs).
 
 Each run writes history.jsonl, verdict.json, report.json and workers.log (and, on a
 violation, violation.html) into --dir/<backend>. The exit status is 1 when a verdict is not
@@ -72,6 +74,10 @@ Example:
 				if err != nil {
 					return err
 				}
+				if p := rep.Power; p != nil {
+					fmt.Fprintf(a.stdout, "%s: %d power cuts (the final one included) dropped %v; the ledger fsynced files %d times, directories %d times\n",
+						cfg.Backend, p.Cuts, p.Dropped, p.FileSyncs, p.DirSyncs)
+				}
 				if !rep.Verdict.OK() {
 					bad++
 					fmt.Fprintf(a.stdout, "%s: NOT CLEAN: %s\n", cfg.Backend, rep.Verdict)
@@ -98,7 +104,7 @@ Example:
 	fl.DurationVar(&f.epoch, "epoch", 0, "how long a set of keys is used before moving on (default 5s)")
 	fl.DurationVar(&f.faultFor, "fault-for", 0, "how long each fault lasts (default 1.5s)")
 	fl.DurationVar(&f.quiet, "quiet", 0, "healthy time between faults (default 1s)")
-	fl.StringVar(&f.faults, "faults", "", "fault schedule, comma-separated (default: every kind of the backend)")
+	fl.StringVar(&f.faults, "faults", "", "fault schedule, comma-separated (default: every kind of the backend but power)")
 	fl.StringVar(&f.dir, "dir", "jepsen-out", "report directory")
 	fl.Uint64Var(&f.seed, "seed", 0, "workload seed (default: the time)")
 	fl.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Minute, "bound on the linearizability check")
