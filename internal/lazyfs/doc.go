@@ -30,9 +30,11 @@
 //     allowed by POSIX.
 //   - Torn writes and reordering inside unsynced data: unsynced data is either all gone (a
 //     cut) or all there; a cut never keeps some unsynced pages of a file and drops others.
-//   - Modes are durable at once; times, owners, hard links, symlinks, extended attributes
-//     and renaming a directory are not supported (times are reported but not kept across a
-//     cut; the rest fail with ENOTSUP). File locks are the kernel's local ones.
+//   - Modes are durable at once; modification times are reported but not kept across a
+//     cut; owner and time changes are accepted and ignored. Renaming a directory and
+//     RENAME_EXCHANGE fail with ENOTSUP; hard links, symlinks, special files and extended
+//     attributes are refused (operations the FS does not implement). File locks are the
+//     kernel's local ones.
 //   - The durable state lives in this process (the namespace in memory, the contents in the
 //     backing directory as one blob a file, named by inode number): the FS is the disk, and
 //     it lasts as long as the process serving it. It is not an image to reopen elsewhere;
