@@ -153,15 +153,23 @@ type ReserveParams struct {
 }
 
 // Validate returns an error wrapping ErrInvalidParams that names the first missing or
-// malformed field (for a malformed key it also wraps residual.ErrInvalidKey).
+// malformed field (for a malformed key it also wraps residual.ErrInvalidKey), or says that
+// Key is not residual.Key of the namespace, task, operation and target.
 func (p ReserveParams) Validate() error {
 	if err := validTarget("reserve", p.Namespace, p.Key); err != nil {
 		return err
 	}
-	return firstMissing("reserve", map[string]string{
+	if err := firstMissing("reserve", map[string]string{
 		"namespace": p.Namespace, "task": p.Task, "operation": p.Operation,
 		"holder": p.Holder, "request digest": p.RequestDigest,
-	}, p.TTL)
+	}, p.TTL); err != nil {
+		return err
+	}
+	if want := residual.Key(p.Namespace, p.Task, p.Operation, p.Target); p.Key != want {
+		return fmt.Errorf("%w: reserve: key %s is not the key of its namespace, task, operation and target (%s): "+
+			"a key is derived from its fields (residual.Key), never chosen", ErrInvalidParams, p.Key, want)
+	}
+	return nil
 }
 
 // ReserveResult is what Reserve decided and the residual it decided on.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,9 @@ type serveFlags struct {
 	metrics   string
 	minFree   int
 	net       netFlags
+	// upstreamIdempotent: operations whose /ledger/v1 reserves may re-dispatch over an
+	// unknown outcome.
+	upstreamIdempotent []string
 }
 
 // netFlags are the limits of serve's network surface (docs/limits.md lists them all).
@@ -130,8 +134,12 @@ less than --min-free-mib free, so a full disk never stops serve; calls in flight
 An embedded (badger) store is shared: the first toolfence process to open it serves it to
 the others on DIR/toolfence.sock, and a process that finds it held goes through that socket
 (taking the store over when its holder exits). Over --http, the ledger itself is served at
-/ledger/v1/ behind the same bearer tokens (each token bound to its namespace), so other
-machines use it with --store http://HOST:PORT --token-file F. docs/shared-store.md.
+/ledger/v1/ to the tokens granted it: a line "TOKEN NAMESPACE ledger" in --token-file (an MCP
+agent's token gets 403 there). Other machines' toolfence processes use it with --store
+http://HOST:PORT --token-file F. Every such request proves the holder it commits or renews
+(only the process that reserved an attempt can settle it), and a reserve re-dispatches over
+an unknown outcome only for an operation named by --upstream-idempotent.
+docs/shared-store.md.
 
 Telemetry (nothing is exported by default): --metrics 127.0.0.1:9464 serves Prometheus
 metrics at http://127.0.0.1:9464/metrics, without authentication (keep it on loopback or a
@@ -154,6 +162,7 @@ Example:
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	a.addTelemetryFlags(fl, &f.metrics)
 	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB; calls in flight still commit")
+	fl.StringSliceVar(&f.upstreamIdempotent, "upstream-idempotent", nil, "operation (repeatable, or comma-separated) declared upstream-idempotent: its /ledger/v1 reserves may re-dispatch over an unknown outcome under the same key")
 	f.net.add(fl)
 	return cmd
 }
@@ -162,8 +171,8 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.stdio == (f.http != "") {
 		return usagef("give exactly one of --stdio or --http ADDR")
 	}
-	if f.stdio && f.tokenFile != "" {
-		return usagef("--token-file applies to --http only")
+	if f.stdio && (f.tokenFile != "" || len(f.upstreamIdempotent) > 0) {
+		return usagef("--token-file and --upstream-idempotent apply to --http only")
 	}
 	if f.lease <= 0 || f.maxArgs <= 0 || f.minFree <= 0 {
 		return usagef("--lease, --max-args and --min-free-mib must be positive")
@@ -194,7 +203,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	}
 	defer l.Close()
 	if f.http != "" {
-		opts.Handlers = map[string]http.Handler{remote.Path: ledgerHandler(l, opts.Tokens, a.namespace)}
+		opts.Handlers = map[string]http.Handler{remote.Path: ledgerHandler(l, opts.Tokens, a.namespace, f.upstreamIdempotent)}
 	}
 	stop, err := a.observe(ctx, f.metrics, l, log)
 	if err != nil {
@@ -232,13 +241,17 @@ func loadServeTokens(file, namespace string) (mcpserver.Tokens, error) {
 	return t, nil
 }
 
-// ledgerHandler serves l over the ledger protocol (ledger/remote) for serve --http: each
-// request bound to the namespace of its bearer token, or, without tokens (a loopback
-// address only, as for /mcp), to namespace.
-func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string) http.Handler {
-	auth := remote.BearerTokens(tokens.Namespace)
+// ledgerHandler serves l over the ledger protocol (ledger/remote) for serve --http: to the
+// tokens granted it (TOKEN NAMESPACE ledger), each bound to its namespace, or, without tokens
+// (a loopback address only, as for /mcp), bound to namespace. Reserves re-dispatch over an
+// unknown outcome only for the operations in idempotent (--upstream-idempotent).
+func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string, idempotent []string) http.Handler {
+	declared := func(op string) bool { return slices.Contains(idempotent, op) }
+	auth := remote.GrantedTokens(tokens.Ledger, declared)
 	if tokens.Len() == 0 {
-		auth = func(*http.Request) (remote.Access, error) { return remote.Access{Namespace: namespace}, nil }
+		auth = func(*http.Request) (remote.Access, error) {
+			return remote.Access{Namespace: namespace, UpstreamIdempotent: declared}, nil
+		}
 	}
 	return remote.Handler(l, remote.HandlerOptions{Authorize: auth})
 }

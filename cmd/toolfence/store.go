@@ -169,6 +169,10 @@ func openServer(ctx context.Context, url string, o storeOptions) (ledger.Ledger,
 	case errors.Is(err, remote.ErrUnauthorized):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", where, tokenEnv)}
+	case errors.Is(err, remote.ErrNotGranted):
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s serves this bearer token MCP only (403): a token for --store http://… needs the ledger grant, "+
+				"a line \"TOKEN NAMESPACE ledger\" in the server's --token-file", where)}
 	case errors.Is(err, remote.ErrForbidden):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused namespace %q (403): %v; pass the namespace of your token with --namespace", where, ns, messageOf(err))}
