@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +31,10 @@ type Access struct {
 	All bool
 	// Namespace is the one namespace of a bound request (when All is false).
 	Namespace string
+	// Principal names who is asking, for the bounds of HandlerOptions (requests in flight,
+	// watch streams): each principal has its own count. GrantedTokens names a token by its
+	// digest. Empty is one principal like any other.
+	Principal string
 	// UpstreamIdempotent reports, for a bound request, whether an operation is declared
 	// upstream-idempotent by the server: only then may its reserve re-dispatch over an
 	// unknown outcome (ledger.ReserveParams.Redispatch). Nil declares none. Requests with
@@ -80,7 +88,8 @@ func GrantedTokens(lookup func(token string) (namespace string, known, granted b
 			return Access{}, fmt.Errorf("%w: it serves MCP only; a token for --store http://… needs the grant "+
 				"\"ledger\" in the server's token file (TOKEN NAMESPACE ledger)", ErrNotGranted)
 		}
-		return Access{Namespace: ns, UpstreamIdempotent: idempotent}, nil
+		sum := sha256.Sum256([]byte(tok))
+		return Access{Namespace: ns, Principal: hex.EncodeToString(sum[:8]), UpstreamIdempotent: idempotent}, nil
 	}
 }
 
@@ -107,15 +116,26 @@ type HandlerOptions struct {
 	Authorize Authorizer
 	// MaxBody caps a request body in bytes; larger ones get 413. Defaults to 16 MiB.
 	MaxBody int64
+	// MaxInFlight caps the steps one principal (Access.Principal) has in progress at once,
+	// and MaxInFlightTotal those of all principals; a step past either is refused with 429,
+	// Retry-After and an error wrapping ErrBusy, and does not run. Zero leaves them
+	// unbounded (the owner's socket: the store's own user).
+	MaxInFlight, MaxInFlightTotal int
+	// MaxWatches caps the watch streams one principal holds open, and MaxWatchesTotal those
+	// of all principals (keep it below the server's connection cap, so that streams never
+	// take every connection); more get 429 and ErrBusy. Zero leaves them unbounded.
+	MaxWatches, MaxWatchesTotal int
 	// StepTimeout bounds one step of the ledger. A mutating step runs to its end (or this
 	// timeout) even when its client goes away, so that what it did is decided by the
 	// backend and not by a cancelled context. Defaults to 30 seconds.
 	StepTimeout time.Duration
 }
 
-// DefaultMaxBody and DefaultStepTimeout are the defaults of HandlerOptions.
+// DefaultMaxBody and DefaultStepTimeout are the defaults of HandlerOptions. The largest
+// step the ledger takes (a result of ledger.MaxResult, base64 in JSON, with its texts) fits
+// in DefaultMaxBody.
 const (
-	DefaultMaxBody     = 16 << 20
+	DefaultMaxBody     = 4 << 20
 	DefaultStepTimeout = 30 * time.Second
 )
 
@@ -135,7 +155,25 @@ func Handler(l ledger.Ledger, opts HandlerOptions) http.Handler {
 type handler struct {
 	l    ledger.Ledger
 	opts HandlerOptions
+	// steps and watches count what each principal has in progress.
+	steps, watches httpserve.InFlight
 }
+
+// take takes a slot of f for principal under the bounds max (per principal) and total
+// (every principal); zero bounds nothing. It returns the release, or "" and the phrase of
+// the full bound.
+func take(f *httpserve.InFlight, principal string, max, total int) (release func(), full string) {
+	if max <= 0 && total <= 0 {
+		return func() {}, ""
+	}
+	if full := f.Acquire(principal, cmp.Or(max, math.MaxInt), cmp.Or(total, math.MaxInt)); full != "" {
+		return nil, full
+	}
+	return func() { f.Release(principal) }, ""
+}
+
+// busyRetry is the Retry-After of a step refused for the in-flight bounds.
+const busyRetry = time.Second
 
 // refusal is an answer that is not the backend's: the step did not run.
 type refusal struct {
@@ -151,6 +189,9 @@ func refuse(status int, sentinel error, format string, args ...any) *refusal {
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	method := path.Base(r.URL.Path)
 	if rf := h.serve(w, r, method); rf != nil {
+		if rf.status == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", strconv.Itoa(int(busyRetry.Seconds())))
+		}
 		writeJSON(w, rf.status, envelope{Error: &wireError{Message: rf.msg, Codes: toWire(rf.err).Codes}})
 	}
 }
@@ -174,6 +215,20 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolfence"`)
 		return refuse(http.StatusUnauthorized, ErrUnauthorized, "%s: %v", method, err)
+	}
+	if method == "watch" {
+		release, _ := take(&h.watches, acc.Principal, h.opts.MaxWatches, h.opts.MaxWatchesTotal)
+		if release == nil {
+			return refuse(http.StatusTooManyRequests, ErrBusy, "watch: too many watch streams open (at most %d per token, %d in all): "+
+				"close one, or watch again later", h.opts.MaxWatches, h.opts.MaxWatchesTotal)
+		}
+		defer release()
+	} else {
+		release, full := take(&h.steps, acc.Principal, h.opts.MaxInFlight, h.opts.MaxInFlightTotal)
+		if release == nil {
+			return refuse(http.StatusTooManyRequests, ErrBusy, "%s: %s: the step did not run; retry after %v", method, full, busyRetry)
+		}
+		defer release()
 	}
 	switch status, why := httpserve.CheckBrowser(r); status {
 	case 0:

@@ -30,6 +30,10 @@ var (
 	// ErrForbidden: the request names a namespace its access does not cover, or comes from
 	// a web page (an Origin header that is not loopback) (403).
 	ErrForbidden = errors.New("remote: namespace not allowed")
+	// ErrBusy: the server refused the step for its bounds on steps in progress or watch
+	// streams (429, with Retry-After). The step did not run; it may be repeated later. It
+	// also wraps ErrUnavailable.
+	ErrBusy = fmt.Errorf("%w: busy", ErrUnavailable)
 	// ErrNotGranted: the request's bearer token is known to the server but not granted the
 	// ledger protocol (403): it serves MCP only.
 	ErrNotGranted = errors.New("remote: token not granted the ledger protocol")
@@ -63,6 +67,7 @@ var codes = []struct {
 	{"invalid_state", residual.ErrInvalidState},
 	{"invalid_key", residual.ErrInvalidKey},
 	{"invalid_json", residual.ErrInvalidJSON},
+	{"busy", ErrBusy},
 	{"unavailable", ErrUnavailable},
 	{"unauthorized", ErrUnauthorized},
 	{"not_holder", ErrNotHolder},
