@@ -128,8 +128,10 @@ var (
 	_ ledger.Watcher = (*Ledger)(nil)
 )
 
-// Open opens (creating if needed) the store in dir. It returns an error wrapping ErrLocked
-// when another process has the store open, and other errors when badger cannot open it.
+// Open opens (creating if needed) the store in dir. A missing dir is created with mode
+// 0700; an existing one owned by another user, or writable by group or others, is refused
+// with an error wrapping ErrUnsafeDir. It returns an error wrapping ErrLocked when another
+// process has the store open, and other errors when badger cannot open it.
 func Open(dir string, opts Options) (*Ledger, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("%w: badger ledger needs a directory", ledger.ErrInvalidParams)
@@ -149,6 +151,9 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		WithDetectConflicts(true)
 	if opts.tiny {
 		bo = bo.WithMemTableSize(1 << 20).WithValueThreshold(4 << 10).WithValueLogFileSize(1 << 20)
+	}
+	if err := prepareDir(dir); err != nil {
+		return nil, err
 	}
 	db, err := dbadger.Open(bo)
 	if err != nil {
