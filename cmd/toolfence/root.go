@@ -45,8 +45,9 @@ type app struct {
 	stderr    io.Writer
 	// log is --log-format and --log-level of the commands that log (serve).
 	log logFlags
-	// minFree, set by serve before it opens the store, makes the owner of a badger store
-	// refuse new reservations below this much free space.
+	// minFree, set by serve's --min-free-mib before it opens the store, makes the owner of
+	// a badger store refuse new reservations below this much free space; 0 (every other
+	// command) is badger.DefaultMinFree.
 	minFree uint64
 }
 

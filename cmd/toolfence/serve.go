@@ -194,12 +194,12 @@ Example:
 	fl := cmd.Flags()
 	fl.BoolVar(&f.stdio, "stdio", false, "serve one MCP client on stdin/stdout")
 	fl.StringVar(&f.http, "http", "", "serve streamable HTTP at ADDR (host:port), endpoint /mcp")
-	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
+	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE [ledger]]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	a.addTelemetryFlags(fl, &f.metrics)
-	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB; calls in flight still commit")
+	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB (resolutions and evidence below half; calls in flight still commit)")
 	fl.StringSliceVar(&f.upstreamIdempotent, "upstream-idempotent", nil, "operation (repeatable, or comma-separated) declared upstream-idempotent: its /ledger/v1 reserves may re-dispatch over an unknown outcome under the same key")
 	f.net.add(fl)
 	return cmd
@@ -214,6 +214,10 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	}
 	if f.lease <= 0 || f.maxArgs <= 0 || f.minFree <= 0 {
 		return usagef("--lease, --max-args and --min-free-mib must be positive")
+	}
+	if uint64(f.minFree)<<20 < badger.LeastMinFree {
+		return usagef("--min-free-mib %d is too small: the embedded store needs at least %d MiB (it stops every write at half of that, to keep room for badger's own flushes)",
+			f.minFree, badger.LeastMinFree>>20)
 	}
 	log, err := a.logger()
 	if err != nil {

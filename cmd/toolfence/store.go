@@ -49,8 +49,8 @@ type storeOptions struct {
 	token string
 	// namespace is checked against the token of an http(s):// store when it is opened.
 	namespace string
-	// minFree, when set, makes the owner of a badger store refuse new reservations while
-	// the store's filesystem has less free space (badger.GuardSpace).
+	// minFree is badger.Options.MinFree for the owner of a badger store: it refuses new
+	// reservations while the store's filesystem has less free space (0: the default).
 	minFree uint64
 }
 
@@ -96,11 +96,7 @@ func openStore(ctx context.Context, store string, o storeOptions) (ledger.Ledger
 	l, err := remote.OpenShared(ctx, remote.SharedOptions{
 		Socket: filepath.Join(store, ownerSocket),
 		Open: func() (ledger.Ledger, error) {
-			b, err := badger.Open(store, badger.Options{})
-			if err != nil || o.minFree == 0 {
-				return b, err
-			}
-			return badger.GuardSpace(b, store, o.minFree, nil), nil
+			return badger.Open(store, badger.Options{MinFree: o.minFree})
 		},
 		Locked: func(err error) bool { return errors.Is(err, badger.ErrLocked) },
 		Wait:   wait,

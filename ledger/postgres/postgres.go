@@ -189,7 +189,7 @@ func ensureSchema(ctx context.Context, cc *pgx.ConnConfig, opts Options) error {
 			return nil
 		}
 	}
-	_, _, err = migrateConn(ctx, conn, cc, opts.Schema, latest, false, ms)
+	_, _, err = migrateConn(ctx, conn, cc, opts.Schema, latest, false, 0, ms)
 	return err
 }
 
