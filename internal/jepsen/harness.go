@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/toolfence/toolfence/internal/faultproxy"
+	"github.com/toolfence/toolfence/internal/pgcluster"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"
@@ -179,7 +180,7 @@ type harness struct {
 	h       *History
 	start   time.Time
 	proxy   *faultproxy.Proxy
-	cluster *pgCluster
+	cluster *pgcluster.Cluster
 	store   string // badger dir or the proxied DSN
 	admin   *pgx.Conn
 
@@ -268,17 +269,17 @@ func (hs *harness) setup(ctx context.Context) error {
 		return os.RemoveAll(hs.store)
 	}
 	fmt.Fprintf(hs.cfg.Log, "jepsen postgres: starting a throwaway cluster (initdb)\n")
-	c, err := startCluster(ctx)
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		return err
 	}
 	hs.cluster = c
-	if hs.proxy, err = faultproxy.Start("127.0.0.1:0", c.addr()); err != nil {
+	if hs.proxy, err = faultproxy.Start("127.0.0.1:0", c.Addr()); err != nil {
 		return err
 	}
-	hs.store = c.dsn(hs.proxy.Addr())
+	hs.store = c.DSN(hs.proxy.Addr(), "")
 	// Migrate once, directly, before any fault.
-	l, err := postgres.Open(ctx, c.dsn(""), postgres.Options{Schema: namespace})
+	l, err := postgres.Open(ctx, c.DSN("", ""), postgres.Options{Schema: namespace})
 	if err != nil {
 		return err
 	}
@@ -294,7 +295,7 @@ func (hs *harness) teardown() {
 		_ = hs.proxy.Close()
 	}
 	if hs.cluster != nil {
-		hs.cluster.stop()
+		hs.cluster.Stop()
 	}
 }
 
@@ -454,7 +455,7 @@ func (hs *harness) inject(ctx context.Context, kind string, n int) (string, erro
 	case FRestart:
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := hs.cluster.ctl(rctx, "restart"); err != nil {
+		if err := hs.cluster.Ctl(rctx, "restart"); err != nil {
 			return "", err
 		}
 		return "pg_ctl restart -m immediate (crash and recovery)", nil
@@ -488,7 +489,7 @@ func (hs *harness) terminateBackends(ctx context.Context) (int, error) {
 	var err error
 	for range 2 { // the admin connection may have died with a server restart
 		if hs.admin == nil || hs.admin.IsClosed() {
-			if hs.admin, err = pgx.Connect(ctx, hs.cluster.dsn("")); err != nil {
+			if hs.admin, err = pgx.Connect(ctx, hs.cluster.DSN("", "")); err != nil {
 				hs.admin = nil
 				continue
 			}
@@ -527,7 +528,7 @@ func (hs *harness) finalReads(ctx context.Context, w Workload) error {
 	case "badger":
 		l, err = badger.Open(hs.store, badger.Options{Clock: clock})
 	default:
-		l, err = postgres.Open(ctx, hs.cluster.dsn(""), postgres.Options{Schema: namespace})
+		l, err = postgres.Open(ctx, hs.cluster.DSN("", ""), postgres.Options{Schema: namespace})
 	}
 	if err != nil {
 		return fmt.Errorf("jepsen: reopen the store for the final reads: %w", err)
