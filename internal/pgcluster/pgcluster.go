@@ -177,6 +177,13 @@ func (c *Cluster) Ctl(ctx context.Context, action string) error {
 	return nil
 }
 
+// Restart crashes the server (immediate stop) and starts it again with settings added to
+// its own (a later setting of the same name wins).
+func (c *Cluster) Restart(ctx context.Context, settings ...string) error {
+	c.settings = append(c.settings, settings...)
+	return c.Ctl(ctx, "restart")
+}
+
 // LogTail returns the last n bytes of the server log.
 func (c *Cluster) LogTail(n int) string {
 	tail, _ := os.ReadFile(c.logFile)
