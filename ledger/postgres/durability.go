@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/toolfence/toolfence/ledger"
 )
 
 // Durability errors of Open. A ledger is only as durable as the server under it: these say
@@ -93,11 +95,8 @@ func (r Replication) Async() bool {
 // refuses, with ErrNotDurable or ErrAsyncReplicas, a server that can lose acknowledged
 // writes.
 func checkDurability(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, allowAsync bool, log *slog.Logger) (Replication, error) {
-	var r Replication
-	var fsync, fpw, retry string
 	target := describe(cc)
-	err := conn.QueryRow(ctx, durabilitySQL).Scan(&r.SynchronousCommit, &fsync, &fpw, &retry, &r.StandbyNames,
-		&r.Standbys, &r.Synchronous, &r.Unseen)
+	r, fsync, fpw, retry, err := readDurability(ctx, conn)
 	if err != nil {
 		return r, unavailable(cc, err)
 	}
@@ -130,6 +129,34 @@ func checkDurability(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, al
 	log.Warn("toolfence: PostgreSQL ledger opened with asynchronous standbys only (allowed by AllowAsyncReplicas): "+msg,
 		"target", target, "standbys", r.Standbys)
 	return r, nil
+}
+
+// readDurability runs durabilitySQL.
+func readDurability(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (r Replication, fsync, fpw, retry string, err error) {
+	err = q.QueryRow(ctx, durabilitySQL).Scan(&r.SynchronousCommit, &fsync, &fpw, &retry, &r.StandbyNames,
+		&r.Standbys, &r.Synchronous, &r.Unseen)
+	return r, fsync, fpw, retry, err
+}
+
+var _ ledger.ReplicaCounter = (*Ledger)(nil)
+
+// AsyncReplicas implements ledger.ReplicaCounter with one statement (the one Open checks
+// with): the number of standbys streaming now when none of them is synchronous, else 0.
+// A metrics gauge reads it on each scrape, so a standby attached after Open shows there.
+func (l *Ledger) AsyncReplicas(ctx context.Context) (int, error) {
+	if err := l.check(); err != nil {
+		return 0, err
+	}
+	r, _, _, _, err := readDurability(ctx, l.pool)
+	if err != nil {
+		return 0, l.fail("check of the standbys", false, err)
+	}
+	if r.Async() {
+		return r.Standbys, nil
+	}
+	return 0, nil
 }
 
 // Replication returns what Open saw of the server's standbys and the sessions'
