@@ -159,6 +159,8 @@ func TestSessionsRaiseSynchronousCommit(t *testing.T) {
 			defer l.Close()
 			require.Equal(t, []string{tc.want, tc.want, tc.want, tc.want}, syncCommitOf(t, l, 4))
 			require.Equal(t, tc.want, l.Replication().SynchronousCommit)
+			_, err = l.Pool().Exec(context.Background(), postgres.BarrierSQL)
+			require.NoError(t, err, "every role may run the barrier of a retried write")
 		})
 	}
 }
@@ -242,4 +244,53 @@ func TestOpenRefusesAsynchronousStandbys(t *testing.T) {
 	res, err := l.Reserve(ctx, p)
 	require.NoError(t, err)
 	require.Equal(t, ledger.Acquired, res.Decision)
+}
+
+// TestTerminatedSyncWaitIsNotAcknowledged: a commit waiting for its synchronous standby
+// that is terminated has committed locally (PostgreSQL says so, and other sessions see it)
+// but not on the standby. The ledger's re-read after the broken connection finds the
+// write; it must not acknowledge it before the standby has it too, or a failover loses an
+// acknowledged reservation.
+func TestTerminatedSyncWaitIsNotAcknowledged(t *testing.T) {
+	primary := throwaway(t)
+	ctx := context.Background()
+	standby, err := primary.Standby(ctx, "", "tf_standby", pgcluster.Options{})
+	require.NoError(t, err)
+	t.Cleanup(standby.Stop)
+	dsn := primary.DSN("", "")
+	execAll(t, dsn, `ALTER SYSTEM SET synchronous_standby_names = '*'`, `SELECT pg_reload_conf()`)
+	waitSyncState(t, dsn, "sync")
+	l, err := postgres.Open(ctx, dsn, postgres.Options{WriteTimeout: 3 * time.Second})
+	require.NoError(t, err)
+	defer l.Close()
+
+	require.NoError(t, standby.Ctl(ctx, "stop")) // commits now wait for a standby
+	type result struct {
+		res *ledger.ReserveResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := l.Reserve(ctx, params("sync-wait", "holder-a"))
+		done <- result{res, err}
+	}()
+	admin, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = 'toolfence' AND wait_event = 'SyncRep'`).Scan(&n))
+		if n > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the reservation never waited for the standby")
+		time.Sleep(20 * time.Millisecond) // the server's view; no event to wait on
+	}
+	r := <-done
+	if r.err == nil {
+		t.Fatalf("a reservation the standby never received was acknowledged: %v token %d", r.res.Decision, r.res.Lease.Token)
+	}
+	require.ErrorIs(t, r.err, ledger.ErrOutcomeUnknown)
 }
