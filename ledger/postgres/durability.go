@@ -56,19 +56,21 @@ func raiseSynchronousCommit(ctx context.Context, pc *pgconn.PgConn) error {
 
 // durabilitySQL reads, in one statement, what checkDurability judges: the settings a
 // session cannot change, and the physical standbys this server streams to (a walsender
-// that serves a logical replication slot is a subscriber, not a failover target). Without
-// pg_read_all_stats a role sees the walsenders but not their sync_state (NULL).
+// that serves a logical replication slot is a subscriber, and one in state 'backup' a base
+// backup, neither a failover target). Without pg_read_all_stats a role sees the walsenders
+// but not their state or sync_state (NULL).
 const durabilitySQL = `SELECT current_setting('synchronous_commit'), current_setting('fsync'),
 	current_setting('full_page_writes'), current_setting('data_sync_retry'),
 	current_setting('synchronous_standby_names'),
 	count(r.pid), count(r.pid) FILTER (WHERE r.sync_state IN ('sync', 'quorum')),
 	count(r.pid) FILTER (WHERE r.sync_state IS NULL)
-FROM (SELECT 1) one LEFT JOIN pg_stat_replication r ON NOT EXISTS (
+FROM (SELECT 1) one LEFT JOIN pg_stat_replication r ON r.state IS DISTINCT FROM 'backup' AND NOT EXISTS (
 	SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')`
 
 // Replication is what Open saw of the server's standbys.
 type Replication struct {
-	// Standbys is the number of physical standbys streaming from the server.
+	// Standbys is the number of physical standbys connected to the server (its
+	// walsenders, less those of logical slots and base backups).
 	Standbys int
 	// Synchronous is how many of them are synchronous (sync_state sync or quorum).
 	Synchronous int
