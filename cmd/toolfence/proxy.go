@@ -121,6 +121,7 @@ Example:
 	cmd.Flags().StringVar(&f.pins, "pins", "", "catalog pins (toolfence proxy lock); default: the --config path with .pins.json, when it exists")
 	f.net.addShared(cmd.Flags())
 	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
+	a.postgresFlags(cmd)
 	cmd.AddCommand(newProxyLockCmd(a), newProxyCheckCmd(a))
 	return cmd
 }

@@ -199,6 +199,7 @@ Example:
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	a.addTelemetryFlags(fl, &f.metrics)
+	a.postgresFlags(cmd)
 	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB (resolutions and evidence below half; calls in flight still commit)")
 	fl.StringSliceVar(&f.upstreamIdempotent, "upstream-idempotent", nil, "operation (repeatable, or comma-separated) declared upstream-idempotent: its /ledger/v1 reserves may re-dispatch over an unknown outcome under the same key")
 	f.net.add(fl)
