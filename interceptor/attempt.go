@@ -317,7 +317,7 @@ func (a *Attempt) Abandon(ctx context.Context, why error) error {
 	sctx, end := a.ic.tel.step(context.WithoutCancel(ctx), "commit")
 	_, err := a.ic.ledger.Commit(sctx, ledger.CommitParams{
 		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token,
-		Outcome: residual.Failed, Error: "not dispatched: " + why.Error(),
+		Outcome: residual.Failed, Error: clip("not dispatched: "+why.Error(), ledger.MaxText),
 	})
 	end(err)
 	return err
@@ -456,7 +456,7 @@ func (a *Attempt) record(ctx context.Context, outcome residual.State, body []byt
 	stored, err := a.ic.ledger.Commit(sctx, ledger.CommitParams{
 		Namespace: a.ic.cfg.Namespace, Key: a.Dispatch.Key, Holder: a.Holder, Token: a.Dispatch.Token,
 		Outcome: outcome, ResponseDigest: s.digest, Result: s.bytes, ResultDigest: s.digest,
-		ResultTruncated: s.truncated, Handle: handle, Error: errText, Margin: a.ic.cfg.Margin,
+		ResultTruncated: s.truncated, Handle: handle, Error: clip(errText, ledger.MaxText), Margin: a.ic.cfg.Margin,
 	})
 	end(err)
 	if errors.Is(err, residual.ErrLeaseLost) {

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/ledger"
 )
 
 // Defaults of Options.
@@ -108,6 +109,8 @@ func (c *Options) validate() error {
 		return bad("MaxArgs %d is negative", c.MaxArgs)
 	case c.MaxResult < 0:
 		return bad("MaxResult %d is negative", c.MaxResult)
+	case c.MaxResult > ledger.MaxResult:
+		return bad("MaxResult %d exceeds the largest result a ledger stores, %d", c.MaxResult, ledger.MaxResult)
 	}
 	if c.LeaseTTL <= c.Margin {
 		return bad("LeaseTTL %v is not longer than the margin %v", c.LeaseTTL, c.Margin)
@@ -139,6 +142,9 @@ func (c *Options) checkOperation(name string, op Operation) error {
 	switch {
 	case ttl <= c.Margin:
 		return fmt.Errorf("%w: operation %s: lease %v is not longer than the margin %v", ErrInvalidOptions, name, ttl, c.Margin)
+	case ttl > ledger.MaxLease:
+		return fmt.Errorf("%w: operation %s: lease %v exceeds the longest lease a ledger grants, %v (renew longer calls: RenewEvery, Attempt.KeepAlive)",
+			ErrInvalidOptions, name, ttl, ledger.MaxLease)
 	case c.RenewEvery > 0 && c.RenewEvery >= ttl-c.Margin:
 		return fmt.Errorf("%w: operation %s: RenewEvery %v must be shorter than the lease %v minus the margin %v, or every call is cut off",
 			ErrInvalidOptions, name, c.RenewEvery, ttl, c.Margin)

@@ -307,6 +307,21 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
+// clip cuts s to at most n bytes at a rune boundary, marking the cut with "…": the texts a
+// ledger stores are bounded (ledger.MaxText), and an error text must never keep an outcome
+// from being recorded.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
 // invoke runs fn, turning a panic into an error (an unknown outcome).
 func invoke(ctx context.Context, fn ToolFunc, d Dispatch) (resp Response, err error) {
 	defer func() {

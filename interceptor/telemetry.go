@@ -451,8 +451,11 @@ func spanError(ctx context.Context, err error) {
 // ObserveLedger registers observable gauges over l with mp (nil: the global provider):
 // toolfence.residuals.open{state} (pending, unknown, accepted, by effective state),
 // toolfence.residuals.oldest.age{state} in seconds, and toolfence.ledger.up (1 when the
-// last count succeeded, 0 when the ledger could not be read). Each collection makes one
-// OpenResiduals call, which backends answer from an index, never a scan of every residual.
+// last count succeeded, 0 when the ledger could not be read), and, for a ledger that
+// implements ledger.ReplicaCounter (PostgreSQL), toolfence.ledger.async_replicas (standbys
+// streaming while none is synchronous: a failover can lose acknowledged writes). Each
+// collection makes one OpenResiduals call, which backends answer from an index, never a
+// scan of every residual, and one AsyncReplicas call.
 // It returns the registration to unregister with, or an error when l does not implement
 // ledger.OpenCounter or an instrument cannot be made.
 func ObserveLedger(mp metric.MeterProvider, l ledger.Ledger) (metric.Registration, error) {
@@ -473,7 +476,23 @@ func ObserveLedger(mp metric.MeterProvider, l ledger.Ledger) (metric.Registratio
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err
 	}
+	instruments := []metric.Observable{open, age, up}
+	rc, replicas := l.(ledger.ReplicaCounter)
+	var async metric.Int64ObservableGauge
+	if replicas {
+		var err error
+		if async, err = m.Int64ObservableGauge("toolfence.ledger.async_replicas", metric.WithUnit("{standby}"),
+			metric.WithDescription("Standbys streaming from the ledger's server while none is synchronous: a failover to one can lose acknowledged writes (0 when none or one is synchronous).")); err != nil {
+			return nil, err
+		}
+		instruments = append(instruments, async)
+	}
 	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		if replicas {
+			if n, err := rc.AsyncReplicas(ctx); err == nil {
+				o.ObserveInt64(async, int64(n))
+			}
+		}
 		counts, err := oc.OpenResiduals(ctx)
 		if err != nil {
 			o.ObserveInt64(up, 0)
@@ -491,5 +510,5 @@ func ObserveLedger(mp metric.MeterProvider, l ledger.Ledger) (metric.Registratio
 			o.ObserveFloat64(age, a, set)
 		}
 		return nil
-	}, open, age, up)
+	}, instruments...)
 }

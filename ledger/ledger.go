@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/residual"
@@ -153,15 +155,28 @@ type ReserveParams struct {
 }
 
 // Validate returns an error wrapping ErrInvalidParams that names the first missing or
-// malformed field (for a malformed key it also wraps residual.ErrInvalidKey).
+// malformed field (for a malformed key it also wraps residual.ErrInvalidKey), or says that
+// Key is not residual.Key of the namespace, task, operation and target.
 func (p ReserveParams) Validate() error {
 	if err := validTarget("reserve", p.Namespace, p.Key); err != nil {
 		return err
 	}
-	return firstMissing("reserve", map[string]string{
+	if err := firstMissing("reserve", map[string]string{
 		"namespace": p.Namespace, "task": p.Task, "operation": p.Operation,
 		"holder": p.Holder, "request digest": p.RequestDigest,
-	}, p.TTL)
+	}, p.TTL); err != nil {
+		return err
+	}
+	if err := bounded("reserve", p.TTL,
+		ident("namespace", p.Namespace), ident("task", p.Task), ident("operation", p.Operation),
+		ident("target", p.Target), name("holder", p.Holder), ident("request digest", p.RequestDigest)); err != nil {
+		return err
+	}
+	if want := residual.Key(p.Namespace, p.Task, p.Operation, p.Target); p.Key != want {
+		return fmt.Errorf("%w: reserve: key %s is not the key of its namespace, task, operation and target (%s): "+
+			"a key is derived from its fields (residual.Key), never chosen", ErrInvalidParams, p.Key, want)
+	}
+	return nil
 }
 
 // ReserveResult is what Reserve decided and the residual it decided on.
@@ -208,7 +223,12 @@ func (p CommitParams) Validate() error {
 	if p.Token == 0 {
 		return fmt.Errorf("%w: commit: token is zero", ErrInvalidParams)
 	}
-	return firstMissing("commit", map[string]string{"namespace": p.Namespace, "holder": p.Holder}, 1)
+	if err := firstMissing("commit", map[string]string{"namespace": p.Namespace, "holder": p.Holder}, 1); err != nil {
+		return err
+	}
+	return bounded("commit", 0, ident("namespace", p.Namespace), name("holder", p.Holder),
+		ident("response digest", p.ResponseDigest), ident("result digest", p.ResultDigest),
+		text("handle", p.Handle), text("error", p.Error), result("result", p.Result))
 }
 
 // RenewParams are the inputs of Renew.
@@ -229,7 +249,10 @@ func (p RenewParams) Validate() error {
 	if p.Token == 0 {
 		return fmt.Errorf("%w: renew: token is zero", ErrInvalidParams)
 	}
-	return firstMissing("renew", map[string]string{"namespace": p.Namespace, "holder": p.Holder}, p.TTL)
+	if err := firstMissing("renew", map[string]string{"namespace": p.Namespace, "holder": p.Holder}, p.TTL); err != nil {
+		return err
+	}
+	return bounded("renew", p.TTL, ident("namespace", p.Namespace), name("holder", p.Holder))
 }
 
 // ResolveParams are the inputs of Resolve.
@@ -266,7 +289,11 @@ func (p ResolveParams) Validate() error {
 	if p.As != residual.Succeeded && p.As != residual.Failed {
 		return fmt.Errorf("%w: resolve as %q (want succeeded or failed)", ErrInvalidParams, p.As)
 	}
-	return firstMissing("resolve", map[string]string{"namespace": p.Namespace, "by": p.By}, 1)
+	if err := firstMissing("resolve", map[string]string{"namespace": p.Namespace, "by": p.By}, 1); err != nil {
+		return err
+	}
+	return bounded("resolve", 0, ident("namespace", p.Namespace), name("by", p.By), text("note", p.Note),
+		text("evidence", p.Evidence), ident("result digest", p.ResultDigest), result("result", p.Result))
 }
 
 // EvidenceParams are the inputs of AppendEvidence.
@@ -276,10 +303,20 @@ type EvidenceParams struct {
 	Evidence  residual.Evidence
 }
 
-// Validate returns an error wrapping ErrInvalidParams for an empty or malformed namespace
-// and a malformed key (then also wrapping residual.ErrInvalidKey).
+// Validate returns an error wrapping ErrInvalidParams for an empty or malformed namespace,
+// a malformed key (then also wrapping residual.ErrInvalidKey), an outcome that is not a
+// state, or a field over its bound.
 func (p EvidenceParams) Validate() error {
-	return validTarget("append evidence", p.Namespace, p.Key)
+	if err := validTarget("append evidence", p.Namespace, p.Key); err != nil {
+		return err
+	}
+	e := p.Evidence
+	if e.Outcome != residual.None && !e.Outcome.Valid() {
+		return fmt.Errorf("%w: append evidence: %w: outcome %q", ErrInvalidParams, residual.ErrInvalidState, e.Outcome)
+	}
+	return bounded("append evidence", 0, ident("namespace", p.Namespace), name("holder", e.Holder),
+		ident("response digest", e.ResponseDigest), text("handle", e.Handle), text("note", e.Note),
+		text("write id", e.WriteID), result("result", e.Result))
 }
 
 // GetParams are the inputs of Get.
@@ -365,6 +402,22 @@ var ErrOutcomeUnknown = errors.New("ledger: outcome of the write is unknown")
 // ErrClosed is returned by calls on a closed ledger.
 var ErrClosed = errors.New("ledger: closed")
 
+// The bounds every backend enforces on a step's parameters (Validate), whatever door the
+// step came through (the Go API, MCP, the proxy, the ledger protocol): a step over them gets
+// an error wrapping ErrInvalidParams that names the field, and writes nothing.
+const (
+	// MaxField bounds the names of a step, in bytes: namespace, task, operation, target,
+	// holder, by, and the digests.
+	MaxField = 4 << 10
+	// MaxText bounds its texts, in bytes: notes, error texts, handles, evidence.
+	MaxText = 64 << 10
+	// MaxResult bounds a result (cached or observed), in bytes.
+	MaxResult = 1 << 20
+	// MaxLease bounds a lease's length (Reserve and Renew TTL): a holder that needs longer
+	// renews.
+	MaxLease = 24 * time.Hour
+)
+
 // DefaultListLimit and MaxListLimit bound List pages.
 const (
 	DefaultListLimit = 100
@@ -387,6 +440,43 @@ func validNamespace(op, namespace string) error {
 		return fmt.Errorf("%w: %s: namespace is empty", ErrInvalidParams, op)
 	case strings.IndexByte(namespace, 0) >= 0:
 		return fmt.Errorf("%w: %s: namespace %q contains a NUL byte", ErrInvalidParams, op, namespace)
+	}
+	return nil
+}
+
+// bound is one field of a step and the bound it must keep.
+type bound struct {
+	name  string
+	value string
+	max   int
+	// named: valid UTF-8 without control characters (holders and resolvers are names that
+	// audits and terminals show); ident: valid UTF-8.
+	named, ident bool
+}
+
+func ident(n, v string) bound { return bound{name: n, value: v, max: MaxField, ident: true} }
+func name(n, v string) bound {
+	return bound{name: n, value: v, max: MaxField, ident: true, named: true}
+}
+func text(n, v string) bound { return bound{name: n, value: v, max: MaxText} }
+func result(n string, v []byte) bound {
+	return bound{name: n, value: string(v), max: MaxResult}
+}
+
+// bounded checks each field against its bound, and ttl (when not zero) against MaxLease.
+func bounded(op string, ttl time.Duration, fields ...bound) error {
+	if ttl > MaxLease {
+		return fmt.Errorf("%w: %s: lease ttl %v exceeds the longest lease, %v (renew a longer call)", ErrInvalidParams, op, ttl, MaxLease)
+	}
+	for _, f := range fields {
+		switch {
+		case len(f.value) > f.max:
+			return fmt.Errorf("%w: %s: %s is %d bytes, the limit is %d", ErrInvalidParams, op, f.name, len(f.value), f.max)
+		case f.ident && !utf8.ValidString(f.value):
+			return fmt.Errorf("%w: %s: %s is not valid UTF-8", ErrInvalidParams, op, f.name)
+		case f.named && strings.ContainsFunc(f.value, unicode.IsControl):
+			return fmt.Errorf("%w: %s: %s %q contains a control character", ErrInvalidParams, op, f.name, f.value)
+		}
 	}
 	return nil
 }

@@ -44,3 +44,12 @@ type OpenCounter interface {
 	// unknown). It returns the backend's error when it cannot read.
 	OpenResiduals(ctx context.Context) ([]OpenCount, error)
 }
+
+// ReplicaCounter is implemented by backends whose server may replicate to standbys (the
+// PostgreSQL ledger). Metrics gauges read it on each scrape.
+type ReplicaCounter interface {
+	// AsyncReplicas returns how many standbys stream from the server when none of them is
+	// synchronous (a failover to one can lose acknowledged writes), and 0 when there are
+	// none or one is synchronous. It returns the backend's error when it cannot read.
+	AsyncReplicas(ctx context.Context) (int, error)
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -21,10 +22,13 @@ const MinTokenLen = 16
 // ErrInvalidTokens is wrapped by errors for malformed token files or tokens.
 var ErrInvalidTokens = errors.New("mcpserver: invalid tokens")
 
-// Tokens maps bearer tokens to namespaces. Tokens are kept as SHA-256 digests, so a lookup
-// does not compare secrets byte by byte. The zero value holds no tokens.
+// Tokens maps bearer tokens to namespaces, and says which tokens are also granted the raw
+// ledger protocol (ledger/remote at /ledger/v1/). Tokens are kept as SHA-256 digests, so a
+// lookup does not compare secrets byte by byte. The zero value holds no tokens.
 type Tokens struct {
 	byHash map[[sha256.Size]byte]string
+	// ledger holds the digests of the tokens granted the ledger protocol.
+	ledger map[[sha256.Size]byte]bool
 }
 
 // Add maps token to namespace. It returns an error wrapping ErrInvalidTokens for a token
@@ -50,6 +54,27 @@ func (t *Tokens) Add(token, namespace string) error {
 	return nil
 }
 
+// GrantLedger maps token to namespace as Add does, and also grants it the raw ledger
+// protocol of that namespace (`toolfence serve --http` serves it at /ledger/v1/ to such
+// tokens only). It returns Add's errors.
+func (t *Tokens) GrantLedger(token, namespace string) error {
+	if err := t.Add(token, namespace); err != nil {
+		return err
+	}
+	if t.ledger == nil {
+		t.ledger = map[[sha256.Size]byte]bool{}
+	}
+	t.ledger[sha256.Sum256([]byte(token))] = true
+	return nil
+}
+
+// Ledger returns the namespace of token, whether the token is known, and whether it is
+// granted the raw ledger protocol (GrantLedger).
+func (t Tokens) Ledger(token string) (namespace string, known, granted bool) {
+	ns, ok := t.Namespace(token)
+	return ns, ok, ok && t.ledger[sha256.Sum256([]byte(token))]
+}
+
 // Len returns how many tokens are configured.
 func (t Tokens) Len() int { return len(t.byHash) }
 
@@ -65,9 +90,13 @@ func (t Tokens) Namespace(token string) (string, bool) {
 // ParseTokens reads a token file. Two formats are accepted:
 //
 //   - JSON: an object {"TOKEN": "NAMESPACE", ...} or an array
-//     [{"token": "TOKEN", "namespace": "NAMESPACE"}, ...];
-//   - lines: "TOKEN NAMESPACE" or just "TOKEN" (which maps to defaultNamespace); blank
-//     lines and lines starting with '#' are skipped.
+//     [{"token": "TOKEN", "namespace": "NAMESPACE", "ledger": true}, ...];
+//   - lines: "TOKEN NAMESPACE", "TOKEN NAMESPACE ledger" or just "TOKEN" (which maps to
+//     defaultNamespace); blank lines and lines starting with '#' are skipped.
+//
+// A token serves MCP; "ledger" (a third word, or "ledger": true) also grants it the raw
+// ledger protocol of its namespace (GrantLedger): give it only to toolfence processes that
+// use the store with --store http://…, never to an MCP agent.
 //
 // It returns an error wrapping ErrInvalidTokens naming the bad line or entry, for a token
 // given more than once (in either format), or for a file without any token.
@@ -86,18 +115,22 @@ func ParseTokens(data []byte, defaultNamespace string) (Tokens, error) {
 				continue
 			}
 			f := strings.Fields(line)
-			ns := defaultNamespace
-			switch len(f) {
-			case 1:
-			case 2:
+			ns, add := defaultNamespace, t.Add
+			switch {
+			case len(f) == 1:
+			case len(f) == 2:
 				ns = f[1]
+			case len(f) == 3 && f[2] == "ledger":
+				ns, add = f[1], t.GrantLedger
+			case len(f) == 3:
+				return Tokens{}, fmt.Errorf("%w: line %d: the third word is %q: the only grant is \"ledger\" (TOKEN NAMESPACE ledger)", ErrInvalidTokens, n, f[2])
 			default:
-				return Tokens{}, fmt.Errorf("%w: line %d: want \"TOKEN\" or \"TOKEN NAMESPACE\", got %d fields", ErrInvalidTokens, n, len(f))
+				return Tokens{}, fmt.Errorf("%w: line %d: want \"TOKEN\", \"TOKEN NAMESPACE\" or \"TOKEN NAMESPACE ledger\", got %d fields", ErrInvalidTokens, n, len(f))
 			}
 			if _, dup := t.Namespace(f[0]); dup {
 				return Tokens{}, fmt.Errorf("line %d: %w: a token appears more than once", n, ErrInvalidTokens)
 			}
-			if err := t.Add(f[0], ns); err != nil {
+			if err := add(f[0], ns); err != nil {
 				return Tokens{}, fmt.Errorf("line %d: %w", n, err)
 			}
 		}
@@ -131,15 +164,25 @@ func (t *Tokens) parseJSON(data []byte) error {
 	var list []struct {
 		Token     string `json:"token"`
 		Namespace string `json:"namespace"`
+		Ledger    bool   `json:"ledger"`
 	}
-	if err := json.Unmarshal(data, &list); err != nil {
-		return fmt.Errorf("%w: want [{\"token\": ..., \"namespace\": ...}]: %w", ErrInvalidTokens, err)
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&list); err != nil {
+		return fmt.Errorf("%w: want [{\"token\": ..., \"namespace\": ..., \"ledger\": false}]: %w", ErrInvalidTokens, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: more than one JSON value in the token file", ErrInvalidTokens)
 	}
 	for i, e := range list {
 		if _, dup := t.Namespace(e.Token); dup {
 			return fmt.Errorf("entry %d: %w: a token appears more than once", i, ErrInvalidTokens)
 		}
-		if err := t.Add(e.Token, e.Namespace); err != nil {
+		add := t.Add
+		if e.Ledger {
+			add = t.GrantLedger
+		}
+		if err := add(e.Token, e.Namespace); err != nil {
 			return fmt.Errorf("entry %d: %w", i, err)
 		}
 	}

@@ -85,6 +85,10 @@ type Options struct {
 	// MaxConns caps the HTTP connections ListenAndServe holds open at once (idle keep-alive
 	// ones included); more wait in the kernel's accept queue. Defaults to 1024.
 	MaxConns int
+	// MaxConnsPerPeer caps the HTTP connections one peer address holds at once; more are
+	// closed when accepted, so one peer cannot take every connection. Defaults to the
+	// smaller of 256 and MaxConns.
+	MaxConnsPerPeer int
 	// IdleTimeout closes an HTTP keep-alive connection that sends no request for this long.
 	// Defaults to one minute.
 	IdleTimeout time.Duration
@@ -133,6 +137,10 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 	switch {
 	case o.MaxLease < cfg.LeaseTTL:
 		return bad("MaxLease %v is shorter than the interceptor's lease %v", o.MaxLease, cfg.LeaseTTL)
+	case o.MaxLease > ledger.MaxLease:
+		return bad("MaxLease %v exceeds the longest lease a ledger grants, %v", o.MaxLease, ledger.MaxLease)
+	case o.MaxField > ledger.MaxField:
+		return bad("MaxField %d exceeds the ledger's bound on a field, %d", o.MaxField, ledger.MaxField)
 	case o.MaxField < 0:
 		return bad("MaxField %d is negative", o.MaxField)
 	case o.SessionIdle < 0:
@@ -155,7 +163,7 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 // httpLimits are the limits of ListenAndServe's http.Server.
 func (o *Options) httpLimits() httpserve.Limits {
 	return httpserve.Limits{
-		MaxConns: o.MaxConns, IdleTimeout: o.IdleTimeout,
+		MaxConns: o.MaxConns, MaxConnsPerPeer: o.MaxConnsPerPeer, IdleTimeout: o.IdleTimeout,
 		ReadHeaderTimeout: o.ReadHeaderTimeout, ReadTimeout: o.ReadTimeout,
 	}
 }

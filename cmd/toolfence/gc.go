@@ -52,6 +52,7 @@ Example:
 	fl.BoolVar(&f.dryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	fl.BoolVar(&f.json, "json", false, `print {"namespace","before","dry_run","count"} as JSON`)
 	a.tokenFlags(cmd)
+	a.postgresFlags(cmd)
 	return cmd
 }
 

@@ -30,6 +30,7 @@ type jepsenFlags struct {
 	dir          string
 	seed         uint64
 	checkTimeout time.Duration
+	asyncStandby bool
 }
 
 func newJepsenCmd(a *app) *cobra.Command {
@@ -43,10 +44,12 @@ then check the recorded history for linearizability (porcupine) and the fencing 
 PostgreSQL runs start a throwaway cluster (initdb and pg_ctl on PATH; as root it runs as
 the postgres user) on a free port, with a fault proxy between the clients and it; the
 machine's own server is never touched. Faults: kill, stop, terminate, latency, bandwidth,
-reset, timeout, partition, skew, restart. Badger runs one worker process at a time (its
-directory lock) with kill, stop and skew; add power (--faults kill,skew,stop,power) to put
-its store on a FUSE filesystem that drops everything unsynced at each cut (needs root and
-/dev/fuse; internal/lazyfs).
+reset, timeout, partition, skew, restart, failover (the primary crashes while its standby
+is held behind, the standby is promoted; the standby is synchronous unless
+--async-standby, which must then be caught losing writes). Badger runs one worker process
+at a time (its directory lock) with kill, stop and skew; add power (--faults
+kill,skew,stop,power) to put its store on a FUSE filesystem that drops everything unsynced
+at each cut (needs root and /dev/fuse; internal/lazyfs).
 
 Each run writes history.jsonl, verdict.json, report.json and workers.log (and, on a
 violation, violation.html) into --dir/<backend>. The exit status is 1 when a verdict is not
@@ -66,7 +69,7 @@ Example:
 				cfg := jepsen.Options{Backend: strings.TrimSpace(b), Duration: f.duration, Workers: f.workers,
 					Clients: f.clients, Slots: f.slots, Epoch: f.epoch, FaultFor: f.faultFor, Quiet: f.quiet,
 					Dir: filepath.Join(f.dir, strings.TrimSpace(b)), Exe: exe, Args: []string{"jepsen-worker"},
-					Seed: f.seed, CheckTimeout: f.checkTimeout, Log: a.stdout}
+					Seed: f.seed, CheckTimeout: f.checkTimeout, Log: a.stdout, AsyncStandby: f.asyncStandby}
 				if f.faults != "" {
 					cfg.Faults = strings.Split(f.faults, ",")
 				}
@@ -108,6 +111,7 @@ Example:
 	fl.StringVar(&f.dir, "dir", "jepsen-out", "report directory")
 	fl.Uint64Var(&f.seed, "seed", 0, "workload seed (default: the time)")
 	fl.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Minute, "bound on the linearizability check")
+	fl.BoolVar(&f.asyncStandby, "async-standby", false, "failover fault: an asynchronous standby (a planted loss: the verdict should not be clean)")
 	hideGlobalFlags(cmd)
 	return cmd
 }

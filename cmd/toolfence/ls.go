@@ -60,6 +60,7 @@ Example:
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.ls(cmd, f) },
 	}
 	a.serverFlags(cmd)
+	a.postgresFlags(cmd)
 	fl := cmd.Flags()
 	fl.StringSliceVar(&f.states, "state", nil, "only residuals in this state: pending, unknown, accepted, succeeded or failed (repeat or comma-separate for several)")
 	fl.StringVar(&f.task, "task", "", "only residuals of this task")

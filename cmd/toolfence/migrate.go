@@ -16,15 +16,16 @@ import (
 func init() { register(newMigrateCmd) }
 
 type migrateFlags struct {
-	down   int
-	status bool
-	yes    bool
+	down     int
+	status   bool
+	yes      bool
+	dropOpen int // --yes-drop-open; -1 when not given
 }
 
 func newMigrateCmd(a *app) *cobra.Command {
-	f := migrateFlags{down: -1}
+	f := migrateFlags{down: -1, dropOpen: -1}
 	cmd := &cobra.Command{
-		Use:   "migrate --store postgres://… [--down N --yes | --status]",
+		Use:   "migrate --store postgres://… [--down N --yes [--yes-drop-open N] | --status]",
 		Short: "Apply (or revert) the PostgreSQL schema migrations of a store",
 		Long: `Bring the schema of a PostgreSQL store to the version this binary knows, and print the
 version before and after. Migrations run in one transaction under an advisory lock, so
@@ -35,8 +36,12 @@ The schema is the DSN's search_path (created when missing), else the server's de
 
 --status prints the current version and the applied migrations, and changes nothing.
 --down N reverts every migration newer than N; --down 0 removes toolfence's tables and
-every residual in them, so successors lose what was in flight: use it to uninstall. A
-revert can delete data, so --down needs --yes to run.
+every residual in them: use it to uninstall. A revert can delete data, so --down needs
+--yes to run. Open residuals (pending, unknown, accepted: calls in flight, or that may have
+happened without a recorded outcome) are what successors need to not repeat an effect, so
+--down 0 refuses while any is open, naming how many and the oldest few: resolve them first
+(toolfence ls, toolfence resolve), or confirm dropping them with --yes-drop-open N, where N
+must be the number open (counted again, under a lock, in the transaction that drops them).
 
 A store migrated by a newer toolfence than this one is refused (nothing is written):
 upgrade the binary. Processes check the version when they open the store, so stop every
@@ -47,9 +52,13 @@ Badger directory stores have no migrations.
 Example:
   toolfence migrate --store postgres://toolfence@db:5432/toolfence
   toolfence migrate --status --store 'postgres://toolfence@db/toolfence?search_path=agents'
-  toolfence migrate --down 0 --yes --store postgres://toolfence@db/toolfence`,
+  toolfence migrate --down 0 --yes --store postgres://toolfence@db/toolfence
+  toolfence migrate --down 0 --yes --yes-drop-open 3 --store postgres://toolfence@db/toolfence`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("yes-drop-open") {
+				f.dropOpen = -1
+			}
 			return a.migrate(cmd.Context(), f, cmd.Flags().Changed("down"))
 		},
 	}
@@ -57,6 +66,7 @@ Example:
 	fl.IntVar(&f.down, "down", -1, "revert the migrations newer than version N (0 removes every toolfence table)")
 	fl.BoolVar(&f.status, "status", false, "print the schema version and the applied migrations; change nothing")
 	fl.BoolVar(&f.yes, "yes", false, "confirm --down: revert migrations even though that can delete residuals")
+	fl.IntVar(&f.dropOpen, "yes-drop-open", -1, "with --down 0: confirm dropping this many open residuals (pending, unknown, accepted); must equal the number open")
 	return cmd
 }
 
@@ -78,6 +88,10 @@ func (a *app) migrate(ctx context.Context, f migrateFlags, down bool) error {
 		return usagef("--down %d reverts the migrations newer than %d, which can delete data; nothing was changed: add --yes to do it", f.down, f.down)
 	case f.yes && !down:
 		return usagef("--yes confirms --down N; without --down it has nothing to confirm")
+	case f.dropOpen != -1 && (!down || f.down != 0):
+		return usagef("--yes-drop-open confirms dropping open residuals, which only --down 0 does")
+	case f.dropOpen < -1:
+		return usagef("--yes-drop-open %d: want the number of open residuals (0 or more)", f.dropOpen)
 	}
 	where := displayStore(store)
 	if f.status {
@@ -87,13 +101,17 @@ func (a *app) migrate(ctx context.Context, f migrateFlags, down bool) error {
 	var from, to int
 	var err error
 	if down {
-		from, to, err = postgres.MigrateDown(ctx, store, f.down, postgres.Options{})
+		from, to, err = postgres.MigrateDown(ctx, store, f.down, postgres.DownOptions{DropOpen: max(f.dropOpen, 0)})
 	} else {
 		from, to, err = postgres.Migrate(ctx, store, postgres.Options{Schema: dsnSchema(store)})
 	}
 	if errors.Is(err, postgres.ErrSchemaTooNew) {
 		return fmt.Errorf("the schema of %s is at version %d, newer than this binary knows (up to %d): it was migrated by a newer toolfence; "+
 			"upgrade toolfence (nothing was changed)", where, from, latest)
+	}
+	var open *postgres.OpenResidualsError
+	if errors.As(err, &open) {
+		return openResidualsRefused(where, open, f.dropOpen)
 	}
 	if err != nil {
 		return fmt.Errorf("migrating %s: %w", where, err)
@@ -107,6 +125,30 @@ func (a *app) migrate(ctx context.Context, f migrateFlags, down bool) error {
 		_, err = fmt.Fprintf(a.stdout, "%s: schema version %d → %d\n", where, from, to)
 	}
 	return err
+}
+
+// openResidualsRefused explains a --down 0 refused for open residuals and what to do.
+func openResidualsRefused(where string, e *postgres.OpenResidualsError, confirmed int) error {
+	if confirmed >= 0 && e.Count == 0 {
+		return &explained{err: e, msg: fmt.Sprintf("--yes-drop-open %d, but %s holds no open residual now: nothing was changed; run again without --yes-drop-open",
+			confirmed, where)}
+	}
+	if confirmed >= 0 {
+		return &explained{err: e, msg: fmt.Sprintf("--yes-drop-open %d, but %s holds %d open residuals now (%s): nothing was changed; "+
+			"check them again (toolfence ls) and pass the number that is open", confirmed, where, e.Count, e.List())}
+	}
+	return &explained{err: e, msg: fmt.Sprintf("%s holds %s (%s): calls in flight, or that may have happened without a recorded outcome; "+
+		"--down 0 would drop them and a successor could repeat their effects. Nothing was changed. Resolve them first "+
+		"(toolfence ls --namespace NS, then toolfence resolve KEY --as succeeded|failed --note WHY), or drop them anyway: add --yes-drop-open %d",
+		where, plural(e.Count, "open residual"), e.List(), e.Count)}
+}
+
+// plural returns "1 thing" or "N things".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // migrateStatus prints the store's schema version and applied migrations; it writes nothing.

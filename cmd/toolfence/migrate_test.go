@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
+	"github.com/toolfence/toolfence/residual"
 )
 
 // pgSchema returns a fresh schema name, dropped when the test ends, and the DSN of the test
@@ -132,4 +134,56 @@ func TestMigrateUsage(t *testing.T) {
 		r := fails(t, 1, []string{"127.0.0.1:1"}, append(args, "--store", dsn)...)
 		require.NotContains(t, r.stderr, "secret", "a DSN's password never shows")
 	}
+}
+
+// TestMigrateDownZeroRefusesOpenResiduals: --down 0 --yes on a store with 3 unknown
+// residuals (and a settled one) is refused, naming them and the flag that confirms their
+// number; a wrong number is refused too; the right one drops the store.
+func TestMigrateDownZeroRefusesOpenResiduals(t *testing.T) {
+	t.Parallel()
+	schema, store, conn := pgSchema(t, "tf_cli_dropopen_")
+	ctx := t.Context()
+	l, err := postgres.Open(ctx, store, postgres.Options{Schema: schema})
+	require.NoError(t, err)
+	var keys []string
+	for i := range 4 {
+		target := fmt.Sprint("invoice:", i)
+		p := ledger.ReserveParams{Namespace: "default", Key: residual.Key("default", "task", "charge", target), Task: "task",
+			Operation: "charge", Target: target, Holder: "agent", RequestDigest: "d", TTL: time.Minute}
+		res, err := l.Reserve(ctx, p)
+		require.NoError(t, err)
+		outcome := residual.Unknown
+		if i == 3 {
+			outcome = residual.Succeeded
+		} else {
+			keys = append(keys, p.Key)
+		}
+		_, err = l.Commit(ctx, ledger.CommitParams{Namespace: p.Namespace, Key: p.Key, Holder: p.Holder, Token: res.Lease.Token,
+			Outcome: outcome, Result: []byte(`{}`), Error: "timeout"})
+		require.NoError(t, err)
+	}
+	require.NoError(t, l.Close())
+	where := displayStore(store)
+	tables := func() int {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1`, schema).Scan(&n))
+		return n
+	}
+	before := tables()
+
+	r := fails(t, 1, []string{where + " holds 3 open residuals (unknown " + keys[0] + " in namespace default, unknown " + keys[1] +
+		" in namespace default, unknown " + keys[2] + " in namespace default)", "Nothing was changed", "add --yes-drop-open 3"},
+		"migrate", "--down", "0", "--yes", "--store", store)
+	require.NotContains(t, r.stderr, "and 0 more")
+	require.Equal(t, before, tables(), "nothing was dropped")
+	fails(t, 1, []string{"--yes-drop-open 2, but " + where + " holds 3 open residuals now", "nothing was changed"},
+		"migrate", "--down", "0", "--yes", "--yes-drop-open", "2", "--store", store)
+	require.Equal(t, before, tables(), "nothing was dropped")
+	fails(t, 2, []string{"--yes-drop-open confirms dropping open residuals, which only --down 0 does"},
+		"migrate", "--down", "1", "--yes", "--yes-drop-open", "3", "--store", store)
+	fails(t, 2, []string{"add --yes"}, "migrate", "--down", "0", "--yes-drop-open", "3", "--store", store)
+
+	r = ok(t, "migrate", "--down", "0", "--yes", "--yes-drop-open", "3", "--store", store)
+	require.Contains(t, r.stdout, "→ 0")
+	require.Zero(t, tables())
 }

@@ -328,7 +328,9 @@ func TestHelpNamesWhatNewcomersTripOn(t *testing.T) {
 
 // TestTerminalInjection: text agents supplied (task, target, holder, notes, evidence) is
 // printed by ls and show with its control characters escaped, so it can neither set the
-// terminal's title nor forge lines; --json keeps it exact.
+// terminal's title nor forge lines; --json keeps it exact. Holders and resolvers with
+// control characters never reach the store (every ledger refuses them); a bidi override
+// in them is escaped.
 func TestTerminalInjection(t *testing.T) {
 	t.Parallel()
 	const (
@@ -337,11 +339,15 @@ func TestTerminalInjection(t *testing.T) {
 		clear  = "\x1b[2J\u202e"
 	)
 	f := newFixture(t)
-	task, target, holder := "run"+title, "invoice:1"+forged, "agent"+clear+forged
+	task, target, holder := "run"+title, "invoice:1"+forged, "agent\u202e"
 	key := residual.Key("default", task, "charge", target)
 	f.with(past(2*time.Hour), func(l ledger.Ledger) {
-		_, err := l.Reserve(t.Context(), ledger.ReserveParams{Namespace: "default", Key: key, Task: task, Operation: "charge",
-			Target: target, Holder: holder, RequestDigest: "d", TTL: time.Minute})
+		p := ledger.ReserveParams{Namespace: "default", Key: key, Task: task, Operation: "charge",
+			Target: target, Holder: "agent" + clear + forged, RequestDigest: "d", TTL: time.Minute}
+		_, err := l.Reserve(t.Context(), p)
+		require.ErrorIs(t, err, ledger.ErrInvalidParams, "a holder with control characters is refused")
+		p.Holder = holder
+		_, err = l.Reserve(t.Context(), p)
 		require.NoError(t, err)
 		_, err = l.AppendEvidence(t.Context(), ledger.EvidenceParams{Namespace: "default", Key: key, Evidence: residual.Evidence{
 			At: time.Now(), Holder: holder, Token: 1, Outcome: residual.Succeeded, Note: "late" + forged + title, Result: []byte("ok" + clear)}})
@@ -349,6 +355,9 @@ func TestTerminalInjection(t *testing.T) {
 	})
 	f.with(lease.Real{}, func(l ledger.Ledger) {
 		_, err := l.Resolve(t.Context(), ledger.ResolveParams{Namespace: "default", Key: key, As: residual.Succeeded, By: "x" + title,
+			Note: "n" + forged, Evidence: "e" + clear})
+		require.ErrorIs(t, err, ledger.ErrInvalidParams, "a resolver with control characters is refused")
+		_, err = l.Resolve(t.Context(), ledger.ResolveParams{Namespace: "default", Key: key, As: residual.Succeeded, By: "x\u202e",
 			Note: "n" + forged, Evidence: "e" + clear})
 		require.NoError(t, err)
 	})
@@ -362,7 +371,7 @@ func TestTerminalInjection(t *testing.T) {
 	}
 	show := ok(t, "show", key, "--store", f.dir).stdout
 	require.Contains(t, show, `invoice:1\nnext: nothing to do, all settled`)
-	require.Contains(t, show, `holder agent\x1b[2J\u202e\nnext: nothing to do`)
+	require.Contains(t, show, `holder agent\u202e`)
 
 	var got record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", key, "--store", f.dir, "--json").stdout), &got))

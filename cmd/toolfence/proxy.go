@@ -121,6 +121,7 @@ Example:
 	cmd.Flags().StringVar(&f.pins, "pins", "", "catalog pins (toolfence proxy lock); default: the --config path with .pins.json, when it exists")
 	f.net.addShared(cmd.Flags())
 	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
+	a.postgresFlags(cmd)
 	cmd.AddCommand(newProxyLockCmd(a), newProxyCheckCmd(a))
 	return cmd
 }
@@ -210,7 +211,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		if err := f.net.applyProxy(&opts); err != nil {
 			return err
 		}
-		limits = httpserve.Limits{MaxConns: opts.MaxConns, IdleTimeout: opts.IdleTimeout, ReadTimeout: opts.ReadTimeout, ReadHeaderTimeout: opts.ReadHeaderTimeout}
+		limits = httpserve.Limits{MaxConns: opts.MaxConns, MaxConnsPerPeer: opts.MaxConnsPerPeer, IdleTimeout: opts.IdleTimeout, ReadTimeout: opts.ReadTimeout, ReadHeaderTimeout: opts.ReadHeaderTimeout}
 		if err := limits.Validate(); err != nil {
 			return usagef("%v", err)
 		}
@@ -297,5 +298,5 @@ func (n netFlags) applyProxy(opts *mcpserver.Options) error {
 	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
 	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
 	opts.MaxDepth, opts.MaxValues, opts.MaxInFlight, opts.MaxInFlightTotal = n.maxDepth, n.maxValues, n.maxInFlight, n.maxTotal
-	return nil
+	return n.applyPerPeer(opts)
 }

@@ -53,6 +53,7 @@ Example:
 		RunE: func(cmd *cobra.Command, argv []string) error { return a.resolve(cmd, argv[0], f) },
 	}
 	a.serverFlags(cmd)
+	a.postgresFlags(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.as, "as", "", "the outcome: succeeded or failed (required)")
 	fl.StringVar(&f.note, "note", "", "why: what you checked upstream (required, kept in the audit)")

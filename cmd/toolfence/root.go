@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sort"
 
@@ -45,9 +46,12 @@ type app struct {
 	stderr    io.Writer
 	// log is --log-format and --log-level of the commands that log (serve).
 	log logFlags
-	// minFree, set by serve before it opens the store, makes the owner of a badger store
-	// refuse new reservations below this much free space.
+	// minFree, set by serve's --min-free-mib before it opens the store, makes the owner of
+	// a badger store refuse new reservations below this much free space; 0 (every other
+	// command) is badger.DefaultMinFree.
 	minFree uint64
+	// allowAsyncReplicas is --allow-async-replicas of the commands that open a store.
+	allowAsyncReplicas bool
 }
 
 // commands holds the constructors of subcommands defined in other files of this package.
@@ -188,7 +192,14 @@ func args(names ...string) cobra.PositionalArgs {
 // error instead of being created. An http(s):// store is reached with the token of
 // --token, --token-file or $TOOLFENCE_TOKEN, for --namespace.
 func (a *app) open(ctx context.Context, mustExist bool) (ledger.Ledger, error) {
-	o := storeOptions{mustExist: mustExist, namespace: a.namespace, minFree: a.minFree}
+	o := storeOptions{mustExist: mustExist, namespace: a.namespace, minFree: a.minFree, allowAsyncReplicas: a.allowAsyncReplicas}
+	if isDSN(a.store) {
+		log, err := a.log.logger(a.stderr)
+		if err != nil {
+			log = slog.New(slog.NewTextHandler(a.stderr, nil))
+		}
+		o.log = log
+	}
 	if isServerURL(a.store) {
 		tok, err := a.bearerToken()
 		if err != nil {

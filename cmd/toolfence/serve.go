@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,11 +37,15 @@ type serveFlags struct {
 	metrics   string
 	minFree   int
 	net       netFlags
+	// upstreamIdempotent: operations whose /ledger/v1 reserves may re-dispatch over an
+	// unknown outcome.
+	upstreamIdempotent []string
 }
 
 // netFlags are the limits of serve's network surface (docs/limits.md lists them all).
 type netFlags struct {
 	maxConns      int
+	maxPerPeer    int
 	idleTimeout   time.Duration
 	readTimeout   time.Duration
 	headerTimeout time.Duration
@@ -51,12 +56,15 @@ type netFlags struct {
 	maxInFlight   int
 	maxTotal      int
 	pageSize      int
+	// serve only: watch streams of /ledger/v1/ per token and in all.
+	maxWatches, maxWatchesTotal int
 }
 
 // addShared adds the limits of the HTTP surface that serve --http and proxy --http share:
 // connections, timeouts, sessions, the shape of a request's JSON and requests in progress.
 func (n *netFlags) addShared(fl *pflag.FlagSet) {
 	fl.IntVar(&n.maxConns, "max-conns", httpserve.DefaultMaxConns, "--http: connections held open at once (more wait to be accepted)")
+	fl.IntVar(&n.maxPerPeer, "max-conns-per-peer", 0, "--http: connections one peer address holds at once, more are closed (0: the smaller of 256 and --max-conns)")
 	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
 	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
 	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
@@ -72,6 +80,24 @@ func (n *netFlags) addShared(fl *pflag.FlagSet) {
 func (n *netFlags) add(fl *pflag.FlagSet) {
 	n.addShared(fl)
 	fl.IntVar(&n.pageSize, "page-size", mcpserver.DefaultPageSize, "entries per answer of resources/list, toolfence://pending and reconcile (each says when more remain)")
+	fl.IntVar(&n.maxWatches, "max-watches", defaultMaxWatches, "--http: /ledger/v1/ watch streams one token holds open (more get 429)")
+	fl.IntVar(&n.maxWatchesTotal, "max-watches-total", defaultMaxWatchesTotal, "--http: /ledger/v1/ watch streams open over all tokens; below --max-conns (more get 429)")
+}
+
+// The defaults of --max-watches and --max-watches-total: well below the connection cap, so
+// that streams never take every connection.
+const (
+	defaultMaxWatches      = 8
+	defaultMaxWatchesTotal = 64
+)
+
+// ledgerLimits are the bounds of serve's /ledger/v1/: the in-flight caps of /mcp (counted
+// apart) and the watch caps. Valid only after apply.
+func (n netFlags) ledgerLimits() remote.HandlerOptions {
+	return remote.HandlerOptions{
+		MaxInFlight: n.maxInFlight, MaxInFlightTotal: n.maxTotal,
+		MaxWatches: n.maxWatches, MaxWatchesTotal: n.maxWatchesTotal,
+	}
 }
 
 // apply copies the limits into opts, refusing values that are not positive.
@@ -81,10 +107,14 @@ func (n netFlags) apply(opts *mcpserver.Options) error {
 		"--header-timeout": int64(n.headerTimeout), "--session-idle": int64(n.sessionIdle), "--max-sessions": int64(n.maxSessions),
 		"--max-depth": int64(n.maxDepth), "--max-values": int64(n.maxValues), "--max-inflight": int64(n.maxInFlight),
 		"--max-inflight-total": int64(n.maxTotal), "--page-size": int64(n.pageSize),
+		"--max-watches": int64(n.maxWatches), "--max-watches-total": int64(n.maxWatchesTotal),
 	} {
 		if v <= 0 {
 			return usagef("%s must be positive", name)
 		}
+	}
+	if n.maxWatchesTotal >= n.maxConns {
+		return usagef("--max-watches-total %d must be below --max-conns %d, or watch streams can take every connection", n.maxWatchesTotal, n.maxConns)
 	}
 	opts.MaxDepth, opts.MaxValues, opts.MaxInFlight, opts.MaxInFlightTotal = n.maxDepth, n.maxValues, n.maxInFlight, n.maxTotal
 	if n.pageSize > ledger.MaxListLimit {
@@ -93,6 +123,16 @@ func (n netFlags) apply(opts *mcpserver.Options) error {
 	opts.PageSize = n.pageSize
 	opts.MaxConns, opts.IdleTimeout, opts.ReadTimeout, opts.ReadHeaderTimeout = n.maxConns, n.idleTimeout, n.readTimeout, n.headerTimeout
 	opts.SessionIdle, opts.MaxSessions = n.sessionIdle, n.maxSessions
+	return n.applyPerPeer(opts)
+}
+
+// applyPerPeer copies --max-conns-per-peer into opts, refusing a negative value or one over
+// --max-conns.
+func (n netFlags) applyPerPeer(opts *mcpserver.Options) error {
+	if n.maxPerPeer < 0 || n.maxPerPeer > n.maxConns {
+		return usagef("--max-conns-per-peer %d: want 0 (the default) to --max-conns %d", n.maxPerPeer, n.maxConns)
+	}
+	opts.MaxConnsPerPeer = n.maxPerPeer
 	return nil
 }
 
@@ -115,14 +155,16 @@ the file must not be readable by other users) or from $` + tokenEnv + ` (one tok
 (make one with: openssl rand -hex 32). Each token sees only its namespace. Without any
 token the server refuses to listen on anything but a loopback address.
 
-Over HTTP the server holds at most --max-conns connections, closes keep-alive connections
+Over HTTP the server holds at most --max-conns connections (--max-conns-per-peer of one
+address; more are closed at once, so one peer cannot take them all), closes keep-alive connections
 idle for --idle-timeout and requests slower than --read-timeout / --header-timeout; nothing
 bounds writing, so notification streams stay open. A session without requests for
 --session-idle ends (its client gets 404 and initializes anew), and a token holds at most
 --max-sessions. A request nesting deeper than --max-depth or holding more than --max-values
 values is refused before it is decoded; past --max-inflight requests of one token (or
---max-inflight-total of all) answers are 429 with Retry-After. docs/limits.md lists every
-limit.
+--max-inflight-total of all) answers are 429 with Retry-After; /ledger/v1/ counts its own
+steps under the same caps and holds at most --max-watches watch streams per token
+(--max-watches-total in all). docs/limits.md lists every limit.
 
 On the embedded store, new reservations are refused (unavailable) while its filesystem has
 less than --min-free-mib free, so a full disk never stops serve; calls in flight commit.
@@ -130,8 +172,12 @@ less than --min-free-mib free, so a full disk never stops serve; calls in flight
 An embedded (badger) store is shared: the first toolfence process to open it serves it to
 the others on DIR/toolfence.sock, and a process that finds it held goes through that socket
 (taking the store over when its holder exits). Over --http, the ledger itself is served at
-/ledger/v1/ behind the same bearer tokens (each token bound to its namespace), so other
-machines use it with --store http://HOST:PORT --token-file F. docs/shared-store.md.
+/ledger/v1/ to the tokens granted it: a line "TOKEN NAMESPACE ledger" in --token-file (an MCP
+agent's token gets 403 there). Other machines' toolfence processes use it with --store
+http://HOST:PORT --token-file F. Every such request proves the holder it commits or renews
+(only the process that reserved an attempt can settle it), and a reserve re-dispatches over
+an unknown outcome only for an operation named by --upstream-idempotent.
+docs/shared-store.md.
 
 Telemetry (nothing is exported by default): --metrics 127.0.0.1:9464 serves Prometheus
 metrics at http://127.0.0.1:9464/metrics, without authentication (keep it on loopback or a
@@ -148,12 +194,14 @@ Example:
 	fl := cmd.Flags()
 	fl.BoolVar(&f.stdio, "stdio", false, "serve one MCP client on stdin/stdout")
 	fl.StringVar(&f.http, "http", "", "serve streamable HTTP at ADDR (host:port), endpoint /mcp")
-	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
+	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE [ledger]]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	a.addTelemetryFlags(fl, &f.metrics)
-	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB; calls in flight still commit")
+	a.postgresFlags(cmd)
+	fl.IntVar(&f.minFree, "min-free-mib", badger.DefaultMinFree>>20, "embedded store: refuse new reservations (unavailable) while its filesystem has less free space, in MiB (resolutions and evidence below half; calls in flight still commit)")
+	fl.StringSliceVar(&f.upstreamIdempotent, "upstream-idempotent", nil, "operation (repeatable, or comma-separated) declared upstream-idempotent: its /ledger/v1 reserves may re-dispatch over an unknown outcome under the same key")
 	f.net.add(fl)
 	return cmd
 }
@@ -162,11 +210,15 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.stdio == (f.http != "") {
 		return usagef("give exactly one of --stdio or --http ADDR")
 	}
-	if f.stdio && f.tokenFile != "" {
-		return usagef("--token-file applies to --http only")
+	if f.stdio && (f.tokenFile != "" || len(f.upstreamIdempotent) > 0) {
+		return usagef("--token-file and --upstream-idempotent apply to --http only")
 	}
 	if f.lease <= 0 || f.maxArgs <= 0 || f.minFree <= 0 {
 		return usagef("--lease, --max-args and --min-free-mib must be positive")
+	}
+	if uint64(f.minFree)<<20 < badger.LeastMinFree {
+		return usagef("--min-free-mib %d is too small: the embedded store needs at least %d MiB (it stops every write at half of that, to keep room for badger's own flushes)",
+			f.minFree, badger.LeastMinFree>>20)
 	}
 	log, err := a.logger()
 	if err != nil {
@@ -194,7 +246,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	}
 	defer l.Close()
 	if f.http != "" {
-		opts.Handlers = map[string]http.Handler{remote.Path: ledgerHandler(l, opts.Tokens, a.namespace)}
+		opts.Handlers = map[string]http.Handler{remote.Path: ledgerHandler(l, opts.Tokens, a.namespace, f.upstreamIdempotent, f.net.ledgerLimits())}
 	}
 	stop, err := a.observe(ctx, f.metrics, l, log)
 	if err != nil {
@@ -232,15 +284,20 @@ func loadServeTokens(file, namespace string) (mcpserver.Tokens, error) {
 	return t, nil
 }
 
-// ledgerHandler serves l over the ledger protocol (ledger/remote) for serve --http: each
-// request bound to the namespace of its bearer token, or, without tokens (a loopback
-// address only, as for /mcp), to namespace.
-func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string) http.Handler {
-	auth := remote.BearerTokens(tokens.Namespace)
+// ledgerHandler serves l over the ledger protocol (ledger/remote) for serve --http: to the
+// tokens granted it (TOKEN NAMESPACE ledger), each bound to its namespace, or, without tokens
+// (a loopback address only, as for /mcp), bound to namespace. Reserves re-dispatch over an
+// unknown outcome only for the operations in idempotent (--upstream-idempotent).
+func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string, idempotent []string, limits remote.HandlerOptions) http.Handler {
+	declared := func(op string) bool { return slices.Contains(idempotent, op) }
+	auth := remote.GrantedTokens(tokens.Ledger, declared)
 	if tokens.Len() == 0 {
-		auth = func(*http.Request) (remote.Access, error) { return remote.Access{Namespace: namespace}, nil }
+		auth = func(*http.Request) (remote.Access, error) {
+			return remote.Access{Namespace: namespace, UpstreamIdempotent: declared}, nil
+		}
 	}
-	return remote.Handler(l, remote.HandlerOptions{Authorize: auth})
+	limits.Authorize = auth
+	return remote.Handler(l, limits)
 }
 
 func serving(w io.Writer, addr net.Addr, tokens mcpserver.Tokens) {

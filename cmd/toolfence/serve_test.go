@@ -31,7 +31,8 @@ func TestServeUsage(t *testing.T) {
 	fails(t, exitUsage, []string{"must be positive"}, "serve", "--http", "127.0.0.1:0", "--max-sessions", "0", "--store", store)
 	fails(t, exitUsage, []string{"--max-values must be positive"}, "serve", "--http", "127.0.0.1:0", "--max-values", "-3", "--store", store)
 	fails(t, exitUsage, []string{"--page-size 5000 exceeds 1000"}, "serve", "--http", "127.0.0.1:0", "--page-size", "5000", "--store", store)
-	fails(t, exitUsage, []string{"--token-file applies to --http only"}, "serve", "--stdio", "--token-file", "x", "--store", store)
+	fails(t, exitUsage, []string{"--token-file and --upstream-idempotent apply to --http only"}, "serve", "--stdio", "--token-file", "x", "--store", store)
+	fails(t, exitUsage, []string{"--token-file and --upstream-idempotent apply to --http only"}, "serve", "--stdio", "--upstream-idempotent", "charge", "--store", store)
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	require.NoError(t, os.WriteFile(tokens, []byte("short\n"), 0o600))
 	fails(t, exitUsage, []string{"token"}, "serve", "--http", "127.0.0.1:0", "--token-file", tokens, "--store", store)
@@ -39,16 +40,20 @@ func TestServeUsage(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "a refused serve does not create the store")
 }
 
-// serveToken is the one bearer token of startServe's server (namespace "team").
-const serveToken = "serve-test-token-0123456789abcdef"
+// serveToken is the MCP token of teamServe's server (namespace "team"); ledgerToken is its
+// token granted the ledger protocol too (for --store http://…).
+const (
+	serveToken  = "serve-test-token-0123456789abcdef"
+	ledgerToken = "ledger-test-token-0123456789abcdef"
+)
 
-// teamServe starts `toolfence serve --http` on a fresh store with serveToken (namespace
-// "team") and the extra flags (see serveProc).
+// teamServe starts `toolfence serve --http` on a fresh store with serveToken and ledgerToken
+// (namespace "team") and the extra flags (see serveProc).
 func teamServe(t *testing.T, extra ...string) (*exec.Cmd, string, <-chan string) {
 	t.Helper()
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
-	require.NoError(t, os.WriteFile(tokens, []byte(serveToken+" team\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(serveToken+" team\n"+ledgerToken+" team ledger\n"), 0o600))
 	return serveProc(t, filepath.Join(dir, "store"), tokens, extra...)
 }
 

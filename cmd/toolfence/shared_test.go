@@ -193,7 +193,7 @@ func TestStoreHTTP(t *testing.T) {
 	require.NoError(t, mcpc.Call(t.Context(), "commit_call", map[string]any{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "unknown"}, &c))
 
 	st := func(args ...string) []string {
-		return append(args, "--store", base, "--token", serveToken, "--namespace", "team")
+		return append(args, "--store", base, "--token", ledgerToken, "--namespace", "team")
 	}
 	rs := jsonLines(t, ok(t, st("ls", "--json")...).stdout)
 	require.Len(t, rs, 1)
@@ -210,13 +210,15 @@ func TestStoreHTTP(t *testing.T) {
 
 	// The token from a file or the environment.
 	tokFile := filepath.Join(t.TempDir(), "tok")
-	require.NoError(t, os.WriteFile(tokFile, []byte(serveToken+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokFile, []byte(ledgerToken+"\n"), 0o600))
 	ok(t, "ls", "--store", base, "--token-file", tokFile, "--namespace", "team")
-	r = tf(t, []string{tokenEnv + "=" + serveToken}, "ls", "--store", base, "--namespace", "team")
+	r = tf(t, []string{tokenEnv + "=" + ledgerToken}, "ls", "--store", base, "--namespace", "team")
 	require.Equal(t, 0, r.code, "%s", r)
 
 	fails(t, 1, []string{`server ` + base + ` refused namespace "default" (403)`, `bound to namespace "team"`, "--namespace"},
-		"ls", "--store", base, "--token", serveToken)
+		"ls", "--store", base, "--token", ledgerToken)
+	fails(t, 1, []string{"server " + base + " serves this bearer token MCP only (403)", "TOKEN NAMESPACE ledger"},
+		"ls", "--store", base, "--token", serveToken, "--namespace", "team")
 	fails(t, 1, []string{"server " + base + " refused the bearer token (401 Unauthorized)"},
 		"ls", "--store", base, "--token", "wrong-token-0123456789abcdef", "--namespace", "team")
 	fails(t, 1, []string{"server " + base + " refused the request (401 Unauthorized): it needs a bearer token"},
@@ -232,7 +234,7 @@ func TestServeStdioOnStoreHTTP(t *testing.T) {
 	_, url, _ := teamServe(t)
 	base := strings.TrimSuffix(url, mcpserver.Path)
 	cmd := exec.Command(bin, "serve", "--stdio", "--store", base, "--namespace", "team")
-	cmd.Env = append(os.Environ(), tokenEnv+"="+serveToken)
+	cmd.Env = append(os.Environ(), tokenEnv+"="+ledgerToken)
 	cmd.Stderr = os.Stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "test-host", Version: "1"}, nil)
 	s, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)

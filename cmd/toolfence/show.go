@@ -43,6 +43,7 @@ Example:
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the residual as JSON")
 	a.serverFlags(cmd)
+	a.postgresFlags(cmd)
 	return cmd
 }
 

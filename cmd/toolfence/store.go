@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -49,9 +50,13 @@ type storeOptions struct {
 	token string
 	// namespace is checked against the token of an http(s):// store when it is opened.
 	namespace string
-	// minFree, when set, makes the owner of a badger store refuse new reservations while
-	// the store's filesystem has less free space (badger.GuardSpace).
+	// minFree is badger.Options.MinFree for the owner of a badger store: it refuses new
+	// reservations while the store's filesystem has less free space (0: the default).
 	minFree uint64
+	// allowAsyncReplicas opens a PostgreSQL store whose standbys are all asynchronous
+	// (postgres.Options.AllowAsyncReplicas), warning on log.
+	allowAsyncReplicas bool
+	log                *slog.Logger
 }
 
 // ownerSocket is the unix socket, inside a badger store's directory, on which the process
@@ -81,7 +86,7 @@ func openStore(ctx context.Context, store string, o storeOptions) (ledger.Ledger
 		return nil, usagef("--store is empty: name a badger directory, a postgres:// DSN or an http(s):// toolfence server")
 	}
 	if isDSN(store) {
-		return openPostgres(ctx, store, o.mustExist)
+		return openPostgres(ctx, store, o)
 	}
 	if isServerURL(store) {
 		return openServer(ctx, store, o)
@@ -96,11 +101,7 @@ func openStore(ctx context.Context, store string, o storeOptions) (ledger.Ledger
 	l, err := remote.OpenShared(ctx, remote.SharedOptions{
 		Socket: filepath.Join(store, ownerSocket),
 		Open: func() (ledger.Ledger, error) {
-			b, err := badger.Open(store, badger.Options{})
-			if err != nil || o.minFree == 0 {
-				return b, err
-			}
-			return badger.GuardSpace(b, store, o.minFree, nil), nil
+			return badger.Open(store, badger.Options{MinFree: o.minFree})
 		},
 		Locked: func(err error) bool { return errors.Is(err, badger.ErrLocked) },
 		Wait:   wait,
@@ -169,6 +170,10 @@ func openServer(ctx context.Context, url string, o storeOptions) (ledger.Ledger,
 	case errors.Is(err, remote.ErrUnauthorized):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", where, tokenEnv)}
+	case errors.Is(err, remote.ErrNotGranted):
+		return nil, &explained{err: err, msg: fmt.Sprintf(
+			"server %s serves this bearer token MCP only (403): a token for --store http://… needs the ledger grant, "+
+				"a line \"TOKEN NAMESPACE ledger\" in the server's --token-file", where)}
 	case errors.Is(err, remote.ErrForbidden):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused namespace %q (403): %v; pass the namespace of your token with --namespace", where, ns, messageOf(err))}
@@ -255,10 +260,15 @@ func storeInTheMaking(entries []os.DirEntry) bool {
 }
 
 // openPostgres opens the PostgreSQL ledger at dsn, applying pending migrations; with
-// mustExist a schema without toolfence tables is an error (nothing is created). Its errors
-// name the server, never the password.
-func openPostgres(ctx context.Context, dsn string, mustExist bool) (ledger.Ledger, error) {
-	l, err := postgres.Open(ctx, dsn, postgres.Options{MustExist: mustExist})
+// mustExist a schema without toolfence tables is an error (nothing is created). A server
+// that can lose acknowledged writes is refused (postgres.ErrNotDurable), and so is one
+// whose standbys are all asynchronous unless allowAsyncReplicas (postgres.ErrAsyncReplicas).
+// Its errors name the server, never the password.
+func openPostgres(ctx context.Context, dsn string, o storeOptions) (ledger.Ledger, error) {
+	l, err := postgres.Open(ctx, dsn, postgres.Options{MustExist: o.mustExist, AllowAsyncReplicas: o.allowAsyncReplicas, Logger: o.log})
+	if errors.Is(err, postgres.ErrAsyncReplicas) {
+		return nil, fmt.Errorf("opening store %s: %w (--%s allows it)", displayStore(dsn), err, allowAsyncFlag)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", displayStore(dsn), err)
 	}
@@ -285,6 +295,16 @@ func (e *lockedError) Error() string {
 }
 
 func (e *lockedError) Unwrap() error { return e.err }
+
+// allowAsyncFlag is the flag of the commands that open a store to accept a PostgreSQL
+// server whose standbys are all asynchronous.
+const allowAsyncFlag = "allow-async-replicas"
+
+// postgresFlags adds --allow-async-replicas to a command that opens --store.
+func (a *app) postgresFlags(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&a.allowAsyncReplicas, allowAsyncFlag, false,
+		"open a PostgreSQL --store whose standbys are all asynchronous (a failover can lose acknowledged writes; a warning is logged); see docs/postgres.md")
+}
 
 // tokenFlags adds --token and --token-file to a command that can open an http(s):// store
 // but has no --server.

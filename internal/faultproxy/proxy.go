@@ -142,6 +142,14 @@ func (p *Proxy) Reset() int {
 	return n
 }
 
+// SetTarget makes new connections go to target (host:port): a failover to another server.
+// Open connections keep their upstream; Reset them to move every client.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
+
 // Conns returns the number of open proxied connections.
 func (p *Proxy) Conns() int {
 	p.mu.Lock()
@@ -193,7 +201,10 @@ func (p *Proxy) connect(l *link) {
 	if !p.waitPass(l) {
 		return
 	}
-	s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	s, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		p.drop(l)
 		return

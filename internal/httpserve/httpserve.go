@@ -1,5 +1,6 @@
 // Package httpserve is the one set-up of toolfence's HTTP servers (serve --http, proxy
-// --http and the example tool server): timeouts and a cap on open connections that never
+// --http and the example tool server): timeouts and caps on open connections (in all and per
+// peer address) that never
 // cut a long-lived response stream, the refusal of requests a web page makes a browser send
 // (CheckBrowser), of JSON bodies too deep or too large in values to decode (CheckShape), and
 // the count of requests in progress per token and in all (InFlight). It imports nothing of
@@ -21,6 +22,8 @@ import (
 const (
 	// DefaultMaxConns caps the connections open at once (idle keep-alive ones included).
 	DefaultMaxConns = 1024
+	// DefaultMaxConnsPerPeer caps the connections one peer address holds at once.
+	DefaultMaxConnsPerPeer = 256
 	// DefaultIdleTimeout closes a keep-alive connection that sends no request for this long.
 	DefaultIdleTimeout = 60 * time.Second
 	// DefaultReadHeaderTimeout bounds reading a request's headers.
@@ -36,6 +39,10 @@ type Limits struct {
 	// MaxConns caps the connections open at once; further ones wait in the kernel's
 	// accept queue until one closes. Defaults to DefaultMaxConns.
 	MaxConns int
+	// MaxConnsPerPeer caps the connections one peer address (IP) holds at once; a
+	// connection past it is closed when accepted. Defaults to the smaller of
+	// DefaultMaxConnsPerPeer and MaxConns.
+	MaxConnsPerPeer int
 	// IdleTimeout closes a keep-alive connection idle between requests for this long.
 	// Defaults to DefaultIdleTimeout.
 	IdleTimeout time.Duration
@@ -54,6 +61,7 @@ var ErrInvalid = errors.New("httpserve: invalid limits")
 // WithDefaults returns l with every zero field set to its default.
 func (l Limits) WithDefaults() Limits {
 	l.MaxConns = cmp.Or(l.MaxConns, DefaultMaxConns)
+	l.MaxConnsPerPeer = cmp.Or(l.MaxConnsPerPeer, min(DefaultMaxConnsPerPeer, l.MaxConns))
 	l.IdleTimeout = cmp.Or(l.IdleTimeout, DefaultIdleTimeout)
 	l.ReadHeaderTimeout = cmp.Or(l.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	l.ReadTimeout = cmp.Or(l.ReadTimeout, DefaultReadTimeout)
@@ -66,6 +74,8 @@ func (l Limits) Validate() error {
 	switch {
 	case l.MaxConns < 0:
 		return fmt.Errorf("%w: max connections %d is negative", ErrInvalid, l.MaxConns)
+	case l.MaxConnsPerPeer < 0:
+		return fmt.Errorf("%w: max connections per peer %d is negative", ErrInvalid, l.MaxConnsPerPeer)
 	case l.IdleTimeout < 0:
 		return fmt.Errorf("%w: idle timeout %v is negative", ErrInvalid, l.IdleTimeout)
 	case l.ReadHeaderTimeout < 0:
@@ -93,7 +103,9 @@ func (l Limits) Server(h http.Handler) *http.Server {
 	}
 }
 
-// Listener returns ln accepting at most MaxConns connections at once.
+// Listener returns ln accepting at most MaxConns connections at once, and at most
+// MaxConnsPerPeer of one peer address (the others are closed when accepted, taking no slot).
 func (l Limits) Listener(ln net.Listener) net.Listener {
-	return netutil.LimitListener(ln, l.WithDefaults().MaxConns)
+	l = l.WithDefaults()
+	return netutil.LimitListener(&perPeer{Listener: ln, max: l.MaxConnsPerPeer, open: map[string]int{}}, l.MaxConns)
 }

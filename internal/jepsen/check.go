@@ -226,8 +226,8 @@ func invariants(ops []*Op) []string {
 			tokens[i.Key] = append(tokens[i.Key], tok{o.Token, op.Call, op.Return, describeOp(op)})
 			leases[lk(i.Key, o.Token)] = &leaseSeen{key: i.Key, holder: i.Holder, token: o.Token, start: o.Started,
 				end: o.Expires, maxExpiry: o.Expires, endKnown: true}
-		case i.Kind == KResolve:
-			tokens[i.Key] = append(tokens[i.Key], tok{o.Token, op.Call, op.Return, describeOp(op)})
+		case i.Kind == KResolve && o.Issued != 0:
+			tokens[i.Key] = append(tokens[i.Key], tok{o.Issued, op.Call, op.Return, describeOp(op)})
 		}
 	}
 	// Renewals and commits, in call order.

@@ -54,3 +54,15 @@ func TestFindingsAreCaught(t *testing.T) {
 		})
 	}
 }
+
+// TestResolveJudgedByItsOwnToken: a Resolve whose retry answered with the residual as
+// re-read, after the next holder had reserved the key under token 16 (docs/reliability.md,
+// finding 9), issued token 15, not 16: the worker records the token of the Resolve's own
+// resolution (Output.Issued, 0 when the key moved on), so the checker no longer reports
+// token 16 as issued twice.
+func TestResolveJudgedByItsOwnToken(t *testing.T) {
+	ops, err := ReadHistory(filepath.Join("testdata", "findings", "postgres-resolve-retry-reread-token.jsonl"))
+	require.NoError(t, err)
+	v := Check(ops, time.Minute, "")
+	require.NotContains(t, joined(v.Violations), "issued twice")
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/toolfence/toolfence/internal/faultproxy"
+	"github.com/toolfence/toolfence/internal/pgcluster"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"
@@ -35,11 +37,12 @@ const (
 	FPartition = "partition" // every connection cut silently, new ones hang; heal closes them
 	FSkew      = "skew"      // client clocks jump (badger: the ledger's clock jumps forward)
 	FRestart   = "restart"   // PostgreSQL crash (immediate stop) and restart
+	FFailover  = "failover"  // primary crash with its standby held behind, standby promoted
 )
 
 // PostgresFaults and BadgerFaults are every fault kind each backend runs, in schedule order.
 var (
-	PostgresFaults = []string{FKill, FTerminate, FLatency, FReset, FStop, FTimeout, FSkew, FPartition, FBandwidth, FRestart}
+	PostgresFaults = []string{FKill, FTerminate, FLatency, FReset, FStop, FTimeout, FSkew, FPartition, FBandwidth, FRestart, FFailover}
 	BadgerFaults   = []string{FKill, FSkew, FStop}
 )
 
@@ -76,6 +79,11 @@ type Options struct {
 	CheckTimeout time.Duration
 	// Log receives progress lines. Defaults to io.Discard.
 	Log io.Writer
+	// AsyncStandby makes the standby of the failover fault asynchronous (and the
+	// workers open with postgres.Options.AllowAsyncReplicas): a failover then loses the
+	// writes the standby had not received, which the checks must catch. Defaults to false:
+	// the standby is synchronous (synchronous_standby_names = '*').
+	AsyncStandby bool
 }
 
 func (c *Options) defaults() error {
@@ -180,10 +188,13 @@ type harness struct {
 	h       *History
 	start   time.Time
 	proxy   *faultproxy.Proxy
-	cluster *pgCluster
+	cluster *pgcluster.Cluster
 	store   string // badger dir or the proxied DSN
 	admin   *pgx.Conn
 	power   *power // the lazy FS under the badger store, with FPower
+	// standby streams from cluster through repl (failover fault only).
+	standby *pgcluster.Cluster
+	repl    *faultproxy.Proxy
 
 	mu       sync.Mutex
 	workers  []*worker
@@ -277,22 +288,96 @@ func (hs *harness) setup(ctx context.Context) error {
 		return os.RemoveAll(hs.store)
 	}
 	fmt.Fprintf(hs.cfg.Log, "jepsen postgres: starting a throwaway cluster (initdb)\n")
-	c, err := startCluster(ctx)
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		return err
 	}
 	hs.cluster = c
-	if hs.proxy, err = faultproxy.Start("127.0.0.1:0", c.addr()); err != nil {
+	if hs.proxy, err = faultproxy.Start("127.0.0.1:0", c.Addr()); err != nil {
 		return err
 	}
-	hs.store = c.dsn(hs.proxy.Addr())
+	hs.store = c.DSN(hs.proxy.Addr(), "")
 	// Migrate once, directly, before any fault.
-	l, err := postgres.Open(ctx, c.dsn(""), postgres.Options{Schema: namespace})
+	l, err := postgres.Open(ctx, c.DSN("", ""), postgres.Options{Schema: namespace})
 	if err != nil {
 		return err
 	}
 	_ = l.Close()
+	if slices.Contains(hs.cfg.Faults, FFailover) {
+		return hs.startStandby(ctx)
+	}
 	return nil
+}
+
+// startStandby gives the primary a standby that streams through the proxy hs.repl (so the
+// failover can hold it behind). Unless AsyncStandby, the primary first requires a
+// synchronous standby; pg_basebackup copies that setting, so a promoted standby requires
+// one too, and its commits wait until the next standby streams.
+func (hs *harness) startStandby(ctx context.Context) error {
+	if !hs.cfg.AsyncStandby {
+		if err := hs.adminExec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '*'`, `SELECT pg_reload_conf()`); err != nil {
+			return err
+		}
+	}
+	var err error
+	if hs.repl == nil {
+		if hs.repl, err = faultproxy.Start("127.0.0.1:0", hs.cluster.Addr()); err != nil {
+			return err
+		}
+	}
+	s, err := hs.cluster.Standby(ctx, hs.repl.Addr(), "jepsen-standby", pgcluster.Options{Settings: []string{"wal_retrieve_retry_interval=100ms"}})
+	if err != nil {
+		return err
+	}
+	hs.standby = s
+	want := "sync"
+	if hs.cfg.AsyncStandby {
+		want = "async"
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		err := hs.adminQuery(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = 'jepsen-standby' AND state = 'streaming' AND sync_state = $1`, []any{want}, &n)
+		if err == nil && n > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("jepsen: the standby did not stream as %s within a minute (%v): %s", want, err, s.LogTail(2000))
+		}
+		sleep(ctx, 50*time.Millisecond) // the server's view changes without an event to wait on
+	}
+}
+
+// failover crashes the primary while its standby is held d/2 behind (replication
+// forwards nothing), promotes the standby, points the clients' proxy at it and gives it a
+// new standby. A synchronous standby has every acknowledged write (the primary's commits
+// waited); an asynchronous one lacks what the primary acknowledged meanwhile.
+func (hs *harness) failover(d time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	old, next := hs.cluster, hs.standby
+	hs.repl.SetMode(faultproxy.Blackhole)
+	sleep(ctx, d/2)
+	old.Stop()
+	if err := next.Ctl(ctx, "promote"); err != nil {
+		return "", err
+	}
+	hs.cluster, hs.standby = next, nil
+	hs.proxy.SetTarget(next.Addr())
+	hs.proxy.Reset()
+	hs.repl.SetTarget(next.Addr())
+	hs.repl.Reset()
+	hs.repl.Heal()
+	start := time.Now()
+	if err := hs.startStandby(ctx); err != nil {
+		return "", err
+	}
+	mode := "synchronous"
+	if hs.cfg.AsyncStandby {
+		mode = "asynchronous"
+	}
+	return fmt.Sprintf("primary crashed with its %s standby held %v behind; standby promoted; new standby streaming after %v",
+		mode, d/2, time.Since(start).Round(time.Millisecond)), nil
 }
 
 func (hs *harness) teardown() {
@@ -303,8 +388,14 @@ func (hs *harness) teardown() {
 	if hs.proxy != nil {
 		_ = hs.proxy.Close()
 	}
+	if hs.repl != nil {
+		_ = hs.repl.Close()
+	}
+	if hs.standby != nil {
+		hs.standby.Stop()
+	}
 	if hs.cluster != nil {
-		hs.cluster.stop()
+		hs.cluster.Stop()
 	}
 }
 
@@ -321,7 +412,7 @@ func (hs *harness) spawn(i int) error {
 	}
 	wc := workerConfig{Backend: hs.cfg.Backend, Store: store, Schema: namespace, Proc: proc, Clients: hs.cfg.Clients,
 		ClientBase: proc * hs.cfg.Clients, Workload: hs.workload(), Offset: off, Seed: hs.cfg.Seed + uint64(proc),
-		WriteTimeout: 3 * time.Second}
+		WriteTimeout: 3 * time.Second, AllowAsync: hs.cfg.AsyncStandby}
 	b, err := json.Marshal(wc)
 	if err != nil {
 		return err
@@ -466,10 +557,12 @@ func (hs *harness) inject(ctx context.Context, kind string, n int) (string, erro
 	case FRestart:
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := hs.cluster.ctl(rctx, "restart"); err != nil {
+		if err := hs.cluster.Ctl(rctx, "restart"); err != nil {
 			return "", err
 		}
 		return "pg_ctl restart -m immediate (crash and recovery)", nil
+	case FFailover:
+		return hs.failover(d)
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)
 }
@@ -497,23 +590,47 @@ func (hs *harness) skew() string {
 }
 
 func (hs *harness) terminateBackends(ctx context.Context) (int, error) {
+	var n int
+	err := hs.adminQuery(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'jepsen-w%'`, nil, &n)
+	return n, err
+}
+
+// adminQuery runs one query on the harness's own connection to the current primary,
+// reconnecting once when the connection died (a server restart, a failover).
+func (hs *harness) adminQuery(ctx context.Context, sql string, args []any, dest ...any) error {
+	return hs.withAdmin(ctx, func(c *pgx.Conn) error { return c.QueryRow(ctx, sql, args...).Scan(dest...) })
+}
+
+// adminExec runs statements on the harness's connection to the current primary.
+func (hs *harness) adminExec(ctx context.Context, stmts ...string) error {
+	for _, s := range stmts {
+		if err := hs.withAdmin(ctx, func(c *pgx.Conn) error { _, err := c.Exec(ctx, s); return err }); err != nil {
+			return fmt.Errorf("jepsen: %s: %w", s, err)
+		}
+	}
+	return nil
+}
+
+func (hs *harness) withAdmin(ctx context.Context, fn func(*pgx.Conn) error) error {
 	var err error
-	for range 2 { // the admin connection may have died with a server restart
-		if hs.admin == nil || hs.admin.IsClosed() {
-			if hs.admin, err = pgx.Connect(ctx, hs.cluster.dsn("")); err != nil {
+	for range 2 {
+		if hs.admin != nil && (hs.admin.IsClosed() || hs.admin.Config().Port != uint16(hs.cluster.Port)) {
+			_ = hs.admin.Close(ctx)
+			hs.admin = nil
+		}
+		if hs.admin == nil {
+			if hs.admin, err = pgx.Connect(ctx, hs.cluster.DSN("", "")); err != nil {
 				hs.admin = nil
 				continue
 			}
 		}
-		var n int
-		err = hs.admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'jepsen-w%'`).Scan(&n)
-		if err == nil {
-			return n, nil
+		if err = fn(hs.admin); err == nil {
+			return nil
 		}
 		_ = hs.admin.Close(ctx)
 		hs.admin = nil
 	}
-	return 0, err
+	return err
 }
 
 // heal ends every fault: the network passes, stopped workers continue.
@@ -539,7 +656,7 @@ func (hs *harness) finalReads(ctx context.Context, w Workload) error {
 	case "badger":
 		l, err = badger.Open(hs.store, badger.Options{Clock: clock})
 	default:
-		l, err = postgres.Open(ctx, hs.cluster.dsn(""), postgres.Options{Schema: namespace})
+		l, err = postgres.Open(ctx, hs.cluster.DSN("", ""), postgres.Options{Schema: namespace, AllowAsyncReplicas: hs.cfg.AsyncStandby})
 	}
 	if err != nil {
 		return fmt.Errorf("jepsen: reopen the store for the final reads: %w", err)

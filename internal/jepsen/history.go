@@ -75,6 +75,10 @@ type Output struct {
 	Started  int64          `json:"started,omitempty"`      // current attempt's start (Acquired)
 	Expires  int64          `json:"expires,omitempty"`      // lease expiry (Acquired, Renew)
 	Ended    int64          `json:"ended,omitempty"`        // end of the committed token's attempt (Commit; 0 when it is no longer stored, which judges nothing)
+	// Issued is the token a Resolve issued: the returned residual's token when its latest
+	// resolution carries it, 0 when the key moved on before the answer (a retry answers the
+	// residual as re-read), which judges nothing.
+	Issued uint64 `json:"issued,omitempty"`
 }
 
 // Op is one step of the history: invoked at Call and answered at Return (wall clock, ns).

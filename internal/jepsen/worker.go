@@ -35,6 +35,8 @@ type workerConfig struct {
 	Offset       time.Duration `json:"offset"`
 	Seed         uint64        `json:"seed"`
 	WriteTimeout time.Duration `json:"write_timeout,omitempty"`
+	// AllowAsync opens PostgreSQL with AllowAsyncReplicas (Options.AsyncStandby).
+	AllowAsync bool `json:"allow_async,omitempty"`
 }
 
 // IsWorker reports whether this process was started as a harness worker.
@@ -112,7 +114,8 @@ func openLedger(ctx context.Context, cfg workerConfig, clock *SkewClock) (ledger
 		var err error
 		for {
 			l, err = postgres.Open(octx, cfg.Store, postgres.Options{Schema: cfg.Schema, Clock: clock,
-				MaxConns: int32(cfg.Clients + 1), ConnectTimeout: 2 * time.Second, WriteTimeout: cfg.WriteTimeout})
+				MaxConns: int32(cfg.Clients + 1), ConnectTimeout: 2 * time.Second, WriteTimeout: cfg.WriteTimeout,
+				AllowAsyncReplicas: cfg.AllowAsync})
 			if err == nil || octx.Err() != nil {
 				return l, err
 			}

@@ -284,7 +284,11 @@ func (c *client) resolve(slot string) {
 	in := Input{Kind: KResolve, Key: slot, As: as, By: by, Note: "probe"}
 	c.do(in, func(ctx context.Context) (*Output, error) {
 		r, err := c.l.Resolve(ctx, ledger.ResolveParams{Namespace: namespace, Key: LedgerKey(slot), As: as, By: by, Note: "probe", Evidence: "jepsen"})
-		return describe(nil, r), err
+		out := describe(nil, r)
+		if r != nil && len(r.Resolutions) > 0 && r.Resolutions[len(r.Resolutions)-1].Token == r.Token {
+			out.Issued = r.Token
+		}
+		return out, err
 	})
 }
 

@@ -62,6 +62,15 @@ type Options struct {
 	// commits made durable by one sync round). Defaults to otel.GetMeterProvider(), which
 	// records nothing unless the program installs an OpenTelemetry SDK.
 	MeterProvider metric.MeterProvider
+	// MinFree is the free space, in bytes, kept on the store's filesystem: below it new
+	// reservations are refused with an error wrapping ErrLowSpace; below half of it,
+	// resolutions and evidence too; commits, renewals and gc go on down to a floor sized
+	// from badger's memtables (about 56 MiB), where every write stops (see space.go). Open
+	// fails, with ErrLowSpace, below that floor. Defaults to DefaultMinFree; it must be at
+	// least twice the floor.
+	MinFree uint64
+	// FreeSpace reads the free space of the store's filesystem. Defaults to DiskFree.
+	FreeSpace FreeSpace
 
 	// tiny shrinks memtables, value threshold and value-log files to badger's minimums, so
 	// tests exercise memtable and value-log rotation with little data.
@@ -121,6 +130,8 @@ type Ledger struct {
 	closed bool
 
 	open openIndex // open residuals, for OpenResiduals
+
+	space spaceGuard // checked before every write
 }
 
 var (
@@ -128,8 +139,11 @@ var (
 	_ ledger.Watcher = (*Ledger)(nil)
 )
 
-// Open opens (creating if needed) the store in dir. It returns an error wrapping ErrLocked
-// when another process has the store open, and other errors when badger cannot open it.
+// Open opens (creating if needed) the store in dir. A missing dir is created with mode
+// 0700; an existing one owned by another user, or writable by group or others, is refused
+// with an error wrapping ErrUnsafeDir. It returns an error wrapping ErrLowSpace when the
+// filesystem is too full to open the store safely, one wrapping ErrLocked when another
+// process has the store open, and other errors when badger cannot open it.
 func Open(dir string, opts Options) (*Ledger, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("%w: badger ledger needs a directory", ledger.ErrInvalidParams)
@@ -156,6 +170,19 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	if opts.tiny {
 		bo = bo.WithMemTableSize(1 << 20).WithValueThreshold(4 << 10).WithValueLogFileSize(1 << 20)
 	}
+	space := spaceGuard{dir: dir, free: opts.FreeSpace, minFree: cmp.Or(opts.MinFree, DefaultMinFree), floor: spaceFloor(bo)}
+	if space.free == nil {
+		space.free = DiskFree
+	}
+	if space.minFree < 2*space.floor {
+		return nil, fmt.Errorf("%w: MinFree %d MiB is below twice the floor of %d MiB that badger's memtables need", ledger.ErrInvalidParams, space.minFree>>20, space.floor>>20)
+	}
+	if err := prepareDir(dir); err != nil {
+		return nil, err
+	}
+	if err := space.checkOpen(); err != nil {
+		return nil, err
+	}
 	db, err := dbadger.Open(bo)
 	if err != nil {
 		if isLockErr(err) {
@@ -176,6 +203,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		dbSync:         opts.Sync == GroupCommit && !syncOwnLogs,
 		cache:          newReplayCache(cacheBytes),
 		valueThreshold: bo.ValueThreshold,
+		space:          space,
 	}
 	l.gs = newGroupSync(l.syncRound)
 	mp := opts.MeterProvider
@@ -288,6 +316,7 @@ type tx struct {
 	touched []string // residual store keys written or deleted
 	read    uint64   // highest badger version read
 	big     bool     // a value goes to the value log
+	bytes   int      // bytes of keys and values staged, for the space guard
 	// puts holds the residuals written (nil: deleted) by store key, for the open index.
 	puts map[string]*openEntry
 	// stored holds what was read of each residual (by store key), for the filter index.
@@ -301,12 +330,14 @@ func (t *tx) set(key, value []byte) error {
 		t.big = true
 	}
 	t.touch(key)
+	t.bytes += len(key) + len(value)
 	return t.txn.Set(key, value)
 }
 
 // del stages the deletion of key.
 func (t *tx) del(key []byte) error {
 	t.touch(key)
+	t.bytes += len(key)
 	t.noteWrite(key, nil)
 	return t.txn.Delete(key)
 }
@@ -355,6 +386,10 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 				return fmt.Errorf("ledger/badger: %s: %w", op, err)
 			}
 			return stepErr
+		}
+		if err := l.space.check(op, t.bytes); err != nil {
+			t.txn.Discard()
+			return err // nothing of this step was written
 		}
 		if t.big {
 			l.logs.markValueLog()

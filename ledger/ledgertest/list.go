@@ -155,9 +155,12 @@ func namespacesIsolated(e *env) {
 	e.acquire(a.reserve("agent-a", "digest-1")) // token 2 in namespace A
 
 	pb := a.reserve("agent-b", "digest-1")
-	pb.Namespace = b.ns // same key, other namespace
-	_, err := e.l.Get(e.ctx, ledger.GetParams{Namespace: b.ns, Key: a.key()})
+	pb.Namespace = b.ns // A's key in namespace B: a key names its namespace
+	_, err := e.l.Reserve(e.ctx, pb)
+	requireErr(e.t, err, ledger.ErrInvalidParams, "a key is derived from its namespace, task, operation and target")
+	_, err = e.l.Get(e.ctx, ledger.GetParams{Namespace: b.ns, Key: a.key()})
 	requireErr(e.t, err, residual.ErrNotFound, "namespace B does not see A's residual")
+	pb = b.reserve("agent-b", "digest-1")
 	page, err := e.l.List(e.ctx, ledger.ListParams{Namespace: b.ns})
 	require.NoError(e.t, err)
 	require.Empty(e.t, page.Residuals)

@@ -14,11 +14,86 @@ import (
 var miscCases = []testCase{
 	{"GetMissingNotFound", getMissingNotFound},
 	{"InvalidParamsWriteNothing", invalidParamsWriteNothing},
+	{"BoundsRefusedByEveryStep", boundsRefusedByEveryStep},
 	{"InvalidKeyRefusedByEveryMethod", invalidKeyRefusedByEveryMethod},
 	{"InvalidNamespaceRefusedByEveryMethod", invalidNamespaceRefusedByEveryMethod},
 	{"ClosedLedgerRefuses", closedLedgerRefuses},
 	{"ReopenKeepsState", reopenKeepsState},
 	{"WatchDeliversChanges", watchDeliversChanges},
+}
+
+// Every step refuses a field over its bound (ledger.MaxField, MaxText, MaxResult), a holder
+// or resolver with a control character, and a lease longer than ledger.MaxLease, with an
+// error wrapping ledger.ErrInvalidParams that names the field; nothing is written. Fields
+// at their bound are taken.
+func boundsRefusedByEveryStep(e *env) {
+	long := func(n int) string { return strings.Repeat("x", n) }
+	c := e.call("bounds:1")
+	for _, tc := range []struct {
+		field string
+		edit  func(*ledger.ReserveParams)
+	}{
+		{"holder", func(p *ledger.ReserveParams) { p.Holder = long(ledger.MaxField + 1) }},
+		{"holder", func(p *ledger.ReserveParams) { p.Holder = "agent\x1b[31m" }},
+		{"holder", func(p *ledger.ReserveParams) { p.Holder = "agent\nforged: line" }},
+		{"request digest", func(p *ledger.ReserveParams) { p.RequestDigest = long(ledger.MaxField + 1) }},
+		{"lease ttl", func(p *ledger.ReserveParams) { p.TTL = ledger.MaxLease + time.Second }},
+		{"target", func(p *ledger.ReserveParams) {
+			p.Target = long(ledger.MaxField + 1)
+			p.Key = residual.Key(p.Namespace, p.Task, p.Operation, p.Target)
+		}},
+	} {
+		p := c.reserve("agent-a", "digest-1")
+		tc.edit(&p)
+		_, err := e.l.Reserve(e.ctx, p)
+		requireErr(e.t, err, ledger.ErrInvalidParams, "reserve with a bad "+tc.field)
+		require.Contains(e.t, err.Error(), tc.field)
+		_, err = e.l.Get(e.ctx, ledger.GetParams{Namespace: p.Namespace, Key: p.Key})
+		requireErr(e.t, err, residual.ErrNotFound, "nothing was reserved")
+	}
+
+	p := c.reserve(long(ledger.MaxField), "digest-1")
+	p.TTL = ledger.MaxLease
+	r := e.acquire(p) // at the bounds
+	holder, token := p.Holder, r.Lease.Token
+	_, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: holder, Token: token, TTL: ledger.MaxLease + 1})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "renew past the longest lease")
+	for _, tc := range []struct {
+		field string
+		edit  func(*ledger.CommitParams)
+	}{
+		{"error", func(p *ledger.CommitParams) { p.Error = long(ledger.MaxText + 1) }},
+		{"handle", func(p *ledger.CommitParams) { p.Handle = long(ledger.MaxText + 1) }},
+		{"result", func(p *ledger.CommitParams) { p.Result = []byte(long(ledger.MaxResult + 1)) }},
+	} {
+		cp := c.commit(holder, token, residual.Unknown)
+		tc.edit(&cp)
+		_, err := e.l.Commit(e.ctx, cp)
+		requireErr(e.t, err, ledger.ErrInvalidParams, "commit with a bad "+tc.field)
+		require.Contains(e.t, err.Error(), tc.field)
+	}
+	_, err = e.l.AppendEvidence(e.ctx, ledger.EvidenceParams{Namespace: c.ns, Key: c.key(),
+		Evidence: residual.Evidence{Holder: "h", Note: long(ledger.MaxText + 1)}})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "evidence with a long note")
+	_, err = e.l.AppendEvidence(e.ctx, ledger.EvidenceParams{Namespace: c.ns, Key: c.key(),
+		Evidence: residual.Evidence{Holder: "h", Result: []byte(long(ledger.MaxResult + 1))}})
+	requireErr(e.t, err, ledger.ErrInvalidParams, "evidence with a large result")
+	got := e.get(c)
+	require.Empty(e.t, got.Evidence, "no refused step left evidence")
+	require.Equal(e.t, residual.Pending, got.State, "no refused step settled the attempt")
+
+	cp := c.commit(holder, token, residual.Unknown)
+	cp.Error = long(ledger.MaxText)
+	require.Equal(e.t, residual.Unknown, e.commit(cp).State, "an error text at the bound is taken")
+	for _, rp := range []ledger.ResolveParams{
+		{Namespace: c.ns, Key: c.key(), As: residual.Failed, By: "ops", Note: long(ledger.MaxText + 1)},
+		{Namespace: c.ns, Key: c.key(), As: residual.Failed, By: "ops\u0007"},
+		{Namespace: c.ns, Key: c.key(), As: residual.Succeeded, By: "ops", Result: []byte(long(ledger.MaxResult + 1))},
+	} {
+		_, err := e.l.Resolve(e.ctx, rp)
+		requireErr(e.t, err, ledger.ErrInvalidParams, "resolve over a bound")
+	}
+	require.Equal(e.t, residual.Unknown, e.get(c).State, "no refused resolve settled the key")
 }
 
 // Get of a key without a residual wraps residual.ErrNotFound.

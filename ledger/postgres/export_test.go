@@ -6,3 +6,6 @@ import "github.com/toolfence/toolfence/ledger"
 func ListQuery(p ledger.ListParams) (string, []any) {
 	return listQuery(p, 100, 0)
 }
+
+// BarrierSQL is the statement a retried write waits on before it answers.
+const BarrierSQL = barrierSQL

@@ -90,15 +90,17 @@ func Migrate(ctx context.Context, dsn string, opts Options) (from, to int, err e
 	if err != nil {
 		return 0, 0, err
 	}
-	return runMigration(ctx, dsn, opts, ms[len(ms)-1].version, false, ms)
+	return runMigration(ctx, dsn, opts, ms[len(ms)-1].version, false, 0, ms)
 }
 
 // MigrateDown reverts migrations newer than version to (0 removes every toolfence table and
 // its data), in one transaction under the same advisory lock, and returns the version
 // before and after. A database already at or below to is left untouched (from == now): it
 // never migrates up. It refuses with ErrSchemaTooNew when the database is at a version this
-// binary does not know (it cannot run that version's down SQL).
-func MigrateDown(ctx context.Context, dsn string, to int, opts Options) (from, now int, err error) {
+// binary does not know (it cannot run that version's down SQL), and, going to 0, with an
+// *OpenResidualsError (wrapping ErrOpenResiduals) unless the number of open residuals is
+// opts.DropOpen: calls that may have happened would be forgotten.
+func MigrateDown(ctx context.Context, dsn string, to int, opts DownOptions) (from, now int, err error) {
 	ms, err := loadMigrations()
 	if err != nil {
 		return 0, 0, err
@@ -106,10 +108,10 @@ func MigrateDown(ctx context.Context, dsn string, to int, opts Options) (from, n
 	if to < 0 || to > ms[len(ms)-1].version {
 		return 0, 0, fmt.Errorf("postgres: migrate down to %d: want a version from 0 to %d", to, ms[len(ms)-1].version)
 	}
-	return runMigration(ctx, dsn, opts, to, true, ms)
+	return runMigration(ctx, dsn, opts.Options, to, true, opts.DropOpen, ms)
 }
 
-func runMigration(ctx context.Context, dsn string, opts Options, target int, down bool, ms []migration) (int, int, error) {
+func runMigration(ctx context.Context, dsn string, opts Options, target int, down bool, dropOpen int, ms []migration) (int, int, error) {
 	cfg, err := poolConfig(dsn, opts)
 	if err != nil {
 		return 0, 0, err
@@ -119,7 +121,7 @@ func runMigration(ctx context.Context, dsn string, opts Options, target int, dow
 		return 0, 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return migrateConn(ctx, conn, cfg.ConnConfig, opts.Schema, target, down, ms)
+	return migrateConn(ctx, conn, cfg.ConnConfig, opts.Schema, target, down, dropOpen, ms)
 }
 
 const versionTable = "toolfence_schema_migrations"
@@ -191,8 +193,9 @@ const migrateLockKey = 0x7466_6d67 // "tfmg"
 
 // migrateConn moves the schema of conn to version target in one transaction: up to it
 // (creating schema, when not empty, first), or with down only down to it. A schema that is
-// already there, or past it in the other direction, is left untouched.
-func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema string, target int, down bool, ms []migration) (from, to int, err error) {
+// already there, or past it in the other direction, is left untouched. Down to 0 it first
+// checks the open residuals (checkOpenBeforeDrop; dropOpen is how many may go).
+func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema string, target int, down bool, dropOpen int, ms []migration) (from, to int, err error) {
 	where := describe(cc)
 	latest := ms[len(ms)-1].version
 	// done reports that a schema at version v needs nothing in this direction (a schema
@@ -249,6 +252,11 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, schema
 			if _, err := tx.Exec(ctx, `INSERT INTO `+versionTable+` (version, name) VALUES ($1, $2) ON CONFLICT DO NOTHING`, m.version, m.name); err != nil {
 				return from, from, fmt.Errorf("postgres: migrate %s: record %04d: %w", where, m.version, err)
 			}
+		}
+	}
+	if down && target == 0 {
+		if err := checkOpenBeforeDrop(ctx, tx, where, dropOpen); err != nil {
+			return from, from, err
 		}
 	}
 	for i := len(ms) - 1; i >= 0; i-- {

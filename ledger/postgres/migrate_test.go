@@ -62,12 +62,12 @@ func TestMigrateUpDownIdempotent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [2]int{0, latest}, [2]int{from, to})
 
-	from, to, err = postgres.MigrateDown(ctx, testDSN(), 0, opts)
+	from, to, err = postgres.MigrateDown(ctx, testDSN(), 0, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	require.Equal(t, [2]int{latest, 0}, [2]int{from, to})
 	require.Empty(t, tables(t, admin, schema), "down to 0 removes every toolfence table")
 
-	_, _, err = postgres.MigrateDown(ctx, testDSN(), latest+1, opts)
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), latest+1, postgres.DownOptions{Options: opts})
 	require.Error(t, err)
 
 	// Open migrates automatically; the ledger works after a down and up cycle.
@@ -118,7 +118,7 @@ func TestSchemaTooNewWritesNothing(t *testing.T) {
 	}
 	_, _, err = postgres.Migrate(ctx, testDSN(), postgres.Options{Schema: schema})
 	require.ErrorIs(t, err, postgres.ErrSchemaTooNew)
-	_, _, err = postgres.MigrateDown(ctx, testDSN(), 0, postgres.Options{Schema: schema})
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), 0, postgres.DownOptions{Options: postgres.Options{Schema: schema}})
 	require.ErrorIs(t, err, postgres.ErrSchemaTooNew)
 
 	require.Equal(t, []string{"toolfence_schema_migrations"}, tables(t, admin, schema), "no table was created")
@@ -221,7 +221,7 @@ func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
 	require.NoError(t, err)
 	latest := postgres.LatestVersion()
 
-	from, to, err := postgres.MigrateDown(ctx, testDSN(), latest, opts)
+	from, to, err := postgres.MigrateDown(ctx, testDSN(), latest, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	require.Equal(t, [2]int{0, 0}, [2]int{from, to}, "down to a version above the schema's does nothing")
 	require.Empty(t, tables(t, admin, schema))
@@ -235,11 +235,11 @@ func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, applied)
 
-	_, _, err = postgres.MigrateDown(ctx, testDSN(), 0, opts) // nothing to revert either
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), 0, postgres.DownOptions{Options: opts}) // nothing to revert either
 	require.NoError(t, err)
 	_, _, err = postgres.Migrate(ctx, testDSN(), opts)
 	require.NoError(t, err)
-	from, to, err = postgres.MigrateDown(ctx, testDSN(), latest, opts)
+	from, to, err = postgres.MigrateDown(ctx, testDSN(), latest, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	require.Equal(t, [2]int{latest, latest}, [2]int{from, to})
 	applied, err = postgres.Status(ctx, testDSN(), opts)
@@ -264,7 +264,7 @@ func TestMigrationKeepsTokensAcrossVersions(t *testing.T) {
 	t.Parallel()
 	schema, opts := migrated(t)
 	ctx := context.Background()
-	_, to, err := postgres.MigrateDown(ctx, testDSN(), 1, opts)
+	_, to, err := postgres.MigrateDown(ctx, testDSN(), 1, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	require.Equal(t, 1, to)
 
@@ -310,7 +310,7 @@ func TestMigrationKeepsTokensAcrossVersions(t *testing.T) {
 	require.NoError(t, l.Close())
 
 	// Down to 1: every key's token is back in toolfence_tokens and the tombstones are gone.
-	_, _, err = postgres.MigrateDown(ctx, testDSN(), 1, opts)
+	_, _, err = postgres.MigrateDown(ctx, testDSN(), 1, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	rows, err := admin.Query(ctx, `SELECT key, token FROM toolfence_tokens ORDER BY token`)
 	require.NoError(t, err)
@@ -342,7 +342,7 @@ func TestMigrationTouchesOnlyItsSchema(t *testing.T) {
 	for _, schema := range []string{mine, other} { // both at version 1, each with a collected key
 		_, _, err := postgres.Migrate(ctx, testDSN(), postgres.Options{Schema: schema})
 		require.NoError(t, err)
-		_, _, err = postgres.MigrateDown(ctx, testDSN(), 1, postgres.Options{Schema: schema})
+		_, _, err = postgres.MigrateDown(ctx, testDSN(), 1, postgres.DownOptions{Options: postgres.Options{Schema: schema}})
 		require.NoError(t, err)
 		_, err = adminConn(t, schema).Exec(ctx, `INSERT INTO toolfence_tokens (namespace, key, token) VALUES ('ns', $1, 9)`, schema)
 		require.NoError(t, err)
@@ -409,7 +409,7 @@ func TestMigrationFilterIndexesUpDown(t *testing.T) {
 	filters := []string{"toolfence_residuals_open_key", "toolfence_residuals_operation", "toolfence_residuals_target", "toolfence_residuals_task"}
 	require.ElementsMatch(t, append(append([]string{}, before...), filters...), indexes(t, admin, schema))
 
-	from, to, err := postgres.MigrateDown(ctx, testDSN(), 4, opts)
+	from, to, err := postgres.MigrateDown(ctx, testDSN(), 4, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	require.Equal(t, [2]int{postgres.LatestVersion(), 4}, [2]int{from, to})
 	require.Equal(t, before, indexes(t, admin, schema), "down to 4 drops the filter indexes only")

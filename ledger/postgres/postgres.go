@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"regexp"
 	"slices"
@@ -65,6 +66,13 @@ type Options struct {
 	// that has started finishes even if the caller's context ends meanwhile, so a
 	// cancelled call never leaves a write whose outcome is unknown. Defaults to 10 s.
 	WriteTimeout time.Duration
+	// AllowAsyncReplicas lets Open proceed when the server streams to standbys and none of
+	// them is synchronous (see ErrAsyncReplicas), with a warning on Logger: for a standby
+	// that is never promoted (a reporting replica, a delayed backup) or a deployment that
+	// accepts losing the last writes on failover. Defaults to false: Open refuses.
+	AllowAsyncReplicas bool
+	// Logger receives the warning of AllowAsyncReplicas. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Sentinel errors of this package; errors returned by Open, Migrate and the ledger's
@@ -111,6 +119,7 @@ type Ledger struct {
 	offset            atomic.Int64 // µs added to clock_timestamp(); tests only
 	schema            string       // current_schema() of the ledger's connections
 	target            string       // host:port/database, for error messages
+	replication       Replication  // what Open saw of the standbys
 	closed            atomic.Bool
 	ctx               context.Context // ends on Close; watches derive from it
 	cancel            context.CancelFunc
@@ -125,15 +134,24 @@ var (
 // Open connects to the database at dsn (a postgres:// URL or key=value string), applies
 // pending migrations unless opts.DisableAutoMigrate is set, and returns the ledger. It fails
 // with an error wrapping ErrInvalidDSN, ErrUnavailable (naming the host, never the
-// password), ErrSchemaTooNew, ErrSchemaOutdated or ErrNoStore; on failure nothing stays
-// open.
+// password), ErrSchemaTooNew, ErrSchemaOutdated, ErrNoStore, ErrNotDurable or
+// ErrAsyncReplicas; on failure nothing stays open.
+//
+// Every session of the ledger raises synchronous_commit to on (remote_apply is kept)
+// whatever the server, database, role or DSN sets, so each write is flushed before it is
+// acknowledged, and waits for the synchronous standbys there are. Open then checks, once,
+// what no session can change: it refuses fsync = off, full_page_writes = off and
+// data_sync_retry = on (ErrNotDurable), and physical standbys none of which is synchronous
+// unless opts.AllowAsyncReplicas is set (ErrAsyncReplicas). Standbys that connect after
+// Open are not seen.
 func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 	cfg, err := poolConfig(dsn, opts)
 	if err != nil {
 		return nil, err
 	}
 	target := describe(cfg.ConnConfig)
-	if err := ensureSchema(ctx, cfg.ConnConfig, opts); err != nil {
+	repl, err := ensureSchema(ctx, cfg.ConnConfig, opts)
+	if err != nil {
 		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -142,7 +160,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 	}
 	l := &Ledger{pool: pool, conn: cfg.ConnConfig, clock: cmp.Or[lease.Clock](opts.Clock, lease.Real{}),
 		writeTimeout: cmp.Or(opts.WriteTimeout, defaultWriteTimeout), notifyAfterCommit: opts.NotifyAfterCommit,
-		target: target}
+		target: target, replication: repl}
 	l.offset.Store(opts.TimeOffset.Microseconds())
 	var schema *string
 	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
@@ -159,14 +177,24 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 	return l, nil
 }
 
-// ensureSchema migrates (or, with DisableAutoMigrate, checks) the schema on one short-lived
-// connection before the pool is built.
-func ensureSchema(ctx context.Context, cc *pgx.ConnConfig, opts Options) error {
+// ensureSchema checks the server's durability (checkDurability), then migrates (or, with
+// DisableAutoMigrate, checks) the schema, on one short-lived connection before the pool is
+// built: a server Open refuses gets nothing written.
+func ensureSchema(ctx context.Context, cc *pgx.ConnConfig, opts Options) (Replication, error) {
 	conn, err := connect(ctx, cc)
 	if err != nil {
-		return err
+		return Replication{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	repl, err := checkDurability(ctx, conn, cc, opts.AllowAsyncReplicas, cmp.Or(opts.Logger, slog.Default()))
+	if err != nil {
+		return repl, err
+	}
+	return repl, migrateIfNeeded(ctx, conn, cc, opts)
+}
+
+// migrateIfNeeded applies or checks the migrations on conn (see ensureSchema).
+func migrateIfNeeded(ctx context.Context, conn *pgx.Conn, cc *pgx.ConnConfig, opts Options) error {
 	ms, err := loadMigrations()
 	if err != nil {
 		return err
@@ -189,7 +217,7 @@ func ensureSchema(ctx context.Context, cc *pgx.ConnConfig, opts Options) error {
 			return nil
 		}
 	}
-	_, _, err = migrateConn(ctx, conn, cc, opts.Schema, latest, false, ms)
+	_, _, err = migrateConn(ctx, conn, cc, opts.Schema, latest, false, 0, ms)
 	return err
 }
 
@@ -219,7 +247,11 @@ func (l *Ledger) Now(ctx context.Context) (time.Time, error) {
 func (l *Ledger) Schema() string { return l.schema }
 
 // Pool returns the ledger's connection pool, for callers that need to run their own SQL in
-// the same database (tests, tools that fence their own writes). Do not close it.
+// the same database (tests, tools that fence their own writes). Do not close it, and do not
+// change session settings on its connections (SET, RESET, DISCARD): each connection raised
+// synchronous_commit to on when it connected, the ledger's writes rely on it, and nothing
+// checks it again on each acquisition (that would cost a round trip per write). Use SET
+// LOCAL inside your own transactions instead.
 func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
 
 // Close stops every watch, waits for their goroutines and closes the pool. Later calls
@@ -276,6 +308,18 @@ func poolConfig(dsn string, opts Options) (*pgxpool.Config, error) {
 	// running it.
 	if _, ok := cc.RuntimeParams["plan_cache_mode"]; !ok {
 		cc.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
+	// Whatever synchronous_commit the server, database, role or DSN (options=-c …) sets,
+	// the session raises it before its first write: see raiseSynchronousCommit.
+	if prev := cc.AfterConnect; prev != nil {
+		cc.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+			if err := prev(ctx, pc); err != nil {
+				return err
+			}
+			return raiseSynchronousCommit(ctx, pc)
+		}
+	} else {
+		cc.AfterConnect = raiseSynchronousCommit
 	}
 	if opts.ConnectTimeout > 0 {
 		cc.ConnectTimeout = opts.ConnectTimeout

@@ -119,6 +119,9 @@ func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Cont
 		f, err := l.try(wait, run, deadline, func(ctx context.Context, c *pgxpool.Conn) error { return fn(ctx, c, mayHaveLanded) })
 		switch f {
 		case succeeded:
+			if write && mayHaveLanded {
+				return true, l.barrier(run, deadline)
+			}
 			return mayHaveLanded, nil
 		case final:
 			return mayHaveLanded, err
@@ -142,6 +145,31 @@ func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Cont
 			}
 		}
 	}
+}
+
+// barrierSQL writes one WAL record in a transaction of its own (a transactional logical
+// message, which every role may emit and no table keeps), so that its commit waits, like
+// every write of the ledger, for the flush and the synchronous standbys. A transaction that
+// only takes an id (pg_current_xact_id()) would not: PostgreSQL commits a transaction that
+// wrote no WAL before its commit record asynchronously.
+const barrierSQL = `SELECT pg_logical_emit_message(true, 'toolfence', 'barrier')`
+
+// barrier returns once everything committed before it is durable: flushed, and received
+// by the synchronous standbys there are. A retry after a broken write needs it before it
+// answers: a commit whose session was terminated while it waited for its synchronous
+// standby has committed locally and is visible to the re-read, though the standby may never
+// get it (PostgreSQL warns "the transaction has already committed locally, but might not
+// have been replicated to the standby"). Its own commit record comes after that write's, so
+// once it is replicated, so is the write. It runs only on that path, never on a clean write.
+func (l *Ledger) barrier(ctx context.Context, deadline time.Time) error {
+	_, err := l.try(ctx, ctx, deadline, func(ctx context.Context, c *pgxpool.Conn) error {
+		_, err := c.Exec(ctx, barrierSQL)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("the write landed, but waiting until it is durable on the synchronous standbys failed: %w", err)
+	}
+	return nil
 }
 
 // unwritten wraps the error of a try that provably wrote nothing, however the connection

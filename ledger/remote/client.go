@@ -57,6 +57,8 @@ type Client struct {
 	// watches are the streams in flight, ended by Close.
 	mu      sync.Mutex
 	watches map[*watchStream]struct{}
+	// prove is the client's proof of holding (proof.go).
+	prove *prover
 }
 
 var (
@@ -76,7 +78,7 @@ func New(endpoint string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidEndpoint, redact(endpoint), err)
 	}
-	c := &Client{opts: opts, watches: map[*watchStream]struct{}{}}
+	c := &Client{opts: opts, watches: map[*watchStream]struct{}{}, prove: newProver()}
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	switch u.Scheme {
 	case "http", "https":
@@ -140,57 +142,70 @@ func (c *Client) Describe() ledger.Description {
 	return ledger.Description{System: "toolfence", Namespace: c.where, Remote: true}
 }
 
-// Reserve implements ledger.Ledger over the wire.
+// Reserve implements ledger.Ledger over the wire. Reserve, Commit and Renew send the
+// client's proof of holding (see proof.go); every record returned names this client's
+// holders as its caller passed them.
 func (c *Client) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
+	in := reserveRequest{ReserveParams: p, Proof: c.prove.secret}
 	var out *ledger.ReserveResult
-	err := c.call(ctx, "reserve", true, p, &out)
+	err := c.call(ctx, "reserve", true, in, &out)
+	if out != nil {
+		c.prove.own(out.Residual)
+		c.prove.ownLease(&out.Lease)
+	}
 	return out, err
 }
 
-// Commit implements ledger.Ledger over the wire. Like the backend, it may return the stored
-// residual together with an error (a fence lost).
+// Commit implements ledger.Ledger.
 func (c *Client) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
-	var out *residual.Residual
-	err := c.call(ctx, "commit", true, p, &out)
-	return out, err
+	in := commitRequest{CommitParams: p, Proof: c.prove.secret}
+	return c.record(ctx, "commit", true, in)
 }
 
-// Renew implements ledger.Ledger over the wire.
+// Renew implements ledger.Ledger.
 func (c *Client) Renew(ctx context.Context, p ledger.RenewParams) (lease.Lease, error) {
+	in := renewRequest{RenewParams: p, Proof: c.prove.secret}
 	var out lease.Lease
-	err := c.call(ctx, "renew", true, p, &out)
+	err := c.call(ctx, "renew", true, in, &out)
+	c.prove.ownLease(&out)
 	return out, err
 }
 
-// Resolve implements ledger.Ledger over the wire.
+// Resolve implements ledger.Ledger.
 func (c *Client) Resolve(ctx context.Context, p ledger.ResolveParams) (*residual.Residual, error) {
-	var out *residual.Residual
-	err := c.call(ctx, "resolve", true, p, &out)
-	return out, err
+	return c.record(ctx, "resolve", true, p)
 }
 
-// AppendEvidence implements ledger.Ledger over the wire.
+// AppendEvidence implements ledger.Ledger.
 func (c *Client) AppendEvidence(ctx context.Context, p ledger.EvidenceParams) (*residual.Residual, error) {
-	var out *residual.Residual
-	err := c.call(ctx, "evidence", true, p, &out)
-	return out, err
+	return c.record(ctx, "evidence", true, p)
 }
 
-// Get implements ledger.Ledger over the wire.
+// Get implements ledger.Ledger.
 func (c *Client) Get(ctx context.Context, p ledger.GetParams) (*residual.Residual, error) {
-	var out *residual.Residual
-	err := c.call(ctx, "get", false, p, &out)
-	return out, err
+	return c.record(ctx, "get", false, p)
 }
 
-// List implements ledger.Ledger over the wire.
+// List implements ledger.Ledger.
 func (c *Client) List(ctx context.Context, p ledger.ListParams) (*ledger.Page, error) {
 	var out *ledger.Page
 	err := c.call(ctx, "list", false, p, &out)
+	if out != nil {
+		for _, r := range out.Residuals {
+			c.prove.own(r)
+		}
+	}
 	return out, err
 }
 
-// GC implements ledger.Ledger over the wire.
+// record runs a step that answers one residual, with this client's holders as it named them.
+func (c *Client) record(ctx context.Context, method string, mutating bool, in any) (*residual.Residual, error) {
+	var out *residual.Residual
+	err := c.call(ctx, method, mutating, in, &out)
+	c.prove.own(out)
+	return out, err
+}
+
 func (c *Client) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, error) {
 	var out ledger.GCResult
 	err := c.call(ctx, "gc", true, p, &out)

@@ -4,18 +4,24 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/residual"
 )
 
 // Access is what one request may touch.
@@ -25,10 +31,20 @@ type Access struct {
 	All bool
 	// Namespace is the one namespace of a bound request (when All is false).
 	Namespace string
+	// Principal names who is asking, for the bounds of HandlerOptions (requests in flight,
+	// watch streams): each principal has its own count. GrantedTokens names a token by its
+	// digest. Empty is one principal like any other.
+	Principal string
+	// UpstreamIdempotent reports, for a bound request, whether an operation is declared
+	// upstream-idempotent by the server: only then may its reserve re-dispatch over an
+	// unknown outcome (ledger.ReserveParams.Redispatch). Nil declares none. Requests with
+	// All keep the Redispatch they send.
+	UpstreamIdempotent func(operation string) bool
 }
 
-// Authorizer decides the Access of a request, or returns an error (answered 401, its text
-// in the message) when the request may do nothing.
+// Authorizer decides the Access of a request, or returns an error when the request may do
+// nothing: answered 403 when the error wraps ErrNotGranted (a known principal without the
+// grant), 401 otherwise; its text is in the message.
 type Authorizer func(r *http.Request) (Access, error)
 
 // AllNamespaces grants every request access to every namespace: for a listener only the
@@ -50,6 +66,30 @@ func BearerTokens(namespace func(token string) (string, bool)) Authorizer {
 			return Access{}, errors.New("the bearer token is not known to this server")
 		}
 		return Access{Namespace: ns}, nil
+	}
+}
+
+// GrantedTokens binds each request to the namespace of its bearer token, as lookup(TOKEN)
+// says, when lookup grants that token the ledger protocol; a request without a known token
+// is refused (401), one whose token is known but not granted (an MCP agent's token) gets
+// 403 and ErrNotGranted. idempotent declares the operations whose reserves may re-dispatch over an unknown
+// outcome (Access.UpstreamIdempotent); nil declares none.
+func GrantedTokens(lookup func(token string) (namespace string, known, granted bool), idempotent func(operation string) bool) Authorizer {
+	return func(r *http.Request) (Access, error) {
+		tok := bearer(r)
+		if tok == "" {
+			return Access{}, errors.New("no bearer token: send \"Authorization: Bearer TOKEN\"")
+		}
+		ns, known, granted := lookup(tok)
+		switch {
+		case !known:
+			return Access{}, errors.New("the bearer token is not known to this server")
+		case !granted:
+			return Access{}, fmt.Errorf("%w: it serves MCP only; a token for --store http://… needs the grant "+
+				"\"ledger\" in the server's token file (TOKEN NAMESPACE ledger)", ErrNotGranted)
+		}
+		sum := sha256.Sum256([]byte(tok))
+		return Access{Namespace: ns, Principal: hex.EncodeToString(sum[:8]), UpstreamIdempotent: idempotent}, nil
 	}
 }
 
@@ -76,15 +116,26 @@ type HandlerOptions struct {
 	Authorize Authorizer
 	// MaxBody caps a request body in bytes; larger ones get 413. Defaults to 16 MiB.
 	MaxBody int64
+	// MaxInFlight caps the steps one principal (Access.Principal) has in progress at once,
+	// and MaxInFlightTotal those of all principals; a step past either is refused with 429,
+	// Retry-After and an error wrapping ErrBusy, and does not run. Zero leaves them
+	// unbounded (the owner's socket: the store's own user).
+	MaxInFlight, MaxInFlightTotal int
+	// MaxWatches caps the watch streams one principal holds open, and MaxWatchesTotal those
+	// of all principals (keep it below the server's connection cap, so that streams never
+	// take every connection); more get 429 and ErrBusy. Zero leaves them unbounded.
+	MaxWatches, MaxWatchesTotal int
 	// StepTimeout bounds one step of the ledger. A mutating step runs to its end (or this
 	// timeout) even when its client goes away, so that what it did is decided by the
 	// backend and not by a cancelled context. Defaults to 30 seconds.
 	StepTimeout time.Duration
 }
 
-// DefaultMaxBody and DefaultStepTimeout are the defaults of HandlerOptions.
+// DefaultMaxBody and DefaultStepTimeout are the defaults of HandlerOptions. The largest
+// step the ledger takes (a result of ledger.MaxResult, base64 in JSON, with its texts) fits
+// in DefaultMaxBody.
 const (
-	DefaultMaxBody     = 16 << 20
+	DefaultMaxBody     = 4 << 20
 	DefaultStepTimeout = 30 * time.Second
 )
 
@@ -104,7 +155,25 @@ func Handler(l ledger.Ledger, opts HandlerOptions) http.Handler {
 type handler struct {
 	l    ledger.Ledger
 	opts HandlerOptions
+	// steps and watches count what each principal has in progress.
+	steps, watches httpserve.InFlight
 }
+
+// take takes a slot of f for principal under the bounds max (per principal) and total
+// (every principal); zero bounds nothing. It returns the release, or "" and the phrase of
+// the full bound.
+func take(f *httpserve.InFlight, principal string, max, total int) (release func(), full string) {
+	if max <= 0 && total <= 0 {
+		return func() {}, ""
+	}
+	if full := f.Acquire(principal, cmp.Or(max, math.MaxInt), cmp.Or(total, math.MaxInt)); full != "" {
+		return nil, full
+	}
+	return func() { f.Release(principal) }, ""
+}
+
+// busyRetry is the Retry-After of a step refused for the in-flight bounds.
+const busyRetry = time.Second
 
 // refusal is an answer that is not the backend's: the step did not run.
 type refusal struct {
@@ -120,6 +189,9 @@ func refuse(status int, sentinel error, format string, args ...any) *refusal {
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	method := path.Base(r.URL.Path)
 	if rf := h.serve(w, r, method); rf != nil {
+		if rf.status == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", strconv.Itoa(int(busyRetry.Seconds())))
+		}
 		writeJSON(w, rf.status, envelope{Error: &wireError{Message: rf.msg, Codes: toWire(rf.err).Codes}})
 	}
 }
@@ -137,9 +209,26 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 		return refuse(http.StatusUnauthorized, ErrUnauthorized, "this server has no authorizer: it serves nobody")
 	}
 	acc, err := h.opts.Authorize(r)
+	if errors.Is(err, ErrNotGranted) {
+		return refuse(http.StatusForbidden, ErrNotGranted, "%s: %v", method, err)
+	}
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolfence"`)
 		return refuse(http.StatusUnauthorized, ErrUnauthorized, "%s: %v", method, err)
+	}
+	if method == "watch" {
+		release, _ := take(&h.watches, acc.Principal, h.opts.MaxWatches, h.opts.MaxWatchesTotal)
+		if release == nil {
+			return refuse(http.StatusTooManyRequests, ErrBusy, "watch: too many watch streams open (at most %d per token, %d in all): "+
+				"close one, or watch again later", h.opts.MaxWatches, h.opts.MaxWatchesTotal)
+		}
+		defer release()
+	} else {
+		release, full := take(&h.steps, acc.Principal, h.opts.MaxInFlight, h.opts.MaxInFlightTotal)
+		if release == nil {
+			return refuse(http.StatusTooManyRequests, ErrBusy, "%s: %s: the step did not run; retry after %v", method, full, busyRetry)
+		}
+		defer release()
 	}
 	switch status, why := httpserve.CheckBrowser(r); status {
 	case 0:
@@ -164,6 +253,9 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 		return refuse(http.StatusBadRequest, ErrProtocol, "%s: %v", method, err)
 	}
 	if rf := allowed(method, acc, ns, step.spans); rf != nil {
+		return rf
+	}
+	if rf := fenced(method, acc, in); rf != nil {
 		return rf
 	}
 	ctx := r.Context()
@@ -195,6 +287,42 @@ func allowed(method string, acc Access, ns string, spans bool) *refusal {
 		return refuse(http.StatusForbidden, ErrForbidden, "open: counting open residuals spans every namespace; this request is bound to namespace %q", acc.Namespace)
 	case ns != acc.Namespace:
 		return refuse(http.StatusForbidden, ErrForbidden, "%s: this request is bound to namespace %q and may not use namespace %q", method, acc.Namespace, ns)
+	}
+	return nil
+}
+
+// fenced keeps, for a request bound to a namespace, the rules the other surfaces keep: a
+// reserve, commit or renew must carry a proof, and its holder is qualified by it (proof.go),
+// so that only the client that reserved an attempt can commit or renew it; and a reserve
+// re-dispatches over an unknown outcome only for an operation the server declares
+// upstream-idempotent (for any other, Redispatch is dropped and the ledger answers the
+// unknown outcome). Requests with every namespace (the store's own user, on its socket) are
+// trusted as the store itself.
+func fenced(method string, acc Access, in any) *refusal {
+	if acc.All {
+		return nil
+	}
+	var holder *string
+	var proof string
+	switch p := in.(type) {
+	case *reserveRequest:
+		if p.Redispatch && (acc.UpstreamIdempotent == nil || !acc.UpstreamIdempotent(p.Operation)) {
+			p.Redispatch = false
+		}
+		holder, proof = &p.Holder, p.Proof
+	case *commitRequest:
+		holder, proof = &p.Holder, p.Proof
+	case *renewRequest:
+		holder, proof = &p.Holder, p.Proof
+	default:
+		return nil
+	}
+	if !validProof(proof) {
+		return refuse(http.StatusForbidden, ErrNotHolder, "%s: the request carries no proof of holding (Proof: the %d lowercase hex digits "+
+			"of the client's secret); a remote.Client sends it", method, 2*proofSecretBytes)
+	}
+	if *holder != "" {
+		*holder += proofSuffix(proof)
 	}
 	return nil
 }
@@ -249,9 +377,18 @@ type watchParams struct {
 }
 
 var steps = map[string]step{
-	"reserve": keyed(true, false, func(p *ledger.ReserveParams) string { return p.Namespace }, ledger.Ledger.Reserve),
-	"commit":  keyed(true, false, func(p *ledger.CommitParams) string { return p.Namespace }, ledger.Ledger.Commit),
-	"renew":   keyed(true, false, func(p *ledger.RenewParams) string { return p.Namespace }, ledger.Ledger.Renew),
+	"reserve": keyed(true, false, func(p *reserveRequest) string { return p.Namespace },
+		func(l ledger.Ledger, ctx context.Context, p reserveRequest) (*ledger.ReserveResult, error) {
+			return l.Reserve(ctx, p.ReserveParams)
+		}),
+	"commit": keyed(true, false, func(p *commitRequest) string { return p.Namespace },
+		func(l ledger.Ledger, ctx context.Context, p commitRequest) (*residual.Residual, error) {
+			return l.Commit(ctx, p.CommitParams)
+		}),
+	"renew": keyed(true, false, func(p *renewRequest) string { return p.Namespace },
+		func(l ledger.Ledger, ctx context.Context, p renewRequest) (lease.Lease, error) {
+			return l.Renew(ctx, p.RenewParams)
+		}),
 	"resolve": keyed(true, false, func(p *ledger.ResolveParams) string { return p.Namespace }, ledger.Ledger.Resolve),
 	"evidence": keyed(true, false, func(p *ledger.EvidenceParams) string { return p.Namespace },
 		ledger.Ledger.AppendEvidence),

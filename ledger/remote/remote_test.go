@@ -21,8 +21,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(roleEnv) == "owner" {
-		runOwner() // never returns
+	if role := os.Getenv(roleEnv); role != "" {
+		runRole(role) // never returns
 	}
 	goleak.VerifyTestMain(m)
 }

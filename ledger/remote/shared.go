@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -34,7 +33,8 @@ type SharedOptions struct {
 	// its socket does not answer yet: an owner starting or going away) before it fails
 	// with an error wrapping ErrUnavailable and Open's error. Defaults to 10 seconds.
 	Wait time.Duration
-	// Client configures the connection to the owner's socket (Token is ignored).
+	// Client configures the connection to the owner's socket (Token and Transport are
+	// ignored: a guest dials the socket itself, after checking it is this user's).
 	Client Options
 	// Logger receives one line each time this process becomes the owner, and when it
 	// cannot serve its socket. Defaults to discarding.
@@ -47,8 +47,12 @@ const DefaultWait = 10 * time.Second
 // Shared is a ledger.Ledger over a store that one process at a time may open (an embedded
 // badger directory). The first process to open it is its owner: it uses the store itself
 // and serves it to the others on a unix socket (Handler, every namespace; the socket has
-// mode 0600, so only the store's user can connect). The others are guests: their calls go
-// to the owner over the socket.
+// mode 0600 and is bound inside a private directory before it is moved into place, so only
+// the store's user can ever connect). The others are guests: their calls go to the owner
+// over the socket, once they checked that the socket file is theirs (owner, not writable by
+// group or others) and, on Linux, that the process serving it runs as them (SO_PEERCRED);
+// a socket that fails a check gets an error wrapping ErrUntrustedSocket, and nothing is
+// sent to it.
 //
 // When the owner goes away (it exits, or is killed), a guest's next call opens the store
 // itself and becomes the new owner, or, when another guest was faster, dials the new
@@ -72,6 +76,8 @@ type Shared struct {
 type link struct {
 	l     ledger.Ledger
 	owner bool
+	// guest only: the transport that dials the owner, closed with the link.
+	tr *http.Transport
 	// owner only: the server of the socket, its base context's cancel and its end.
 	srv    *http.Server
 	cancel context.CancelFunc
@@ -159,11 +165,14 @@ func (s *Shared) get() (*link, error, error) {
 	if !s.opts.Locked(err) {
 		return nil, err, nil
 	}
-	c, cerr := New("unix:"+s.opts.Socket, s.opts.Client)
+	co := s.opts.Client
+	tr := ownerTransport(s.opts.Socket)
+	co.Transport = tr
+	c, cerr := New("unix:"+s.opts.Socket, co)
 	if cerr != nil {
 		return nil, cerr, nil
 	}
-	s.cur = &link{l: c}
+	s.cur = &link{l: c, tr: tr}
 	return s.cur, nil, err
 }
 
@@ -180,7 +189,7 @@ func (s *Shared) drop(lk *link) {
 	defer s.mu.Unlock()
 	if s.cur == lk {
 		s.cur = nil
-		_ = lk.l.Close()
+		_ = s.closeLink(lk)
 	}
 }
 
@@ -199,7 +208,14 @@ func (s *Shared) do(ctx context.Context, mutating bool, fn func(ledger.Ledger) e
 		if !lk.owner && errors.Is(err, ledger.ErrClosed) && s.stale(lk) {
 			continue // another call dropped this link before the request left: not sent
 		}
-		if err == nil || lk.owner || !IsUnavailable(err) || ctx.Err() != nil {
+		if err == nil || lk.owner || ctx.Err() != nil {
+			return err
+		}
+		if ue := (*untrustedError)(nil); errors.As(err, &ue) {
+			s.drop(lk) // the next call checks the socket again
+			return ue
+		}
+		if !IsUnavailable(err) {
 			return err
 		}
 		s.drop(lk)
@@ -249,35 +265,6 @@ func (s *Shared) own(l ledger.Ledger) *link {
 	return lk
 }
 
-// listenPrivate listens on a unix socket at path that only this user may connect to: it
-// binds a temporary name, makes it mode 0600, and renames it over path (replacing the
-// socket of a dead owner; the caller holds the store, so no live owner serves there).
-func listenPrivate(path string) (net.Listener, error) {
-	tmp := path + ".tmp" + strconv.Itoa(os.Getpid())
-	_ = os.Remove(tmp)
-	addr, release, err := sockAddr(tmp)
-	if err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("unix", addr)
-	release()
-	if err != nil {
-		return nil, err
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		ln.Close()
-		os.Remove(tmp)
-		return nil, err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		ln.Close()
-		os.Remove(tmp)
-		return nil, err
-	}
-	return ln, nil
-}
-
 // close ends a link: an owner stops serving (answering the requests in flight, for up to
 // five seconds), removes its socket and closes the store.
 func (s *Shared) closeLink(lk *link) error {
@@ -292,7 +279,11 @@ func (s *Shared) closeLink(lk *link) error {
 		<-lk.served
 		_ = os.Remove(s.opts.Socket)
 	}
-	return lk.l.Close()
+	err := lk.l.Close()
+	if lk.tr != nil {
+		lk.tr.CloseIdleConnections()
+	}
+	return err
 }
 
 // Close stops serving the socket (as owner) and closes the store or the connection to the

@@ -30,6 +30,16 @@ var (
 	// ErrForbidden: the request names a namespace its access does not cover, or comes from
 	// a web page (an Origin header that is not loopback) (403).
 	ErrForbidden = errors.New("remote: namespace not allowed")
+	// ErrBusy: the server refused the step for its bounds on steps in progress or watch
+	// streams (429, with Retry-After). The step did not run; it may be repeated later. It
+	// also wraps ErrUnavailable.
+	ErrBusy = fmt.Errorf("%w: busy", ErrUnavailable)
+	// ErrNotGranted: the request's bearer token is known to the server but not granted the
+	// ledger protocol (403): it serves MCP only.
+	ErrNotGranted = errors.New("remote: token not granted the ledger protocol")
+	// ErrNotHolder: a reserve, commit or renew of a request bound to a namespace carried
+	// no proof of holding (403). Nothing was written.
+	ErrNotHolder = errors.New("remote: not the holder")
 	// ErrProtocol: the server refused the request as malformed (400, 404, 405, 413, 415),
 	// or answered a read with something that is not this protocol.
 	ErrProtocol = errors.New("remote: protocol error")
@@ -57,8 +67,11 @@ var codes = []struct {
 	{"invalid_state", residual.ErrInvalidState},
 	{"invalid_key", residual.ErrInvalidKey},
 	{"invalid_json", residual.ErrInvalidJSON},
+	{"busy", ErrBusy},
 	{"unavailable", ErrUnavailable},
 	{"unauthorized", ErrUnauthorized},
+	{"not_holder", ErrNotHolder},
+	{"not_granted", ErrNotGranted},
 	{"forbidden", ErrForbidden},
 	{"protocol", ErrProtocol},
 }
