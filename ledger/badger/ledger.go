@@ -153,12 +153,6 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown sync mode %d", ledger.ErrInvalidParams, int(opts.Sync))
 	}
-	if err := createDir(dir); err != nil {
-		return nil, fmt.Errorf("ledger/badger: create %s: %w", dir, err)
-	}
-	if err := removeEmptyLogs(dir); err != nil {
-		return nil, fmt.Errorf("ledger/badger: remove empty log files in %s: %w", dir, err)
-	}
 	bo := dbadger.DefaultOptions(dir).
 		WithSyncWrites(opts.Sync == SyncWrites).
 		WithLogger(opts.Logger).
@@ -177,11 +171,19 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	if space.minFree < 2*space.floor {
 		return nil, fmt.Errorf("%w: MinFree %d MiB is below twice the floor of %d MiB that badger's memtables need", ledger.ErrInvalidParams, space.minFree>>20, space.floor>>20)
 	}
+	// createDir makes a new directory's entry durable (its parents fsynced); prepareDir then
+	// refuses one another user owns or can write, before anything in it is touched.
+	if err := createDir(dir); err != nil {
+		return nil, fmt.Errorf("ledger/badger: create %s: %w", dir, err)
+	}
 	if err := prepareDir(dir); err != nil {
 		return nil, err
 	}
 	if err := space.checkOpen(); err != nil {
 		return nil, err
+	}
+	if err := removeEmptyLogs(dir); err != nil {
+		return nil, fmt.Errorf("ledger/badger: remove empty log files in %s: %w", dir, err)
 	}
 	db, err := dbadger.Open(bo)
 	if err != nil {
