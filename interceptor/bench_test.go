@@ -21,7 +21,7 @@ import (
 	"github.com/toolfence/toolfence/ledger/badger"
 )
 
-// Targets (issue 2), each a ratio within one run:
+// Targets of the barrier on badger (docs/benchmarks.md), each a ratio within one run:
 //   GuardedCall ≤ 1.5 × (2 × FsyncFloor): a guarded call is two durable commits;
 //   GuardedCallParallelSyncWrites ≥ 2 × GuardedCallParallel: group commit must coalesce;
 //   Replay ≤ 10 µs/op.

@@ -73,7 +73,7 @@ func Queued(status int, body []byte) bool {
 	return false
 }
 
-// DefaultClassifier is the classifier of DESIGN.md:
+// DefaultClassifier is the classifier of docs/design.md:
 //   - an error wrapping ErrNoEffect → failed; any other error → unknown;
 //   - a queued answer (see Queued) → accepted, whatever Outcome the tool claimed;
 //   - an explicit Outcome → that outcome;

@@ -183,7 +183,7 @@ func sha(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// sentinels is the residual sentinel each violation kind must wrap (from DESIGN.md and the
+// sentinels is the residual sentinel each violation kind must wrap (from docs/design.md and the
 // residual package, not from the interceptor's own table).
 var sentinels = map[interceptor.Kind]error{
 	interceptor.InProgress:       residual.ErrInProgress,

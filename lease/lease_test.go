@@ -84,7 +84,7 @@ func TestCheckMarginZeroMargin(t *testing.T) {
 
 func TestCheckMarginDefault(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, 50*time.Millisecond, lease.DefaultMargin, "DESIGN.md: default margin 50 ms")
+	require.Equal(t, 50*time.Millisecond, lease.DefaultMargin, "docs/design.md: default margin 50 ms")
 	l := testLease(t0.Add(lease.DefaultMargin))
 	require.ErrorIs(t, l.CheckMargin(t0, lease.DefaultMargin), residual.ErrMarginTooSmall)
 	require.NoError(t, l.CheckMargin(t0.Add(-time.Millisecond), lease.DefaultMargin))

@@ -357,7 +357,7 @@ func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (stri
 	return "args:" + d, nil
 }
 
-// classify maps upstream's answer to a claimed outcome (issue 13's rules): a result with
+// classify maps upstream's answer to a claimed outcome, failing toward unknown: a result with
 // isError false → succeeded; isError true → unknown unless a no_effect pattern matches its
 // text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
 // task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a

@@ -11,7 +11,7 @@ import (
 
 // TestClassifyTaskResultIsAccepted: an upstream that answers tools/call with an MCP task
 // (the call is only queued) is recorded as accepted with the task id as handle, never as
-// succeeded (DESIGN.md: a queued answer is not a success); a task without an id is unknown.
+// succeeded (docs/design.md: a queued answer is not a success); a task without an id is unknown.
 func TestClassifyTaskResultIsAccepted(t *testing.T) {
 	for _, c := range []struct {
 		result  string
@@ -29,7 +29,8 @@ func TestClassifyTaskResultIsAccepted(t *testing.T) {
 	}
 }
 
-// TestTruthyFoundValues: what a probe's found value means (issue 13's probe rules).
+// TestTruthyFoundValues: what a probe's found value means (the probe rules of docs/proxy.md):
+// a value JSON counts as false (false, null, "", 0, [], {}) means not found, anything else found.
 func TestTruthyFoundValues(t *testing.T) {
 	for _, c := range []struct {
 		doc  string

@@ -12,7 +12,7 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// refKey derives a key from DESIGN.md's words, independently of key.go: "tf1_" + hex(SHA-256
+// refKey derives a key from docs/design.md's words, independently of key.go: "tf1_" + hex(SHA-256
 // of the fields namespace, task, operation, target, each preceded by its big-endian uint64
 // byte length).
 func refKey(fields ...string) string {

@@ -5,7 +5,7 @@ import "fmt"
 // State is the state of a residual. The zero value None means "no residual exists".
 type State string
 
-// The residual states of DESIGN.md. See Transition for the allowed moves between them.
+// The residual states of docs/design.md. See Transition for the allowed moves between them.
 const (
 	// None is the state of a key that has no residual yet.
 	None State = ""

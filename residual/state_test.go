@@ -17,7 +17,7 @@ var allStates = []residual.State{
 	residual.Accepted, residual.Succeeded, residual.Failed,
 }
 
-// allowed is the transition table of DESIGN.md, written out independently of state.go.
+// allowed is the transition table of docs/design.md, written out independently of state.go.
 var allowed = map[[2]residual.State]bool{
 	{residual.None, residual.Pending}: true,
 
@@ -71,7 +71,7 @@ func TestTransitionTable(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, 11, nAllowed, "the table of DESIGN.md has eleven allowed moves")
+	require.Equal(t, 11, nAllowed, "the table of docs/design.md has eleven allowed moves")
 }
 
 func TestTransitionSameStateRefused(t *testing.T) {

@@ -95,8 +95,9 @@ func TestGoBlocksAreProgramsOrFragments(t *testing.T) {
 	}
 }
 
-// internalDocs matches references to documents only toolfence's authors have.
-var internalDocs = regexp.MustCompile(`(?i)\bseeds?[ -]?0\d\d\b|seeds/|\bDESIGN\.md\b|\bSTYLE\.md\b`)
+// internalDocs matches references to documents only toolfence's authors have (the design
+// contract users have is docs/design.md, lower case; DESIGN.md and STYLE.md are the authors').
+var internalDocs = regexp.MustCompile(`(?i:\bseeds?[ -]?0\d\d\b|seeds/)|\bDESIGN\.md\b|\bSTYLE\.md\b`)
 
 // TestDocsReferOnlyToDocumentsUsersHave: the Markdown a user reads names no internal
 // document; it says what a pattern is instead.
@@ -112,24 +113,34 @@ func TestDocsReferOnlyToDocumentsUsersHave(t *testing.T) {
 }
 
 // TestReadmeSaysWhatANewcomerNeeds: the README says how to install the binary and see its
-// version, names every service the tests need with its address variable and skip switch
-// (and .ci/run starts each), and links the evals.
+// version, gives the two commands, names every service the tests need with its address
+// variable and skip switch and links docs/testing.md, and links the evals; docs/testing.md
+// has the whole table of services (and .ci/run starts each).
 func TestReadmeSaysWhatANewcomerNeeds(t *testing.T) {
 	t.Parallel()
 	readme := read(t, filepath.Join(root, "README.md"))
+	testingMD := read(t, filepath.Join(root, "docs", "testing.md"))
 	ci := read(t, filepath.Join(root, ".ci", "run"))
 	for _, want := range []string{
 		"go install github.com/toolfence/toolfence/cmd/toolfence@latest", "make build", "./bin/toolfence", "toolfence --version",
-		"PATH", "[docs/evals.md](docs/evals.md)", "toolfence eval",
+		"PATH", "[docs/evals.md](docs/evals.md)", "toolfence eval", "make demo", "make test",
 		"PostgreSQL", "TOOLFENCE_TEST_PG", "TOOLFENCE_SKIP_PG=1",
 		"NATS", "JetStream", "NATS_URL", "TOOLFENCE_SKIP_NATS=1", "examples/consumer", ".ci/run", "CI=true",
+		"[docs/testing.md](docs/testing.md)",
 	} {
 		require.Contains(t, readme, want)
 	}
-	for _, want := range []string{"pg_isready", "pg_ctlcluster", "nats-server", "-js", "TOOLFENCE_SKIP_NATS"} {
+	for _, want := range []string{
+		"PostgreSQL", "TOOLFENCE_TEST_PG", "TOOLFENCE_SKIP_PG=1", "pg_ctlcluster",
+		"NATS", "JetStream", "NATS_URL", "TOOLFENCE_SKIP_NATS=1", "examples/consumer",
+		"node and npm", "promtool", "fusermount3", "/dev/fuse", ".ci/run", "CI=true",
+	} {
+		require.Contains(t, testingMD, want, "docs/testing.md names every service")
+	}
+	for _, want := range []string{"pg_isready", "pg_ctlcluster", "nats-server", "-js", "TOOLFENCE_SKIP_NATS", "nodejs", "promtool", "fusermount3"} {
 		require.Contains(t, ci, want, ".ci/run starts every service")
 	}
-	// Every skip switch a test reads is documented.
+	// Every skip switch a test reads is documented, on the front page and with its service.
 	skip := regexp.MustCompile(`TOOLFENCE_SKIP_[A-Z]+`)
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
@@ -137,6 +148,7 @@ func TestReadmeSaysWhatANewcomerNeeds(t *testing.T) {
 		}
 		for _, name := range skip.FindAllString(read(t, path), -1) {
 			require.Contains(t, readme, name, "%s reads %s", path, name)
+			require.Contains(t, testingMD, name, "%s reads %s", path, name)
 		}
 		return nil
 	})

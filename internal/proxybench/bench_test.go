@@ -24,7 +24,7 @@ import (
 	"github.com/toolfence/toolfence/mcpproxy"
 )
 
-// Targets (issue 13), each within one run:
+// Targets of the proxy (docs/benchmarks.md), each within one run:
 //   ProxyProtected − Direct ≤ 1.5 × GuardedCall: the proxy adds at most 1.5 guarded calls;
 //   ProxyBypassed ≤ 1.10 × Direct: a bypassed call adds at most 10 %.
 
@@ -247,7 +247,7 @@ func guard(b *testing.B) (*interceptor.Interceptor, context.Context) {
 // (GuardedUpstreamCall − Direct) is the barrier's own cost around a real upstream call with
 // no process between: what a protected call through a proxy adds, less the hop. It also
 // reports the time of the reservation (begin-ns: from Do to the tool) and of the commit
-// (commit-ns: from the tool's return to Do's). A reference beside the issue 13 targets
+// (commit-ns: from the tool's return to Do's). A reference beside the proxy's targets
 // (docs/benchmarks.md).
 func BenchmarkGuardedUpstreamCall(b *testing.B) {
 	s := host(b, "payments", "")

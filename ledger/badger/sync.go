@@ -12,121 +12,17 @@ import (
 	"sync/atomic"
 )
 
-// Durability: nothing is acknowledged before it is on stable storage.
-//
-// What badger v4.9.6 does, read in its source (module cache):
-//
-//   - A committed txn has been written to the active memtable's write-ahead log (a file
-//     "NNNNN.mem", a sparse file of 2 × MemTableSize written through a shared mmap) and, for
-//     values of ValueThreshold bytes or more, to the value log "NNNNNN.vlog" (a shared mmap
-//     of 2 × ValueLogFileSize, 2 GiB by default): db.go:(*DB).writeRequests → vlog.write
-//     (value.go: an entry goes to the value log unless structs.go:skipVlogAndSetThreshold,
-//     len(value) < threshold; the threshold is static unless VLogPercentile > 0, which we
-//     never set), then writeToLSM → memTable.Put. Only then does txn.go:commitAndSend's
-//     callback call orc.doneCommit, which makes the commit visible to new transactions.
-//   - db.go:(*DB).Sync msyncs the whole mapping of the active memtable's WAL
-//     (memtable.go:SyncWAL → ristretto z/file.go:(*MmapFile).Sync → msync MS_SYNC) and the
-//     whole mapping of the current value-log file (value.go:(*valueLog).sync), whether or
-//     not anything was written there. Measured on this VM's ext4 (2026-11-29, loaded
-//     machine, so ranges): msync of a clean 2 GiB mapping 0.30–0.37 ms, fdatasync of a
-//     clean file 0.35–0.38 ms (ext4 still flushes the device cache), a 4 KiB overwrite plus
-//     fdatasync 0.5–0.7 ms. So the cost does not scale with the mapping size (shrinking
-//     MemTableSize or ValueLogFileSize would not help), but DB.Sync pays a device flush on
-//     every round for a value log the ledger almost never writes.
-//   - Linux msync(MS_SYNC) on a shared file mapping is vfs_fsync_range(file, start, end,
-//     datasync=1) for the mapped range (mm/msync.c, which also notes "The application may
-//     now run fsync() to write out the dirty pages": dirty pages of shared mappings are
-//     tracked in the page cache of the file, which every descriptor of the file shares).
-//     fdatasync(fd) is vfs_fsync_range(file, 0, LLONG_MAX, datasync=1) (fs/sync.c: do_fsync
-//     → vfs_fsync): the same call over the whole file, through the same inode's page cache.
-//     So fdatasync on our own descriptor of the WAL file makes durable everything badger's
-//     msync of it would, and a little more (the range is the whole file). fdatasync also
-//     writes "metadata ... needed in order to allow a subsequent data retrieval" (fsync(2)):
-//     the block allocations of the sparse file, and a size change (badger never resizes a
-//     WAL while writing it: memtable.go:isFull rotates at MemTableSize, half the file).
-//   - Memtable rotation does NOT sync the old WAL: db.go:(*DB).ensureRoomForWrite pushes
-//     the full memtable to flushChan and opens a new one without syncing, and the old WAL
-//     stays the only copy until the flush has written an L0 table (table/table.go:CreateTable
-//     msyncs it) and deleted the WAL. Value-log rotation (value.go:(*valueLog).write →
-//     toDisk → logFile.doneWriting) syncs the old file only under SyncWrites, and happens
-//     only inside vlog.write when entries were written to the value log (woffset and
-//     numEntriesWritten grow only then; Open always starts a fresh value-log file).
-//   - File ids are consecutive: memtable.go:newMemTable creates nextMemFid and increments
-//     it; value.go:createVlogFile creates maxFid+1. Names are "%05d.mem" (mtFilePath) and
-//     "%06d.vlog" (vlogFilePath).
-//   - New WAL and value-log files are created without syncing their directory:
-//     z/file.go:OpenMmapFileUsing calls SyncDir only when the file size is 0, but a new file
-//     has already been truncated to its full size by then. Until the directory is synced, a
-//     power loss may drop the whole new file.
-//   - With SyncWrites, db.go:(*DB).writeToLSM msyncs the WAL after every request, that is
-//     once per committed txn, before any later rotation, and value.go:(*valueLog).write
-//     msyncs the value log once per batch and on rotation. badger's writer goroutine
-//     (db.go:(*DB).doWrites) batches concurrent commits, but the per-txn WAL msync means
-//     they do not share a sync: that is why GroupCommit is faster under concurrency.
-//
-// So a sync round (logSyncer.sync, GroupCommit mode) does not call DB.Sync. It:
-//
-//  1. Notes the newest commit timestamp whose write has been applied (a read transaction's
-//     ReadTs: orc.readTs waits until every commit up to it is done, so each of them is in
-//     the WAL, and in the value log where it has a big value, before the round syncs).
-//  2. Detects rotations without listing the directory every round (os.ReadDir measured
-//     ~50 µs here under load, a stat ~15 µs): it stats the name of the next WAL file (and
-//     of the next value-log file when a big value was written, since the value log rotates
-//     only then), which is where badger's next file must appear since ids are consecutive.
-//     A commit covered by this round returned before the round started, so any file
-//     holding it already existed when the round stats the name.
-//     Only when the next name exists (or at the first round) does it list the directory:
-//     every WAL or value-log file that is not the newest of its kind and has not been
-//     fsynced since it was sealed is fsynced once (a vanished one was flushed to an msynced
-//     L0 table and deleted, which is fine), the directory is fsynced when any entry
-//     appeared since the last listing, and the newest file of each kind is opened, kept
-//     open and, when it is new to the listing, fsynced once before the directory: badger
-//     creates a log file at its full size (ftruncate) and a directory sync makes only the
-//     entry durable, so without this a power loss could leave a synced entry of an empty
-//     file, and badger refuses to open a store with an empty value-log or WAL file ("Create
-//     a new file"). The value log is otherwise synced only after big values (step 4).
-//  3. fdatasyncs the newest WAL through the descriptor it keeps open (by the msync point
-//     above, this writes back every page badger's msync of the WAL would).
-//  4. fdatasyncs the newest value-log file only when a value of ValueThreshold bytes or
-//     more was committed since the previous round. Every value the ledger writes goes
-//     through tx.set, which notes a big value; update counts the commit as marked before
-//     it commits and as done after, and a round that synced the value log only stops
-//     doing so once every marked commit was done before a round started (vlogMarked). The threshold
-//     is badger's maximum, 1 MiB; a residual crosses it only with a near-cap result plus
-//     large evidence, and then that round also syncs the value log.
-//  5. On success, records the timestamp of step 1 as durable (Ledger.durable).
-//
-// In SyncWrites mode badger already synced each commit's WAL and value-log writes; the round
-// does steps 1, 2 and 5 only (directory entries and sealed files). Off Linux (syncOwnLogs
-// false, sync_other.go) a GroupCommit round calls DB.Sync instead of steps 3 and 4.
-//
-// Reads: a step that answers from what it read, without writing, waits until what it read
-// is durable (Ledger.awaitDurable): a version above the durable timestamp may belong to a
-// commit whose sync has not finished (badger makes a commit visible before our round
-// syncs it), so the reader runs a round of its own before answering. A step that writes
-// needs no such wait: what it read was in the WAL before its own commit, which its round
-// covers. The replay cache holds only residuals read this way, so it never serves a
-// record that could vanish in a crash.
-//
-// The store's own directory entry: badger creates a missing store directory without
-// syncing its parent, so a power loss could drop the whole store after commits were
-// acknowledged in it. Open creates the directory itself (createDir) and fsyncs the parent
-// of every directory it created, and the parent of the store directory on every Open (a
-// process that crashed after creating it may not have synced it).
-//
-// Empty log files: badger refuses to open a store with an empty WAL or value-log file
-// (z.OpenMmapFile truncates it to full size and reports it as new, which Open takes for an
-// error). A power cut can leave one in two ways: badger creates a WAL and then syncs the
-// directory (Open: newMemTable, then newLevelsController's syncDir) before the first round
-// syncs the file's size; and badger deletes a flushed WAL by truncating it to 0 and then
-// removing it, so a round that fsyncs it as a sealed file in between makes the empty size
-// durable while the removal is not yet. An empty log file holds nothing: every WAL or
-// value log that held an acknowledged write was synced with its full size. So Open, on
-// Linux, deletes them first (removeEmptyLogs), under badger's directory lock. Found by the
-// power-loss runs of internal/jepsen (docs/reliability.md).
-//
-// Not covered here (badger's own business, same in both modes): the L0 table written by a
-// memtable flush gets its directory entry synced only by the next compaction or Close.
+// Durability: nothing is acknowledged before it is on stable storage. badger's own DB.Sync
+// msyncs the active WAL and value log but leaves out what a power cut can still lose: a
+// rotated WAL that was never synced, the directory entries of new log files and of the
+// store itself, and a log file whose size was never synced. So in GroupCommit mode a sync
+// round (logSyncer.sync) replaces DB.Sync on Linux: it notes the newest applied commit,
+// fsyncs every sealed log file not yet synced and every new one with its directory,
+// fdatasyncs the newest WAL through a descriptor it keeps open (which covers what badger's
+// msync would), syncs the value log only when a big value was written, and only then marks
+// the noted commit durable. A read answers only from what is durable (Ledger.awaitDurable),
+// and Open removes the empty log files a cut can leave. docs/badger-durability.md gives the
+// reasoning step by step, from badger's source.
 
 // groupSync makes committed writes durable with as few sync rounds as possible. A step
 // whose commit returned takes a sequence number (committed) and waits (wait) until a round

@@ -10,8 +10,8 @@ import (
 // BenchListFiltered benchmarks one List page per sub-benchmark over namespace ns of l, which
 // must hold 20,000 succeeded residuals (tasks task-0 to task-99, so 200 each; operations
 // op-0 to op-9; a target each) and exactly one open residual: filters that match nothing,
-// the open states alone, and a task's settled residuals (issue 14 item 5: a filter that
-// matches nothing must not read the namespace). Every backend's benchmark runs it on its
+// the open states alone, and a task's settled residuals (a filter that matches nothing
+// must not read the namespace). Every backend's benchmark runs it on its
 // own fill.
 func BenchListFiltered(b *testing.B, l ledger.Ledger, ns string) {
 	open := []residual.State{residual.Pending, residual.Unknown, residual.Accepted}

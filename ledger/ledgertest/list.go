@@ -247,8 +247,8 @@ func gcKeepsTokensGrowing(e *env) {
 	requireErr(e.t, err, residual.ErrLeaseLost)
 }
 
-// Filtered listings page like unfiltered ones (issue 14 item 5: backends answer them from
-// indexes): for each combination of task, operation, target and states, pages of two visit
+// Filtered listings page like unfiltered ones (backends answer them from indexes, so a
+// filter that matches nothing reads nothing): for each combination of task, operation, target and states, pages of two visit
 // every match exactly once in key order, every page but the last is full and only the last
 // has no cursor; a filter that matches nothing answers one empty last page. A residual that
 // leaves the filter between two pages (the cursor's own, settled meanwhile) does not stop
