@@ -244,7 +244,7 @@ func TestReconcileSelection(t *testing.T) {
 }
 
 // A zombie holder (its lease expired mid-call) is fenced out by a reconciliation: its late
-// commit is refused with LeasePreempted, kept as evidence, and the resolution stands.
+// commit is refused with LeaseLost, kept as evidence, and the resolution stands.
 func TestReconcileFencesOutZombie(t *testing.T) {
 	t.Parallel()
 	probe := func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
