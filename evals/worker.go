@@ -666,7 +666,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 			tk.enter()
 			rep, rerr := ic.Reconcile(ctx, interceptor.ReconcileParams{Key: v.Key, By: holder})
 			tk.leave()
-			if rerr == nil && len(rep.Resolved) > 0 {
+			if rerr == nil && len(rep.Settled) > 0 {
 				reconciled++
 				continue
 			}
