@@ -144,13 +144,6 @@ func Guard(ic *interceptor.Interceptor, h Handler, opts Options) (*Guarded, erro
 	return &Guarded{ic: ic, h: h, opts: opts}, nil
 }
 
-// DispatchFrom returns the dispatch of the guarded delivery whose context is ctx: the
-// residual key and the fencing token to fence the handler's own writes with. ok is false
-// outside a guarded handler. It is interceptor.DispatchFrom.
-func DispatchFrom(ctx context.Context) (d interceptor.Dispatch, ok bool) {
-	return interceptor.DispatchFrom(ctx)
-}
-
 // Handle runs one delivery through the guard and returns the verdict for the broker.
 func (g *Guarded) Handle(ctx context.Context, m Message) Outcome {
 	key, err := g.opts.Key(m)

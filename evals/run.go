@@ -384,19 +384,6 @@ func onlyModeNote(notes []string) bool {
 // subject names, nothing selected, no Command).
 var ErrInvalidOptions = errors.New("evals: invalid options")
 
-// Former names, kept so that code written against them still compiles.
-type (
-	// Config is the former name of Options.
-	//
-	// Deprecated: use Options.
-	Config = Options
-)
-
-// ErrInvalidConfig is the former name of ErrInvalidOptions.
-//
-// Deprecated: use ErrInvalidOptions.
-var ErrInvalidConfig = ErrInvalidOptions
-
 func selectCells(cfg Options) ([]Scenario, []string, error) {
 	var scens []Scenario
 	for _, sc := range scenarios {

@@ -657,8 +657,8 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 			// The first call stands; its result is the answer.
 			w.barrier(agent, barrierB2, tk)
 			return Belief{State: BeliefDone, Result: resultID(v.Result), Reconciled: reconciled, Reason: "payload_mismatch: first result stands"}
-		case errors.As(err, &v) && v.Kind == interceptor.LeasePreempted:
-			return Belief{State: BeliefBlocked, Reason: "lease_preempted: the key belongs to a successor", Reconciled: reconciled}
+		case errors.As(err, &v) && v.Kind == interceptor.LeaseLost:
+			return Belief{State: BeliefBlocked, Reason: "lease_lost: the key belongs to a successor", Reconciled: reconciled}
 		case errors.As(err, &v) && (v.Kind == interceptor.UnknownOutcome || v.Kind == interceptor.AwaitingUpstream) && noProbe:
 			// Nothing can settle it automatically: the runtime surfaces it for a person.
 			return Belief{State: BeliefBlocked, Reason: string(v.Kind) + ": awaiting reconciliation"}
@@ -666,7 +666,7 @@ func (w *worker) toolfenceAgent(ctx context.Context, l ledger.Ledger, agent int)
 			tk.enter()
 			rep, rerr := ic.Reconcile(ctx, interceptor.ReconcileParams{Key: v.Key, By: holder})
 			tk.leave()
-			if rerr == nil && len(rep.Resolved) > 0 {
+			if rerr == nil && len(rep.Settled) > 0 {
 				reconciled++
 				continue
 			}

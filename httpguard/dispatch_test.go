@@ -36,7 +36,7 @@ func TestTransportInsideAGuardedHandlerSendsTheKey(t *testing.T) {
 	client := &http.Client{Transport: &tools.Transport{}}
 	var want interceptor.Dispatch
 	h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		want, _ = httpguard.DispatchFrom(r.Context())
+		want, _ = interceptor.DispatchFrom(r.Context())
 		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, upstream.URL, strings.NewReader(`{}`))
 		require.NoError(t, err)
 		resp, err := client.Do(req)

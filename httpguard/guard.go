@@ -181,14 +181,6 @@ func (g *Guard) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// DispatchFrom returns the dispatch of the guarded request whose context is ctx: the
-// residual key and the fencing token to fence the handler's own writes with. ok is false
-// outside a guarded handler. It is interceptor.DispatchFrom: a tools.Transport used inside
-// the handler sends the same key upstream.
-func DispatchFrom(ctx context.Context) (d interceptor.Dispatch, ok bool) {
-	return interceptor.DispatchFrom(ctx)
-}
-
 // dispatchState is what one request's dispatch did.
 type dispatchState struct {
 	ran      bool

@@ -72,7 +72,7 @@ func (a *api) routes() http.Handler {
 			Amount int `json:"amount"`
 		}
 		_ = json.NewDecoder(r.Body).Decode(&in)
-		d, _ := httpguard.DispatchFrom(r.Context())
+		d, _ := interceptor.DispatchFrom(r.Context())
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", fmt.Sprintf("/charges/ch_%d", n))
 		w.Header().Set("Set-Cookie", "session=secret") // never stored

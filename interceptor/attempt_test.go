@@ -273,8 +273,8 @@ func TestOnePathToStoreAResult(t *testing.T) {
 		require.Error(t, err)
 		rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{})
 		require.NoError(t, err)
-		require.Len(t, rep.Resolved, 1)
-		requireRedactedCapped(t, f.get(rep.Resolved[0].Key))
+		require.Len(t, rep.Settled, 1)
+		requireRedactedCapped(t, f.get(rep.Settled[0].Key))
 	})
 }
 

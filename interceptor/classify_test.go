@@ -79,6 +79,22 @@ func TestDefaultClassifier(t *testing.T) {
 	}
 }
 
+// StatusOutcome is the table DefaultClassifier and tools.Transport classify statuses by.
+func TestStatusOutcome(t *testing.T) {
+	t.Parallel()
+	table := map[int]residual.State{
+		200: residual.Succeeded, 201: residual.Succeeded, 204: residual.Succeeded, 206: residual.Succeeded,
+		202: residual.Accepted,
+		400: residual.Failed, 401: residual.Failed, 403: residual.Failed, 404: residual.Failed, 422: residual.Failed,
+		408: residual.Unknown, 409: residual.Unknown, 425: residual.Unknown, 429: residual.Unknown,
+		500: residual.Unknown, 502: residual.Unknown, 503: residual.Unknown, 504: residual.Unknown,
+		301: residual.Unknown, 304: residual.Unknown, 405: residual.Unknown, 410: residual.Unknown, 100: residual.Unknown,
+	}
+	for status, want := range table {
+		require.Equal(t, want, interceptor.StatusOutcome(status), "status %d", status)
+	}
+}
+
 func TestQueued(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {

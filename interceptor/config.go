@@ -83,19 +83,6 @@ type Operation struct {
 // ErrInvalidOptions is wrapped by New's errors for bad settings.
 var ErrInvalidOptions = errors.New("interceptor: invalid options")
 
-// Former names, kept so that code written against them still compiles.
-type (
-	// Config is the former name of Options.
-	//
-	// Deprecated: use Options.
-	Config = Options
-)
-
-// ErrInvalidConfig is the former name of ErrInvalidOptions.
-//
-// Deprecated: use ErrInvalidOptions.
-var ErrInvalidConfig = ErrInvalidOptions
-
 func (c *Options) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)

@@ -341,10 +341,6 @@ func TestNewOptions(t *testing.T) {
 
 	_, err := interceptor.New(nil, interceptor.Options{})
 	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
-	// The former names still compile and mean the same.
-	var former interceptor.Config = interceptor.Options{LeaseTTL: -1} //nolint:staticcheck // deprecated alias on purpose
-	_, err = interceptor.New(l, former)
-	require.ErrorIs(t, err, interceptor.ErrInvalidConfig) //nolint:staticcheck // deprecated alias on purpose
 
 	for name, cfg := range map[string]interceptor.Options{
 		"negative ttl":        {LeaseTTL: -1},
@@ -443,4 +439,15 @@ func TestDoCancelledBeforeDispatchIsNotDispatched(t *testing.T) {
 			require.Equal(t, 2, res.Attempt)
 		})
 	}
+}
+
+// DispatchFrom finds what WithDispatch put in the context, and nothing outside a guarded call.
+func TestDispatchFrom(t *testing.T) {
+	t.Parallel()
+	_, ok := interceptor.DispatchFrom(t.Context())
+	require.False(t, ok)
+	want := interceptor.Dispatch{Key: "k", Token: 3, Attempt: 2}
+	got, ok := interceptor.DispatchFrom(interceptor.WithDispatch(t.Context(), want))
+	require.True(t, ok)
+	require.Equal(t, want, got)
 }

@@ -156,7 +156,7 @@ func Example_reconcile() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for _, s := range rep.Resolved {
+	for _, s := range rep.Settled {
 		fmt.Printf("resolved %s -> %s (%s), token %d\n", s.From, s.To, s.Evidence, s.Token)
 	}
 

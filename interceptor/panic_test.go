@@ -61,7 +61,7 @@ func TestReconcileRedactsProbeResult(t *testing.T) {
 	requireViolation(t, err, interceptor.UnknownOutcome, f.key("charge", "t"))
 	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Key: f.key("charge", "t")})
 	require.NoError(t, err)
-	require.Len(t, rep.Resolved, 1)
+	require.Len(t, rep.Settled, 1)
 	r := f.get(f.key("charge", "t"))
 	require.Equal(t, residual.Succeeded, r.State)
 	require.JSONEq(t, `{"secret":"[redacted]"}`, string(r.Result))

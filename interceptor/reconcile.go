@@ -37,10 +37,11 @@ type ReconcileParams struct {
 }
 
 // ReconcileReport says what Reconcile settled and what it left open. Every surface
-// (Go, MCP's reconcile tool) reports in this shape; both lists are non-nil.
+// (Go, MCP's reconcile tool) reports in this shape; both lists are non-nil. MCP hosts
+// read them as "resolved" and "open".
 type ReconcileReport struct {
-	Resolved []Settled   `json:"resolved"`
-	Open     []Unsettled `json:"open"`
+	Settled   []Settled   `json:"resolved"`
+	Unsettled []Unsettled `json:"open"`
 }
 
 // Settled is one residual a probe settled.
@@ -75,14 +76,14 @@ func (ic *Interceptor) Reconcile(ctx context.Context, p ReconcileParams) (*Recon
 		spanError(ctx, err)
 		return nil, err
 	}
-	for _, s := range rep.Resolved {
+	for _, s := range rep.Settled {
 		ic.tel.reconciledOne(ctx, s.To.String())
 	}
-	for range rep.Open {
+	for range rep.Unsettled {
 		ic.tel.reconciledOne(ctx, "open")
 	}
 	if span.IsRecording() {
-		span.SetAttributes(attribute.Int("toolfence.reconcile.resolved", len(rep.Resolved)), attribute.Int("toolfence.reconcile.open", len(rep.Open)))
+		span.SetAttributes(attribute.Int("toolfence.reconcile.resolved", len(rep.Settled)), attribute.Int("toolfence.reconcile.open", len(rep.Unsettled)))
 	}
 	return rep, nil
 }
@@ -115,13 +116,13 @@ func (ic *Interceptor) reconcile(ctx context.Context, p ReconcileParams) (*Recon
 			}
 		}
 	}
-	rep := &ReconcileReport{Resolved: []Settled{}, Open: []Unsettled{}}
+	rep := &ReconcileReport{Settled: []Settled{}, Unsettled: []Unsettled{}}
 	for _, r := range todo {
 		s, u := ic.reconcileOne(ctx, r, by)
 		if s != nil {
-			rep.Resolved = append(rep.Resolved, *s)
+			rep.Settled = append(rep.Settled, *s)
 		} else {
-			rep.Open = append(rep.Open, *u)
+			rep.Unsettled = append(rep.Unsettled, *u)
 		}
 	}
 	return rep, nil

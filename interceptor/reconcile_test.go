@@ -43,9 +43,9 @@ func TestReconcileProbeSucceeded(t *testing.T) {
 
 	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{})
 	require.NoError(t, err)
-	require.Empty(t, rep.Open)
-	require.Len(t, rep.Resolved, 1)
-	s := rep.Resolved[0]
+	require.Empty(t, rep.Unsettled)
+	require.Len(t, rep.Settled, 1)
+	s := rep.Settled[0]
 	require.Equal(t, key, s.Key)
 	require.Equal(t, residual.Unknown, s.From)
 	require.Equal(t, residual.Succeeded, s.To)
@@ -73,8 +73,8 @@ func TestReconcileProbeSucceeded(t *testing.T) {
 	// A settled key is left alone by the next pass.
 	rep, err = f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{})
 	require.NoError(t, err)
-	require.Empty(t, rep.Resolved)
-	require.Empty(t, rep.Open)
+	require.Empty(t, rep.Settled)
+	require.Empty(t, rep.Unsettled)
 }
 
 // A probe that finds no effect settles the residual as failed; the next call is a new
@@ -90,8 +90,8 @@ func TestReconcileProbeFailed(t *testing.T) {
 	key := leaveUnknown(t, f, charge(chargeArgs))
 	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Key: key, By: "ops@example.com"})
 	require.NoError(t, err)
-	require.Len(t, rep.Resolved, 1)
-	require.Equal(t, residual.Failed, rep.Resolved[0].To)
+	require.Len(t, rep.Settled, 1)
+	require.Equal(t, residual.Failed, rep.Settled[0].To)
 	require.Equal(t, "ops@example.com", f.get(key).Resolutions[0].By)
 
 	tl := answering(ok(`{"charge":"ch_2"}`), nil)
@@ -99,7 +99,7 @@ func TestReconcileProbeFailed(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.Replayed)
 	require.Equal(t, 2, res.Attempt)
-	require.Greater(t, res.Token, rep.Resolved[0].Token)
+	require.Greater(t, res.Token, rep.Settled[0].Token)
 }
 
 // Probes that do not know (accepted, unknown), fail or panic leave the residual open with
@@ -140,11 +140,11 @@ func TestReconcileLeavesOpen(t *testing.T) {
 			)
 			require.NotPanics(t, func() { rep, err = f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{}) })
 			require.NoError(t, err, "probe trouble is reported per residual, not as an error")
-			require.Empty(t, rep.Resolved)
-			require.Len(t, rep.Open, 1)
-			require.Equal(t, key, rep.Open[0].Key)
-			require.Equal(t, residual.Unknown, rep.Open[0].State)
-			require.Contains(t, rep.Open[0].Reason, c.reason)
+			require.Empty(t, rep.Settled)
+			require.Len(t, rep.Unsettled, 1)
+			require.Equal(t, key, rep.Unsettled[0].Key)
+			require.Equal(t, residual.Unknown, rep.Unsettled[0].State)
+			require.Contains(t, rep.Unsettled[0].Reason, c.reason)
 
 			r := f.get(key)
 			require.Equal(t, residual.Unknown, r.State, "an open residual is left as it was")
@@ -174,9 +174,9 @@ func TestReconcileAcceptedByHandle(t *testing.T) {
 
 	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Operation: "export.start"})
 	require.NoError(t, err)
-	require.Len(t, rep.Resolved, 1)
-	require.Equal(t, residual.Accepted, rep.Resolved[0].From)
-	require.Equal(t, residual.Succeeded, rep.Resolved[0].To)
+	require.Len(t, rep.Settled, 1)
+	require.Equal(t, residual.Accepted, rep.Settled[0].From)
+	require.Equal(t, residual.Succeeded, rep.Settled[0].To)
 
 	res, err := f.ic.Do(f.ctx, call, tl.fn)
 	require.NoError(t, err)
@@ -218,17 +218,17 @@ func TestReconcileSelection(t *testing.T) {
 
 	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Key: emailKey})
 	require.NoError(t, err)
-	require.Len(t, rep.Resolved, 1)
-	require.Equal(t, emailKey, rep.Resolved[0].Key)
+	require.Len(t, rep.Settled, 1)
+	require.Equal(t, emailKey, rep.Settled[0].Key)
 	require.Equal(t, 1, probes)
 
 	rep, err = f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Task: testTask, Operation: "payments.charge"})
 	require.NoError(t, err)
-	require.Len(t, rep.Resolved, 1)
-	require.Equal(t, chargeKey, rep.Resolved[0].Key)
-	require.Len(t, rep.Open, 1, "the call in flight is listed, not probed")
-	require.Equal(t, f.key(inflight.Operation, inflight.Target), rep.Open[0].Key)
-	require.Equal(t, residual.Pending, rep.Open[0].State)
+	require.Len(t, rep.Settled, 1)
+	require.Equal(t, chargeKey, rep.Settled[0].Key)
+	require.Len(t, rep.Unsettled, 1, "the call in flight is listed, not probed")
+	require.Equal(t, f.key(inflight.Operation, inflight.Target), rep.Unsettled[0].Key)
+	require.Equal(t, residual.Pending, rep.Unsettled[0].State)
 	require.Equal(t, 2, probes)
 
 	close(release)
@@ -236,15 +236,15 @@ func TestReconcileSelection(t *testing.T) {
 
 	rep, err = f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{})
 	require.NoError(t, err)
-	require.Len(t, rep.Resolved, 1, "only run-99's residual is left")
-	require.Equal(t, f.ic.Key("run-99", "payments.charge", "invoice:INV-42"), rep.Resolved[0].Key)
+	require.Len(t, rep.Settled, 1, "only run-99's residual is left")
+	require.Equal(t, f.ic.Key("run-99", "payments.charge", "invoice:INV-42"), rep.Settled[0].Key)
 
 	_, err = f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{Key: f.key("nope", "nothing")})
 	require.ErrorIs(t, err, residual.ErrNotFound)
 }
 
 // A zombie holder (its lease expired mid-call) is fenced out by a reconciliation: its late
-// commit is refused with LeasePreempted, kept as evidence, and the resolution stands.
+// commit is refused with LeaseLost, kept as evidence, and the resolution stands.
 func TestReconcileFencesOutZombie(t *testing.T) {
 	t.Parallel()
 	probe := func(context.Context, *residual.Residual) (interceptor.ProbeResult, error) {
@@ -267,15 +267,15 @@ func TestReconcileFencesOutZombie(t *testing.T) {
 	})
 	_, err := f.ic.Do(f.ctx, charge(chargeArgs), zombie.fn)
 	require.NoError(t, repErr)
-	require.Len(t, rep.Resolved, 1)
-	require.Equal(t, residual.Unknown, rep.Resolved[0].From, "an expired pending reads unknown")
+	require.Len(t, rep.Settled, 1)
+	require.Equal(t, residual.Unknown, rep.Settled[0].From, "an expired pending reads unknown")
 	v := requireViolation(t, err, interceptor.LeaseLost, key)
 	require.Equal(t, uint64(1), v.Token)
 
 	r := f.get(key)
 	require.Equal(t, residual.Succeeded, r.State)
 	require.Equal(t, []byte(`{"charge":"ch_1"}`), r.Result, "the resolution's result stands")
-	require.Equal(t, rep.Resolved[0].Token, r.Token)
+	require.Equal(t, rep.Settled[0].Token, r.Token)
 	require.Len(t, r.Evidence, 1)
 	require.Equal(t, holderA, r.Evidence[0].Holder)
 	require.Equal(t, uint64(1), r.Evidence[0].Token)
@@ -311,9 +311,9 @@ func TestReconcileProbeAnswerNeverSettlesALaterAttempt(t *testing.T) {
 
 	rep, err := f.ic.Reconcile(f.ctx, interceptor.ReconcileParams{})
 	require.NoError(t, err)
-	require.Empty(t, rep.Resolved, "attempt 1's probe answer must not resolve attempt 2")
-	require.Len(t, rep.Open, 1)
-	require.Contains(t, rep.Open[0].Reason, "token changed")
+	require.Empty(t, rep.Settled, "attempt 1's probe answer must not resolve attempt 2")
+	require.Len(t, rep.Unsettled, 1)
+	require.Contains(t, rep.Unsettled[0].Reason, "token changed")
 
 	r := f.get(key)
 	require.Equal(t, residual.Unknown, r.State)

@@ -29,11 +29,6 @@ const (
 	MarginTooSmall Kind = "margin_too_small"
 )
 
-// LeasePreempted is the former name of LeaseLost.
-//
-// Deprecated: use LeaseLost; the wire value is "lease_lost".
-const LeasePreempted = LeaseLost
-
 // Kinds returns every violation kind, in a stable order.
 func Kinds() []Kind {
 	return []Kind{InProgress, UnknownOutcome, AwaitingUpstream, PayloadMismatch, LeaseLost, MarginTooSmall}

@@ -181,8 +181,8 @@ func TestViolationAwaitingUpstream(t *testing.T) {
 
 // The tool outlives its lease (the clock passes the expiry during the call): the commit is
 // refused, what the tool saw is appended as evidence, nothing authoritative is written, and
-// the caller gets LeasePreempted with the tool's result.
-func TestViolationLeasePreemptedByExpiry(t *testing.T) {
+// the caller gets LeaseLost with the tool's result.
+func TestViolationLeaseLostByExpiry(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	key := f.key("payments.charge", "invoice:INV-42")
@@ -218,7 +218,7 @@ func TestViolationLeasePreemptedByExpiry(t *testing.T) {
 
 // A successor resolves the key (after the lease expired) while the tool still runs: the
 // zombie's commit is refused and kept as evidence; the resolution stands.
-func TestViolationLeasePreemptedByResolve(t *testing.T) {
+func TestViolationLeaseLostByResolve(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	key := f.key("payments.charge", "invoice:INV-42")
@@ -255,7 +255,7 @@ func TestViolationLeasePreemptedByResolve(t *testing.T) {
 
 // For an upstream-idempotent operation a successor re-dispatches once the lease expired;
 // the zombie's late commit under the old token is refused and the successor's result stands.
-func TestViolationLeasePreemptedBySuccessorRedispatch(t *testing.T) {
+func TestViolationLeaseLostBySuccessorRedispatch(t *testing.T) {
 	t.Parallel()
 	idem := func(c *interceptor.Options) {
 		c.Operations = map[string]interceptor.Operation{"payments.charge": {UpstreamIdempotent: true}}

@@ -28,11 +28,6 @@ type KeepAliveOptions struct {
 	Interval time.Duration
 }
 
-// KeepAliveConfig is the former name of KeepAliveOptions.
-//
-// Deprecated: use KeepAliveOptions.
-type KeepAliveConfig = KeepAliveOptions
-
 // Session keeps one lease alive for the length of a call, like etcd's concurrency.Session.
 // Its context ends before the lease does: when a renewal is refused, when the lease gets
 // within the margin of its expiry without a successful renewal, when the parent context

@@ -85,7 +85,6 @@ func TestErrorKindsAreOneVocabulary(t *testing.T) {
 	require.Equal(t, string(interceptor.LeaseLost), mcpserver.KindLeaseLost)
 	require.Equal(t, "lease_lost", mcpserver.KindLeaseLost)
 	require.Equal(t, string(interceptor.InProgress), mcpserver.KindInProgress)
-	require.Equal(t, interceptor.LeaseLost, interceptor.LeasePreempted, "the old Go name is an alias")
 	require.ErrorIs(t, interceptor.LeaseLost.Sentinel(), residual.ErrLeaseLost)
 }
 

@@ -562,7 +562,7 @@ func (sp *space) reconcile(ctx context.Context, req mcp.CallToolRequest) (*mcp.C
 		return invalid(ToolReconcile, c.err), nil
 	}
 	by := "reconcile:" + caller(ctx, "")
-	out := ReconcileResult{ReconcileReport: interceptor.ReconcileReport{Resolved: []interceptor.Settled{}, Open: []interceptor.Unsettled{}}}
+	out := ReconcileResult{ReconcileReport: interceptor.ReconcileReport{Settled: []interceptor.Settled{}, Unsettled: []interceptor.Unsettled{}}}
 	keys := []string{in.Key}
 	if in.Key == "" {
 		// One page at a time: a namespace's open residuals are not bounded.
@@ -586,18 +586,18 @@ func (sp *space) reconcile(ctx context.Context, req mcp.CallToolRequest) (*mcp.C
 		case err != nil:
 			return sp.ledgerError(ToolReconcile, err, k), nil
 		}
-		out.Resolved = append(out.Resolved, rep.Resolved...)
-		out.Open = append(out.Open, rep.Open...)
+		out.Settled = append(out.Settled, rep.Settled...)
+		out.Unsettled = append(out.Unsettled, rep.Unsettled...)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(out.Resolved), len(out.Open))
+	fmt.Fprintf(&b, "probes settled %d residual(s), %d left open", len(out.Settled), len(out.Unsettled))
 	if out.NextCursor != "" {
 		b.WriteString("; more remain: call reconcile again with cursor set to next_cursor")
 	}
-	for _, s := range out.Resolved {
+	for _, s := range out.Settled {
 		fmt.Fprintf(&b, "\n- settled %s: %s → %s", s.Key, s.From, s.To)
 	}
-	for _, u := range out.Open {
+	for _, u := range out.Unsettled {
 		fmt.Fprintf(&b, "\n- open %s (%s): %s", u.Key, u.State, u.Reason)
 	}
 	return okResult(out, b.String()), nil

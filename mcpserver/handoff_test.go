@@ -100,8 +100,8 @@ func TestSuccessorHandOff(t *testing.T) {
 			blocked := ok[mcpserver.BeginResult](t, b, "begin_call", begin)
 			require.Equal(t, interceptor.Kind("in_progress"), blocked.Violation.Kind)
 			rec := ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"task": "run-7"})
-			require.Empty(t, rec.Resolved, "a live lease is left alone")
-			require.Contains(t, rec.Open[0].Reason, "live lease")
+			require.Empty(t, rec.Settled, "a live lease is left alone")
+			require.Contains(t, rec.Unsettled[0].Reason, "live lease")
 			require.Equal(t, "in_progress", fails(t, b, "resolve_residual", m{"key": a.Key, "as": "failed", "note": "too early"}).Kind)
 
 			// A's lease runs out: the residual reads as unknown and blocks.
@@ -117,14 +117,14 @@ func TestSuccessorHandOff(t *testing.T) {
 			var settledToken uint64
 			if settle == "probe" {
 				rec = ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"task": "run-7"})
-				require.Len(t, rec.Resolved, 1)
-				require.Equal(t, residual.Unknown, rec.Resolved[0].From)
-				require.Equal(t, residual.Succeeded, rec.Resolved[0].To)
-				settledToken = rec.Resolved[0].Token
+				require.Len(t, rec.Settled, 1)
+				require.Equal(t, residual.Unknown, rec.Settled[0].From)
+				require.Equal(t, residual.Succeeded, rec.Settled[0].To)
+				settledToken = rec.Settled[0].Token
 			} else {
 				rec = ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"key": a.Key})
-				require.Len(t, rec.Open, 1)
-				require.Contains(t, rec.Open[0].Reason, "no probe")
+				require.Len(t, rec.Unsettled, 1)
+				require.Contains(t, rec.Unsettled[0].Reason, "no probe")
 				rs := ok[mcpserver.ResolveResult](t, b, "resolve_residual", m{
 					"key": a.Key, "as": "succeeded", "note": "INV-42 shows as paid in the dashboard",
 					"result": m{"found": "invoice:INV-42"}, "by": "agent-B",

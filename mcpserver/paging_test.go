@@ -85,8 +85,8 @@ func TestListingsArePaged(t *testing.T) {
 		require.False(t, res.IsError, text(res))
 		var r mcpserver.ReconcileResult
 		require.NoError(t, json.Unmarshal(res.RawStructuredContent, &r))
-		require.LessOrEqual(t, len(r.Open)+len(r.Resolved), page)
-		for _, o := range r.Open {
+		require.LessOrEqual(t, len(r.Unsettled)+len(r.Settled), page)
+		for _, o := range r.Unsettled {
 			got[o.Key] = true
 		}
 		if r.NextCursor == "" {

@@ -20,9 +20,7 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultLease is the lease of a begin_call without lease_ms when the interceptor has
-	// no other: interceptor.DefaultLeaseTTL. The interceptor's Options.LeaseTTL decides.
-	DefaultLease    = interceptor.DefaultLeaseTTL
+	// DefaultMaxLease caps lease_ms.
 	DefaultMaxLease = time.Hour
 	// DefaultMaxField caps task, operation, target, handle, note and other strings.
 	DefaultMaxField = 4 << 10

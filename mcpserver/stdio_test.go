@@ -52,7 +52,7 @@ func serveStdio(ctx context.Context, job serveJob) error {
 		return err
 	}
 	defer led.Close()
-	ic, err := interceptor.New(led, interceptor.Options{Namespace: job.Namespace, LeaseTTL: mcpserver.DefaultLease})
+	ic, err := interceptor.New(led, interceptor.Options{Namespace: job.Namespace, LeaseTTL: interceptor.DefaultLeaseTTL})
 	if err != nil {
 		return err
 	}

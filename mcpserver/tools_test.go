@@ -145,14 +145,14 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 
 	rec := ok[mcpserver.ReconcileResult](t, c, "reconcile", m{"key": u.Key})
 	if probes {
-		require.Len(t, rec.Resolved, 1)
-		require.Empty(t, rec.Open)
-		require.Equal(t, residual.Succeeded, rec.Resolved[0].To)
-		require.Greater(t, rec.Resolved[0].Token, u.Token)
+		require.Len(t, rec.Settled, 1)
+		require.Empty(t, rec.Unsettled)
+		require.Equal(t, residual.Succeeded, rec.Settled[0].To)
+		require.Greater(t, rec.Settled[0].Token, u.Token)
 	} else {
-		require.Empty(t, rec.Resolved)
-		require.Len(t, rec.Open, 1)
-		require.Contains(t, rec.Open[0].Reason, "no probe")
+		require.Empty(t, rec.Settled)
+		require.Len(t, rec.Unsettled, 1)
+		require.Contains(t, rec.Unsettled[0].Reason, "no probe")
 		rs := ok[mcpserver.ResolveResult](t, c, "resolve_residual", m{
 			"key": u.Key, "as": "succeeded", "note": "found the email in the sent folder", "result": m{"found": "bob@example.com"},
 		})

@@ -234,12 +234,6 @@ type ReconcileResult struct {
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 
-// ReconcileSettled is one residual a probe settled.
-type ReconcileSettled = interceptor.Settled
-
-// ReconcileOpen is one residual left open, with the reason.
-type ReconcileOpen = interceptor.Unsettled
-
 // Kinds of isError results (ErrorInfo.Kind): stable tokens clients can compare. A kind that
 // is also a violation kind has the interceptor's name for it.
 const (

@@ -98,9 +98,9 @@ var _ lctools.Tool = (*Guarded)(nil)
 
 // Guard wraps t so that each call runs through ic's ordering barrier, in the task carried by
 // the call's context (interceptor.WithTask), on the target the options declare. The wrapped
-// tool receives a context carrying the dispatch (see DispatchFrom and Transport). Guard never
-// fails: a configuration error (no target declared, a malformed pointer, nil t or ic) is
-// reported by Err and returned by every Call.
+// tool receives a context carrying the dispatch (see interceptor.DispatchFrom and
+// Transport). Guard never fails: a configuration error (no target declared, a malformed
+// pointer, nil t or ic) is reported by Err and returned by every Call.
 func Guard(t lctools.Tool, ic *interceptor.Interceptor, opts ...Option) *Guarded {
 	g := &Guarded{inner: t, ic: ic}
 	for _, o := range opts {

@@ -229,7 +229,7 @@ func TestGuardPayloadMismatchShowsFirstResult(t *testing.T) {
 	require.ErrorIs(t, err, residual.ErrPayloadMismatch)
 }
 
-func TestGuardLeasePreempted(t *testing.T) {
+func TestGuardLeaseLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	inner := tool("deploy", func(context.Context, string) (string, error) {
@@ -367,7 +367,7 @@ func TestTypedToolGuarded(t *testing.T) {
 	var calls atomic.Int32
 	charge, err := New("charge_invoice", "Charge an invoice.", func(ctx context.Context, in chargeInput) (chargeOutput, error) {
 		calls.Add(1)
-		d, ok := DispatchFrom(ctx)
+		d, ok := interceptor.DispatchFrom(ctx)
 		require.True(t, ok)
 		require.Equal(t, "INV-7", d.Target)
 		return chargeOutput{ChargeID: "ch_" + in.InvoiceID}, nil

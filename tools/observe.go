@@ -124,7 +124,7 @@ func ObserveViolation(v *interceptor.Violation, up string) string {
 		}
 		return fmt.Sprintf("refused: %s on %s was already done%s with different arguments; it was not repeated; the first result stands: %s %s",
 			v.Operation, showTarget(v.Target), when, v.Result, key)
-	case interceptor.LeasePreempted:
+	case interceptor.LeaseLost:
 		return fmt.Sprintf("blocked: this attempt lost its lease before its outcome was recorded and may have reached %s; do not retry — reconcile with toolfence %s",
 			up, key)
 	case interceptor.MarginTooSmall:

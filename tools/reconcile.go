@@ -65,21 +65,21 @@ func (r reconciler) Call(ctx context.Context, input string) (string, error) {
 	if err != nil {
 		return fmt.Sprintf("toolfence: reconciling failed, nothing was settled: %v", err), nil
 	}
-	if len(rep.Resolved) == 0 && len(rep.Open) == 0 {
+	if len(rep.Settled) == 0 && len(rep.Unsettled) == 0 {
 		return "nothing to reconcile: no call of this task is open", nil
 	}
 	var b strings.Builder
-	for _, s := range rep.Resolved {
+	for _, s := range rep.Settled {
 		fmt.Fprintf(&b, "settled: %s was %s and is now %s", s.Key, s.From, s.To)
 		if s.Evidence != "" {
 			fmt.Fprintf(&b, " (%s)", s.Evidence)
 		}
 		b.WriteString("; ")
 	}
-	for _, u := range rep.Open {
+	for _, u := range rep.Unsettled {
 		fmt.Fprintf(&b, "still open: %s is %s: %s; ", u.Key, u.State, u.Reason)
 	}
-	if len(rep.Resolved) > 0 {
+	if len(rep.Settled) > 0 {
 		b.WriteString("a call settled as succeeded now replays its result; one settled as failed may be retried")
 	} else {
 		b.WriteString("do not retry the open calls; wait and reconcile again, or ask a person")

@@ -114,12 +114,6 @@ func WithDispatch(ctx context.Context, d interceptor.Dispatch) context.Context {
 	return context.WithValue(interceptor.WithDispatch(ctx, d), stateKey{}, &dispatchState{d: d})
 }
 
-// DispatchFrom returns the dispatch of the guarded call ctx belongs to (its key, fencing
-// token and attempt), and false outside a guarded call. It is interceptor.DispatchFrom.
-func DispatchFrom(ctx context.Context) (interceptor.Dispatch, bool) {
-	return interceptor.DispatchFrom(ctx)
-}
-
 func stateFrom(ctx context.Context) *dispatchState {
 	s, _ := ctx.Value(stateKey{}).(*dispatchState)
 	return s
@@ -252,7 +246,7 @@ func (t *Transport) keyValue(key string) string {
 }
 
 func (t *Transport) classify(status int) residual.State {
-	out := ClassifyStatus(status)
+	out := interceptor.StatusOutcome(status)
 	if o, ok := t.Overrides[status]; ok {
 		switch o {
 		case residual.Succeeded, residual.Accepted, residual.Failed, residual.Unknown:
@@ -274,11 +268,6 @@ func safeMethod(m string) bool {
 	}
 	return false
 }
-
-// ClassifyStatus is the classification table of the package doc: 2xx except 202 →
-// Succeeded; 202 → Accepted; 400, 401, 403, 404, 422 → Failed; every other status → Unknown.
-// It is interceptor.StatusOutcome.
-func ClassifyStatus(status int) residual.State { return interceptor.StatusOutcome(status) }
 
 // acceptedHandle returns where to poll an accepted call: the Location header (resolved
 // against the request URL), else the JSON body's status_url, job_id or id.
@@ -311,7 +300,7 @@ var ErrUpstreamStatus = errors.New("tools: upstream answered with an ambiguous s
 
 // FromHTTP turns the result of an HTTP call into what an interceptor.ToolFunc returns, so a
 // tool author writes one line: `return tools.FromHTTP(client.Do(req))`. It reads and closes
-// the body and classifies the status by ClassifyStatus: a success gives the body with a nil
+// the body and classifies the status by interceptor.StatusOutcome: a success gives the body with a nil
 // error; 202 gives an accepted Response with the handle; 400, 401, 403, 404 and 422 give an
 // error wrapping interceptor.ErrNoEffect (the attempt is recorded as failed); other statuses
 // give an error wrapping ErrUpstreamStatus, and a transport error or a broken body is
@@ -322,7 +311,7 @@ func FromHTTP(resp *http.Response, err error) (interceptor.Response, error) {
 	}
 	body, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	out := interceptor.Response{Body: body, Status: resp.StatusCode, Outcome: ClassifyStatus(resp.StatusCode)}
+	out := interceptor.Response{Body: body, Status: resp.StatusCode, Outcome: interceptor.StatusOutcome(resp.StatusCode)}
 	if err != nil {
 		out.Outcome = residual.Unknown
 		return out, fmt.Errorf("tools: reading the answer (status %d): %w", resp.StatusCode, err)

@@ -196,7 +196,7 @@ Example:
 	fl.StringVar(&f.http, "http", "", "serve streamable HTTP at ADDR (host:port), endpoint /mcp")
 	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE [ledger]]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
-	fl.DurationVar(&f.lease, "lease", mcpserver.DefaultLease, "lease of a begin_call without lease_ms")
+	fl.DurationVar(&f.lease, "lease", interceptor.DefaultLeaseTTL, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
 	a.addTelemetryFlags(fl, &f.metrics)
 	a.postgresFlags(cmd)

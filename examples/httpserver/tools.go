@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/toolfence/toolfence/httpguard"
+	"github.com/toolfence/toolfence/interceptor"
 )
 
 // tools is the in-memory state behind the tool endpoints: what an agent's calls did. Every
@@ -63,7 +63,7 @@ func (t *tools) createTicket(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "want a JSON body with a title", http.StatusBadRequest) // 4xx: no effect, retryable
 		return
 	}
-	d, _ := httpguard.DispatchFrom(r.Context())
+	d, _ := interceptor.DispatchFrom(r.Context())
 	t.mu.Lock()
 	tk := ticket{ID: len(t.tickets) + 1, Title: in.Title, Body: in.Body, By: d.Task, Token: d.Token}
 	t.tickets = append(t.tickets, tk)

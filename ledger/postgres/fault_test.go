@@ -309,7 +309,7 @@ func TestCommitInFlightSurvivesCallerCancel(t *testing.T) {
 }
 
 // A commit that cannot finish within the write timeout (here: blocked on a row lock another
-// session holds) returns ErrOutcomeUnknown instead of hanging; the blocked statement is
+// session holds) returns ledger.ErrOutcomeUnknown instead of hanging; the blocked statement is
 // cancelled on the server and its connection is never reused, so the ledger keeps working
 // and the residual is either still pending under the holder's fence or committed, never
 // anything else.

@@ -92,13 +92,6 @@ var (
 	// ErrNoStore: Options.MustExist was set and toolfence has no tables in the schema, or
 	// the schema the DSN's search_path names does not exist.
 	ErrNoStore = errors.New("postgres: no toolfence store there")
-	// ErrOutcomeUnknown is ledger.ErrOutcomeUnknown: the connection broke after a write
-	// was sent and the ledger could not re-read what was stored. The write may or may not
-	// have landed; for Reserve nothing may be dispatched, for Commit the residual stays
-	// pending and turns unknown when its lease expires.
-	//
-	// Deprecated: test for ledger.ErrOutcomeUnknown, which every backend uses.
-	ErrOutcomeUnknown = ledger.ErrOutcomeUnknown
 )
 
 const (

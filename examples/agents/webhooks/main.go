@@ -174,10 +174,10 @@ func reconcile(ctx context.Context, ic *interceptor.Interceptor) error {
 	if err != nil {
 		return err
 	}
-	for _, s := range rep.Resolved {
+	for _, s := range rep.Settled {
 		fmt.Printf("reconciler: %s %s → %s (%s)\n", s.Key[:12]+"…", s.From, s.To, s.Evidence)
 	}
-	for _, u := range rep.Open {
+	for _, u := range rep.Unsettled {
 		fmt.Printf("reconciler: %s still %s: %s\n", u.Key[:12]+"…", u.State, u.Reason)
 	}
 	return nil
