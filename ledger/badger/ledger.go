@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,7 +188,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	if err := removeEmptyLogs(dir); err != nil {
 		return nil, fmt.Errorf("ledger/badger: remove empty log files in %s: %w", dir, err)
 	}
-	db, err := dbadger.Open(bo)
+	db, err := openSettled(bo)
 	if err != nil {
 		if isLockErr(err) {
 			return nil, &lockedError{dir: dir}
@@ -261,6 +264,37 @@ func (l *Ledger) awaitDurable(version uint64) error {
 		return nil
 	}
 	return l.gs.wait(l.gs.committed())
+}
+
+// lockSettle bounds how long Open waits for a directory lock that no process claims (see
+// openSettled); lockRetried, when set by a test, runs before each wait.
+var (
+	lockSettle  = time.Second
+	lockRetried func()
+)
+
+// openSettled opens badger, waiting up to lockSettle while the directory lock is held but
+// badger's pid file is absent. badger removes that file and then closes the locked
+// descriptor without unlocking it, so a child forked by any goroutine of this process
+// shares the lock until it execs: a Close then an Open of the same store in one process
+// can fail for that instant. A live owner writes its pid file right after locking, so a
+// store really in use still fails at once (after at most lockSettle if its owner is
+// between the two).
+func openSettled(bo dbadger.Options) (*dbadger.DB, error) {
+	deadline := time.Now().Add(lockSettle)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		db, err := dbadger.Open(bo)
+		if err == nil || !isLockErr(err) || time.Now().After(deadline) {
+			return db, err
+		}
+		if _, serr := os.Stat(filepath.Join(bo.Dir, "LOCK")); !errors.Is(serr, fs.ErrNotExist) {
+			return nil, err
+		}
+		if lockRetried != nil {
+			lockRetried()
+		}
+		time.Sleep(wait)
+	}
 }
 
 // isLockErr reports whether err is badger's directory-lock failure. badger formats the

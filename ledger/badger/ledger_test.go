@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
@@ -86,6 +87,54 @@ func TestOpenLockedStore(t *testing.T) {
 	_, err := Open(dir, Options{})
 	require.ErrorIs(t, err, ErrLocked)
 	require.EqualError(t, err, "store "+dir+" is in use by another process (badger lock)")
+}
+
+// TestOpenWaitsForALockNobodyClaims: badger closes its locked directory descriptor
+// without unlocking it, so a child forked at that instant holds the lock until it execs.
+// A second descriptor of the directory, locked with no pid file, stands in for that
+// child: Open waits for it instead of calling the store in use, and a store that stays
+// locked that way is reported locked once lockSettle has passed.
+func TestOpenWaitsForALockNobodyClaims(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, openTest(t, dir, Options{}).Close())
+	require.NoFileExists(t, filepath.Join(dir, "LOCK"), "badger removes its pid file on close")
+	child, err := os.Open(dir)
+	require.NoError(t, err)
+	defer child.Close()
+	require.NoError(t, unix.Flock(int(child.Fd()), unix.LOCK_EX|unix.LOCK_NB))
+
+	retries := 0
+	lockRetried = func() {
+		retries++
+		if retries == 2 {
+			require.NoError(t, unix.Flock(int(child.Fd()), unix.LOCK_UN), "the child execs")
+		}
+	}
+	defer func() { lockRetried = nil }()
+	l, err := Open(dir, Options{})
+	require.NoError(t, err, "a lock nobody claims is waited for")
+	require.NoError(t, l.Close())
+	require.Equal(t, 2, retries)
+
+	require.NoError(t, unix.Flock(int(child.Fd()), unix.LOCK_EX|unix.LOCK_NB))
+	defer func(d time.Duration) { lockSettle = d }(lockSettle)
+	lockSettle = 20 * time.Millisecond
+	retries = 0
+	lockRetried = func() { retries++ }
+	_, err = Open(dir, Options{})
+	require.ErrorIs(t, err, ErrLocked, "a lock held past lockSettle is reported")
+	require.Greater(t, retries, 0)
+}
+
+// TestOpenLockedStoreFailsAtOnce: a store whose owner wrote its pid file is refused on
+// the first attempt, without waiting.
+func TestOpenLockedStoreFailsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	openTest(t, dir, Options{})
+	lockRetried = func() { t.Error("Open waited for a store its owner claims") }
+	defer func() { lockRetried = nil }()
+	_, err := Open(dir, Options{})
+	require.ErrorIs(t, err, ErrLocked)
 }
 
 func TestOpenRejectsBadOptions(t *testing.T) {

@@ -39,13 +39,16 @@ func removeEmptyLogs(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close() // releases the lock
+	defer d.Close()
 	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil
 		}
 		return &os.PathError{Op: "flock", Path: dir, Err: err}
 	}
+	// Unlock explicitly: a child forked meanwhile shares d until it execs, and would keep
+	// a lock that only Close released from badger's Open right after this.
+	defer unix.Flock(int(d.Fd()), unix.LOCK_UN)
 	ents, err := d.ReadDir(-1)
 	if err != nil {
 		return err
