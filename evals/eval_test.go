@@ -7,9 +7,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 func TestEvalShort(t *testing.T) {
+	testkit.SkipShort(t, "a crash eval of every scenario and subject (TestEvalProxy and the batched tests stay)")
 	out := t.TempDir()
 	if dir := os.Getenv("TOOLFENCE_EVAL_KEEP"); dir != "" {
 		out = dir

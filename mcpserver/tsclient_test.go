@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/npmci"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
@@ -29,6 +30,7 @@ const tsClientDir = "testdata/tsclient"
 // again). Without node or npm the test fails under CI and is skipped otherwise.
 func tsClient(t *testing.T) string {
 	t.Helper()
+	testkit.SkipShort(t, "needs node and npm (the TypeScript SDK)")
 	node, errNode := exec.LookPath("node")
 	npm, errNpm := exec.LookPath("npm")
 	if err := errors.Join(errNode, errNpm); err != nil {

@@ -2,16 +2,15 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"net/url"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
@@ -22,20 +21,14 @@ import (
 // never skip.
 func pgSchema(t *testing.T, prefix string) (schema, dsn string, conn *pgx.Conn) {
 	t.Helper()
-	schema = prefix + strings.ToLower(rand.Text()[:12])
+	dsn = testkit.PostgresDSN(t)
+	schema = testkit.Schema(t, prefix)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, pgDSN())
-	require.NoError(t, err, "the PostgreSQL tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", pgDSN())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-		_ = conn.Close(ctx)
-	})
-	u, err := url.Parse(pgDSN())
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err, "the PostgreSQL tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", dsn)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) }) // before the schema's drop
+	u, err := url.Parse(dsn)
 	require.NoError(t, err)
 	q := u.Query()
 	q.Set("search_path", schema)
@@ -64,8 +57,7 @@ func TestMigrate(t *testing.T) {
 	require.Zero(t, tables(), "--status writes nothing")
 
 	// Commands that only look at or maintain a store do not create one where there is none.
-	_, err := conn.Exec(t.Context(), `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
-	require.NoError(t, err)
+	testkit.CreateSchema(t, schema)
 	for _, args := range [][]string{{"ls"}, {"gc", "--older-than", "1h"}} {
 		fails(t, 1, []string{"no toolfence store there", "has no toolfence tables: nothing has been recorded there"}, append(args, "--store", store)...)
 	}
@@ -101,7 +93,7 @@ func TestMigrate(t *testing.T) {
 	// A schema migrated by a newer toolfence: refused with both versions, nothing written.
 	ok(t, "migrate", "--store", store)
 	newer := latest + 5
-	_, err = conn.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{schema, "toolfence_schema_migrations"}.Sanitize()+` (version, name) VALUES ($1, 'from_the_future')`, newer)
+	_, err := conn.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{schema, "toolfence_schema_migrations"}.Sanitize()+` (version, name) VALUES ($1, 'from_the_future')`, newer)
 	require.NoError(t, err)
 	before = tables()
 	want := fmt.Sprintf("the schema of %s is at version %d, newer than this binary knows (up to %d): it was migrated by a newer toolfence; upgrade toolfence (nothing was changed)",

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -15,43 +12,27 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
 )
-
-// pgDSN is the test server: TOOLFENCE_TEST_PG, else the local default of the Makefile.
-func pgDSN() string {
-	return cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-}
 
 // TestPostgresStore runs the commands against a postgres:// store: a schema of its own,
 // created and filled from this process, named in the DSN's search_path.
 func TestPostgresStore(t *testing.T) {
 	t.Parallel()
-	schema := "tf_cli_" + strings.ToLower(rand.Text()[:12])
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, pgDSN())
-		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
+	dsn := testkit.PostgresDSN(t)
+	schema := testkit.Schema(t, "tf_cli_")
 
 	// An hour in the past on the server's clock: the reserved lease has expired by now.
-	l, err := postgres.Open(t.Context(), pgDSN(), postgres.Options{Schema: schema, TimeOffset: -time.Hour})
-	require.NoError(t, err, "the PostgreSQL store tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", pgDSN())
+	l, err := postgres.Open(t.Context(), dsn, postgres.Options{Schema: schema, TimeOffset: -time.Hour})
+	require.NoError(t, err, "the PostgreSQL store tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", dsn)
 	f := &fixture{t: t}
 	settled := f.settle(l, "default", "run-1", "charge", "invoice:1", residual.Succeeded)
 	unknown, _ := f.reserve(l, "default", "run-1", "charge", "invoice:2", time.Minute)
 	require.NoError(t, l.Close())
 
-	u, err := url.Parse(pgDSN())
+	u, err := url.Parse(dsn)
 	require.NoError(t, err)
 	q := u.Query()
 	q.Set("search_path", schema)
@@ -82,8 +63,9 @@ func TestPostgresStore(t *testing.T) {
 func TestDemoOnPostgres(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, pgDSN())
-	require.NoError(t, err, "the PostgreSQL store tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", pgDSN())
+	dsn := testkit.PostgresDSN(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err, "the PostgreSQL store tests need a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run)", dsn)
 	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) }) // after the drop below
 	schemaOf := func(r result) string {
 		m := regexp.MustCompile(`ledger: the fresh PostgreSQL schema (toolfence_demo_\w+)`).FindStringSubmatch(r.stdout)
@@ -96,12 +78,12 @@ func TestDemoOnPostgres(t *testing.T) {
 		return n == 1
 	}
 
-	r := ok(t, "demo", "--store", pgDSN(), "--rm")
+	r := ok(t, "demo", "--store", dsn, "--rm")
 	requireStory(t, r)
 	first := schemaOf(r)
 	require.False(t, exists(first), "with --rm the run's schema is dropped")
 
-	r = ok(t, "demo", "--store", pgDSN())
+	r = ok(t, "demo", "--store", dsn)
 	requireStory(t, r)
 	kept := schemaOf(r)
 	require.NotEqual(t, first, kept, "a fresh schema per run")

@@ -11,15 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/pgcluster"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/postgres"
 )
 
 // TestAsyncReplicasNeedTheFlag: a command that opens a PostgreSQL store whose only standby
 // is asynchronous fails and names --allow-async-replicas; with it, it runs and warns.
 func TestAsyncReplicasNeedTheFlag(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two PostgreSQL clusters")
-	}
+	testkit.SkipShort(t, "starts two PostgreSQL clusters")
 	ctx := context.Background()
 	primary, err := pgcluster.Start(ctx, pgcluster.Options{})
 	require.NoError(t, err)

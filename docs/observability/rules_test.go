@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // promtool returns the path of promtool, skipping the test when it is missing outside CI;
@@ -14,6 +16,7 @@ import (
 // package, which provides it).
 func promtool(t *testing.T) string {
 	t.Helper()
+	testkit.SkipShort(t, "needs promtool")
 	p, err := exec.LookPath("promtool")
 	if err == nil {
 		return p

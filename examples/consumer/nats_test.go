@@ -21,11 +21,15 @@ var (
 	natsErr  error
 )
 
-// requireNATS fails the test loudly when no NATS server with JetStream answers at natsURL.
+// requireNATS skips the test under -short (make check) and otherwise fails it loudly when no
+// NATS server with JetStream answers at natsURL.
 // Only an explicit TOOLFENCE_SKIP_NATS=1 outside CI turns that into a skip; with CI=true it
 // always fails.
 func requireNATS(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs NATS JetStream (NATS_URL)")
+	}
 	natsOnce.Do(func() { natsErr = pingJetStream(natsURL()) })
 	if natsErr == nil {
 		return

@@ -2,7 +2,6 @@ package demo
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"
@@ -372,21 +372,17 @@ func TestWorkerArgsFlags(t *testing.T) {
 	require.ErrorContains(t, RunWorker(t.Context(), WorkerArgs{Store: "/s"}, io.Discard), "required")
 }
 
-// pgDSN is the test server: TOOLFENCE_TEST_PG, else the local default of the Makefile.
-func pgDSN() string {
-	return cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-}
-
 // TestRunOnPostgres tells the story on PostgreSQL, in a schema of its own that Keep keeps.
 // It fails when no server answers: the PostgreSQL tests never skip.
 func TestRunOnPostgres(t *testing.T) {
 	t.Parallel()
+	dsn := testkit.PostgresDSN(t)
 	var out bytes.Buffer
-	rep, err := Run(t.Context(), Options{Store: pgDSN(), Keep: true, Task: "story-pg", StartWorker: selfWorker, Out: &out})
+	rep, err := Run(t.Context(), Options{Store: dsn, Keep: true, Task: "story-pg", StartWorker: selfWorker, Out: &out})
 	if rep != nil && rep.Schema != "" {
-		t.Cleanup(func() { require.NoError(t, dropSchema(context.Background(), pgDSN(), rep.Schema)) })
+		t.Cleanup(func() { require.NoError(t, dropSchema(context.Background(), dsn, rep.Schema)) })
 	}
-	require.NoError(t, err, "the PostgreSQL demo needs a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run); timeline:\n%s", pgDSN(), out.String())
+	require.NoError(t, err, "the PostgreSQL demo needs a server at TOOLFENCE_TEST_PG=%q (make test starts one via .ci/run); timeline:\n%s", dsn, out.String())
 	require.Equal(t, 1, rep.Charges)
 	require.True(t, strings.HasPrefix(rep.Schema, "toolfence_demo_"), rep.Schema)
 	require.Contains(t, rep.Store, "search_path="+rep.Schema)

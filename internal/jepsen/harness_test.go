@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // TestMain runs a worker when the harness re-executes the test binary as one.
@@ -57,6 +59,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 // TestJepsenBadger: process kills (store reopened by a new process), stops and forward
 // jumps of the ledger's clock, each at least twice, with a checked history.
 func TestJepsenBadger(t *testing.T) {
+	testkit.SkipShort(t, "a 14 s fault run")
 	rep := runShort(t, Options{Backend: "badger", Duration: 14 * time.Second, Clients: 6, Slots: 2, Epoch: 3 * time.Second,
 		FaultFor: time.Second, Quiet: time.Second, Faults: BadgerFaults, Seed: 1})
 	require.GreaterOrEqual(t, rep.Procs, 2, "a killed worker was replaced")
@@ -65,9 +68,7 @@ func TestJepsenBadger(t *testing.T) {
 // TestJepsenPostgres: every fault kind against a throwaway cluster, with a checked history;
 // the failover fault promotes a synchronous standby after crashing the primary.
 func TestJepsenPostgres(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster")
-	}
+	testkit.SkipShort(t, "starts a PostgreSQL cluster for a 32 s fault run")
 	rep := runShort(t, Options{Backend: "postgres", Duration: 32 * time.Second, Workers: 3, Clients: 3, Slots: 3,
 		Epoch: 4 * time.Second, FaultFor: time.Second, Quiet: 700 * time.Millisecond, Faults: PostgresFaults, Seed: 1})
 	require.GreaterOrEqual(t, rep.Procs, 4, "a killed worker was replaced")
@@ -77,9 +78,7 @@ func TestJepsenPostgres(t *testing.T) {
 // workers allow it), so each failover loses what the primary acknowledged while the
 // standby was held behind: the checks must find it.
 func TestJepsenFailoverAsynchronousIsCaught(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two PostgreSQL clusters")
-	}
+	testkit.SkipShort(t, "starts two PostgreSQL clusters")
 	dir := t.TempDir()
 	rep, err := Run(context.Background(), Options{Backend: "postgres", Duration: 10 * time.Second, Workers: 2, Clients: 3,
 		Slots: 3, Epoch: 4 * time.Second, FaultFor: 1500 * time.Millisecond, Quiet: 2 * time.Second,

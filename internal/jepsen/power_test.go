@@ -8,12 +8,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/lazyfs"
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // requireLazyFS skips t where a lazy FS cannot be mounted, and fails it under CI=true
 // (.ci/run installs fuse3; the harness runs as root there).
 func requireLazyFS(t *testing.T) {
 	t.Helper()
+	testkit.SkipShort(t, "mounts a FUSE filesystem")
 	if err := lazyfs.Available(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%v (CI=true: the power-cut tests must run)", err)

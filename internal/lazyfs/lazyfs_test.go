@@ -8,12 +8,15 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // requireAvailable skips t when a lazy FS cannot be mounted here, and fails it under
 // CI=true (CI installs what it needs: see .ci/run).
 func requireAvailable(t *testing.T) {
 	t.Helper()
+	testkit.SkipShort(t, "mounts a FUSE filesystem")
 	if err := Available(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%v (CI=true: the lazy FS must be mountable)", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolfence/toolfence/internal/jepsen"
 	"github.com/toolfence/toolfence/internal/lazyfs"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 )
 
@@ -28,6 +29,7 @@ func TestPowerWorker(t *testing.T) {
 // them and the checker must say so. Process kills alone cannot catch it: a killed
 // process's writes stay in the kernel's page cache.
 func TestPowerLossCatchesSkippedSync(t *testing.T) {
+	testkit.SkipShort(t, "mounts a FUSE filesystem and runs workers for 8 s")
 	if err := lazyfs.Available(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%v (CI=true: the power-cut tests must run)", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/ledgertest"
 	"github.com/toolfence/toolfence/ledger/postgres"
@@ -125,9 +126,8 @@ func benchNaive(b *testing.B, table, get, insert, complete string, clientExpiry 
 	schema := newSchema(b)
 	ctx := context.Background()
 	admin := adminConn(b, schema)
-	_, err := admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
-	require.NoError(b, err)
-	_, err = admin.Exec(ctx, table)
+	testkit.CreateSchema(b, schema)
+	_, err := admin.Exec(ctx, table)
 	require.NoError(b, err)
 	cfg, err := pgxpool.ParseConfig(testDSN())
 	require.NoError(b, err)

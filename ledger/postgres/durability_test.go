@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/pgcluster"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
@@ -22,9 +23,7 @@ import (
 // reconfigured or crashed), stopped and removed when the test ends.
 func throwaway(t *testing.T, settings ...string) *pgcluster.Cluster {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster")
-	}
+	testkit.SkipShort(t, "starts a PostgreSQL cluster")
 	c, err := pgcluster.Start(context.Background(), pgcluster.Options{Settings: settings})
 	if err != nil && os.Getenv("CI") != "true" && os.Getenv("TOOLFENCE_SKIP_PG") == "1" {
 		t.Skip(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
@@ -105,9 +106,8 @@ func TestSchemaTooNewWritesNothing(t *testing.T) {
 	schema := newSchema(t)
 	ctx := context.Background()
 	admin := adminConn(t, schema)
-	_, err := admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, `CREATE TABLE toolfence_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+	testkit.CreateSchema(t, schema)
+	_, err := admin.Exec(ctx, `CREATE TABLE toolfence_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
 		INSERT INTO toolfence_schema_migrations (version, name) VALUES (999, 'from_the_future')`)
 	require.NoError(t, err)
 
@@ -217,8 +217,7 @@ func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
 	ctx := context.Background()
 	opts := postgres.Options{Schema: schema}
 	admin := adminConn(t, schema)
-	_, err := admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
-	require.NoError(t, err)
+	testkit.CreateSchema(t, schema)
 	latest := postgres.LatestVersion()
 
 	from, to, err := postgres.MigrateDown(ctx, testDSN(), latest, postgres.DownOptions{Options: opts})

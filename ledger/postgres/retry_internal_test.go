@@ -1,17 +1,13 @@
 package postgres
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -21,18 +17,12 @@ import (
 // (a saturated pool must not turn into a reconnect storm).
 func TestWriteTimeoutPassedWhileWaitingForAConnection(t *testing.T) {
 	t.Parallel()
-	dsn := cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	schema := "toolfence_test_retry_" + strings.ToLower(rand.Text()[:10])
+	dsn := testkit.PostgresDSN(t)
+	schema := testkit.Schema(t, "toolfence_test_retry_")
 	ctx := context.Background()
 	l, err := Open(ctx, dsn, Options{Schema: schema, MaxConns: 1, WriteTimeout: 300 * time.Millisecond})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = l.Close()
-		if conn, err := pgx.Connect(ctx, dsn); err == nil {
-			_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-			_ = conn.Close(ctx)
-		}
-	})
+	t.Cleanup(func() { _ = l.Close() })
 
 	late := residual.Key("ns", "t", "op", "late")
 	held, err := l.pool.Acquire(ctx) // the pool's only connection, busy past the write timeout

@@ -1,9 +1,7 @@
 package postgres_test
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"strings"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
@@ -30,9 +29,7 @@ func TestMain(m *testing.M) {
 }
 
 // testDSN is the server the tests use: TOOLFENCE_TEST_PG, else the local default.
-func testDSN() string {
-	return cmp.Or(os.Getenv("TOOLFENCE_TEST_PG"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-}
+func testDSN() string { return testkit.PostgresURL() }
 
 var (
 	serverOnce sync.Once
@@ -44,6 +41,7 @@ var (
 // fails.
 func requireServer(t testing.TB) {
 	t.Helper()
+	testkit.SkipShort(t, "needs PostgreSQL (TOOLFENCE_TEST_PG)")
 	serverOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -79,21 +77,7 @@ func redact(dsn string) string {
 func newSchema(t testing.TB) string {
 	t.Helper()
 	requireServer(t)
-	name := "tf_test_" + strings.ToLower(rand.Text()[:16])
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, testDSN())
-		if err != nil {
-			t.Errorf("drop schema %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", name, err)
-		}
-	})
-	return name
+	return testkit.Schema(t, "tf_test_")
 }
 
 // open opens a ledger on schema, closed when the test ends.

@@ -2,23 +2,20 @@ package interop_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"io"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/mcpfixture"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -439,27 +436,11 @@ func TestTaskResultIsAwaitingUpstream(t *testing.T) {
 // pgStore returns a postgres:// store in a schema of its own (dropped at the end).
 func pgStore(t *testing.T) string {
 	t.Helper()
-	dsn := os.Getenv("TOOLFENCE_TEST_PG")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	schema := "tf_interop_" + strings.ToLower(rand.Text()[:12])
+	dsn := testkit.PostgresDSN(t)
+	schema := testkit.Schema(t, "tf_interop_")
 	l, err := postgres.Open(t.Context(), dsn, postgres.Options{Schema: schema})
 	require.NoError(t, err, "the PostgreSQL cells need a server at TOOLFENCE_TEST_PG=%q", dsn)
 	require.NoError(t, l.Close())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
 	u, err := url.Parse(dsn)
 	require.NoError(t, err)
 	q := u.Query()

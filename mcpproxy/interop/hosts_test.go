@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/npmci"
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // host is an MCP client as users run them, connected over stdio to a command.
@@ -206,6 +207,7 @@ const tsHostDir = "testdata/tsclient"
 // downloaded again). Without node or npm the test fails: the matrix needs the host.
 func node(t *testing.T) string {
 	t.Helper()
+	testkit.SkipShort(t, "needs node and npm (the TypeScript SDK)")
 	nodeBin, errNode := exec.LookPath("node")
 	npm, errNpm := exec.LookPath("npm")
 	require.NoError(t, errors.Join(errNode, errNpm), "the TypeScript SDK host needs node and npm on PATH (Debian: apt-get install nodejs npm)")
