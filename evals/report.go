@@ -149,20 +149,6 @@ func (r *Report) trialTotals(subject string) map[Outcome]int {
 	return t
 }
 
-// totals returns the outcome counts of one subject over every scenario, the stress test's
-// messages included.
-func (r *Report) totals(subject string) map[Outcome]int {
-	t := map[Outcome]int{}
-	for _, c := range r.Cells {
-		if c.Subject == subject {
-			for o, n := range c.Counts {
-				t[o] += n
-			}
-		}
-	}
-	return t
-}
-
 // markdown renders the report as a Markdown document.
 func (r *Report) markdown() string {
 	var b strings.Builder

@@ -305,13 +305,6 @@ func stopSink(p *proc, timeout time.Duration) error {
 	return nil
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // gradeAll grades every trial from its sink records and beliefs, tallies the cells and
 // keeps the trials the report lists: all of them up to keepAllTrials trials; beyond, every
 // toolfence trial that is not EXACTLY_ONCE, every trial with a harness error or a note, and

@@ -31,9 +31,8 @@ const (
 	barrierB0 = "b0"
 	// barrierReserved is inside the tool, after the reservation, before the dispatch.
 	barrierReserved = "reserved"
-	// barrierB1 is after the sink performed the effect, before the answer reaches the
-	// worker; the sink holds the answer (it is driven by the sink, not printed here).
-	barrierB1 = "b1"
+	// b1, after the sink performed the effect and before the answer reaches the worker, is
+	// held by the sink, not announced by the worker: it has no constant here.
 	// barrierB2 is after the guarded call returned: the terminal commit and the release
 	// are done, the agent has not reported yet.
 	barrierB2 = "b2"

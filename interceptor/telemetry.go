@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -82,7 +81,6 @@ type telemetry struct {
 
 	opsMu sync.RWMutex
 	ops   map[string]struct{}
-	nOps  atomic.Int32
 	sets  sync.Map // labels → metric.MeasurementOption
 }
 

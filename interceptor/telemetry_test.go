@@ -112,7 +112,7 @@ func (f *telemetryFixture) counts(name string) map[string]int64 {
 func labelString(s attribute.Set) string {
 	var parts []string
 	for _, kv := range s.ToSlice() {
-		parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
+		parts = append(parts, string(kv.Key)+"="+kv.Value.String())
 	}
 	return strings.Join(parts, ",")
 }
@@ -282,7 +282,7 @@ func TestSpansPerDecision(t *testing.T) {
 					requireAttrs(t, c, map[attribute.Key]any{interceptor.AttrDBSystem: "badger", interceptor.AttrDBOperation: c.Name})
 				}
 				for _, kv := range c.Attributes {
-					require.NotContains(t, kv.Value.Emit(), "secret", "span %q attribute %s carries argument or result bytes", c.Name, kv.Key)
+					require.NotContains(t, kv.Value.String(), "secret", "span %q attribute %s carries argument or result bytes", c.Name, kv.Key)
 				}
 			}
 			require.Equal(t, tc.steps, steps, "child spans of the ledger steps, in order")

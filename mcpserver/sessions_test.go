@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 these tests cover the legacy protocol paths (logging, GET streams, subscribe) on purpose
+
 package mcpserver_test
 
 import (

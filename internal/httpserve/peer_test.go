@@ -2,7 +2,6 @@ package httpserve_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -61,6 +60,6 @@ func TestSlowlorisFromOnePeer(t *testing.T) {
 		took = append(took, time.Since(start))
 	}
 	slices.Sort(took)
-	t.Log(fmt.Sprintf("%d slow connections from 127.0.0.2; another client's 50 requests: median %v, p99 %v",
-		len(conns), took[len(took)/2], took[len(took)*99/100]))
+	t.Logf("%d slow connections from 127.0.0.2; another client's 50 requests: median %v, p99 %v",
+		len(conns), took[len(took)/2], took[len(took)*99/100])
 }

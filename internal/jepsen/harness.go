@@ -196,15 +196,14 @@ type harness struct {
 	standby *pgcluster.Cluster
 	repl    *faultproxy.Proxy
 
-	mu       sync.Mutex
-	workers  []*worker
-	procs    int
-	offset   time.Duration // badger's ledger clock offset: only moves forward
-	faults   []FaultRecord
-	stderr   *os.File
-	rng      *rand.Rand
-	wg       sync.WaitGroup
-	stopping bool
+	mu      sync.Mutex
+	workers []*worker
+	procs   int
+	offset  time.Duration // badger's ledger clock offset: only moves forward
+	faults  []FaultRecord
+	stderr  *os.File
+	rng     *rand.Rand
+	wg      sync.WaitGroup
 }
 
 // Run runs the workload under the nemesis, checks the history and writes the report into

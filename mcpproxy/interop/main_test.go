@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/mcpfixture"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/residual"
@@ -29,27 +28,9 @@ import (
 var bin, fxBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "toolfence-interop-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin, fxBin = filepath.Join(dir, "toolfence"), filepath.Join(dir, "mcpfixture")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goTool); err != nil {
-		goTool = "go"
-	}
-	build := exec.Command(goTool, "build", "-o", dir+"/",
-		"github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/mcpfixture/cmd/mcpfixture")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building toolfence:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testkit.RunWithBinaries(m, func(dir string) {
+		bin, fxBin = filepath.Join(dir, "toolfence"), filepath.Join(dir, "mcpfixture")
+	}, "github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/mcpfixture/cmd/mcpfixture"))
 }
 
 // fixtures are the upstream servers every cheap cell runs against.
