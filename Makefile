@@ -6,7 +6,7 @@ BENCHTIME ?= 2s
 COUNT    ?= 6
 export TOOLFENCE_TEST_PG ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: all build demo test test-short bench lint fuzz jepsen clean
+.PHONY: all build demo check test bench lint fuzz jepsen clean
 
 all: build
 
@@ -16,6 +16,16 @@ build:
 ## demo: the crash-and-hand-over story on the embedded badger store.
 demo: build
 	./bin/toolfence demo
+
+## check: the fast loop (docs/development.md), no services needed: the repository holds no
+## binary or large file, gofmt, go vet, staticcheck, go.mod and go.sum tidy, then the tests
+## with -short (every test that needs a service or runs long skips).
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.7.0
+check: lint
+	scripts/checkrepo.sh
+	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) mod tidy -diff
+	$(GO) test -short -p $(P) -timeout 10m $(PKGS)
 
 ## test: every test, with the race detector. Needs PostgreSQL (see README).
 test:
