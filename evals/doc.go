@@ -2,6 +2,6 @@
 // barriers of a guarded tool call and grades every outcome from an effect sink's own log.
 //
 // It imports residual, interceptor, ledger with both backends, evals/baselines, and for the
-// MCP proxy subjects mcpproxy, internal/payments and the official Go SDK; only cmd/toolfence
+// MCP proxy subjects mcpproxy, examples/payments and the official Go SDK; only cmd/toolfence
 // imports it (for `toolfence eval` and its hidden worker, sink, payments and relay commands).
 package evals

@@ -20,12 +20,12 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolfence/toolfence/internal/payments"
+	"github.com/toolfence/toolfence/examples/payments"
 	"github.com/toolfence/toolfence/mcpproxy"
 )
 
 // The proxy subjects: an MCP host (the worker) calls the payments MCP server (a real process,
-// internal/payments, whose charges are the sink's effects) through `toolfence proxy` or
+// examples/payments, whose charges are the sink's effects) through `toolfence proxy` or
 // through a bare relay. The worker process and the proxy (or relay) it starts share a process
 // group, so one SIGKILL or SIGSTOP hits both; the upstream server runs in its own group, as
 // the proxy starts it, and ends when its stdin closes.

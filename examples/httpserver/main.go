@@ -34,9 +34,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/toolfence/toolfence/httpguard"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger/badger"
 )
 
@@ -57,19 +58,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	store := fs.String("store", ".toolfence/httpserver", "badger ledger directory")
 	tokens := fs.String("tokens", "dev-token=dev", "comma-separated TOKEN=PRINCIPAL pairs")
-	var limits httpserve.Limits
-	fs.IntVar(&limits.MaxConns, "max-conns", httpserve.DefaultMaxConns, "connections held open at once (more wait to be accepted)")
-	fs.DurationVar(&limits.IdleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "close a keep-alive connection idle this long")
-	fs.DurationVar(&limits.ReadTimeout, "read-timeout", httpserve.DefaultReadTimeout, "time to read a request, headers and body")
-	fs.DurationVar(&limits.ReadHeaderTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "time to read a request's headers")
+	maxConns := fs.Int("max-conns", 1024, "connections held open at once (more wait to be accepted)")
+	idle := fs.Duration("idle-timeout", 60*time.Second, "close a keep-alive connection idle this long")
+	read := fs.Duration("read-timeout", 30*time.Second, "time to read a request, headers and body")
+	header := fs.Duration("header-timeout", 10*time.Second, "time to read a request's headers")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if limits.MaxConns <= 0 || limits.IdleTimeout <= 0 || limits.ReadTimeout <= 0 || limits.ReadHeaderTimeout <= 0 {
+	if *maxConns <= 0 || *idle <= 0 || *read <= 0 || *header <= 0 {
 		return errors.New("-max-conns, -idle-timeout, -read-timeout and -header-timeout must be positive")
 	}
-	if err := limits.Validate(); err != nil {
-		return err
+	if *header > *read {
+		return fmt.Errorf("-header-timeout %v exceeds -read-timeout %v", *header, *read)
 	}
 	principals, err := parseTokens(*tokens)
 	if err != nil {
@@ -92,10 +92,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := limits.Server(h)
+	// Timeouts for reading requests and idle connections, none for writing (it would cut a
+	// long response stream), and at most maxConns connections at once.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: *header, ReadTimeout: *read, IdleTimeout: *idle}
 	fmt.Fprintf(out, "listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(limits.Listener(ln)) }()
+	go func() { errc <- srv.Serve(netutil.LimitListener(ln, *maxConns)) }()
 	select {
 	case err := <-errc:
 		return err

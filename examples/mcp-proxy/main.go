@@ -33,8 +33,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	lctools "github.com/tmc/langchaingo/tools"
 
-	"github.com/toolfence/toolfence/internal/payments"
-	"github.com/toolfence/toolfence/internal/scripted"
+	"github.com/toolfence/toolfence/examples/payments"
+	"github.com/toolfence/toolfence/examples/scripted"
 )
 
 // policy is the proxy's policy file (YAML): charge protected, keyed by its order id, with

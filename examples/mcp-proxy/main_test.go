@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/payments"
+	"github.com/toolfence/toolfence/examples/payments"
 )
 
 // TestExampleExactlyOneCharge builds toolfence, the payments server and the example, and

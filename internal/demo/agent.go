@@ -8,7 +8,7 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/toolfence/toolfence/internal/scripted"
+	"github.com/toolfence/toolfence/examples/scripted"
 	"github.com/toolfence/toolfence/tools"
 )
 

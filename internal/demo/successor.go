@@ -10,8 +10,8 @@ import (
 
 	lctools "github.com/tmc/langchaingo/tools"
 
+	"github.com/toolfence/toolfence/examples/scripted"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/scripted"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 	"github.com/toolfence/toolfence/tools"

@@ -11,8 +11,8 @@ import (
 
 	lctools "github.com/tmc/langchaingo/tools"
 
+	"github.com/toolfence/toolfence/examples/scripted"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/scripted"
 )
 
 // DefaultLeaseTTL is the lease of the story's charge: short, so the successor does not wait

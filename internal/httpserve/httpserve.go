@@ -1,5 +1,5 @@
-// Package httpserve is the one set-up of toolfence's HTTP servers (serve --http, proxy
-// --http and the example tool server): timeouts and caps on open connections (in all and per
+// Package httpserve is the one set-up of toolfence's HTTP servers (serve --http and proxy
+// --http): timeouts and caps on open connections (in all and per
 // peer address) that never
 // cut a long-lived response stream, the refusal of requests a web page makes a browser send
 // (CheckBrowser), of JSON bodies too deep or too large in values to decode (CheckShape), and

@@ -18,8 +18,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolfence/toolfence/examples/payments"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/payments"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
 )

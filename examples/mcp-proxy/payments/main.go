@@ -9,7 +9,7 @@
 // The ledger file is --ledger, else $PAYMENTS_LEDGER, else payments-ledger.jsonl. With
 // --pause-after-charge it plays a slow payment API: once a charge is durable it does not
 // answer until its client goes away (the example kills the agent meanwhile). The server's
-// code is internal/payments (the evals and benchmarks use it too).
+// code is examples/payments (the evals and benchmarks use it too).
 package main
 
 import (
@@ -22,7 +22,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/toolfence/toolfence/internal/payments"
+	"github.com/toolfence/toolfence/examples/payments"
 )
 
 func main() {

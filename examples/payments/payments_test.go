@@ -9,7 +9,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/payments"
+	"github.com/toolfence/toolfence/examples/payments"
 )
 
 func connect(t *testing.T, b payments.Backend) *mcp.ClientSession {
