@@ -19,19 +19,24 @@ demo: build
 
 ## check: the fast loop (docs/development.md), no services needed: the repository holds no
 ## binary or large file, gofmt, go vet, staticcheck, go.mod and go.sum tidy, then the tests
-## with -short (every test that needs a service or runs long skips).
+## with -short (every test that needs a service or runs long skips); then the same in the
+## examples/consumer module.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.7.0
 check: lint
 	scripts/checkrepo.sh
 	$(GO) run $(STATICCHECK) $(PKGS)
 	$(GO) mod tidy -diff
 	$(GO) test -short -p $(P) -timeout 10m $(PKGS)
+	cd examples/consumer && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) mod tidy -diff && \
+	  $(GO) test -short -p $(P) -timeout 5m ./...
 
-## test: every test, with the race detector. Needs PostgreSQL (see README).
+## test: every test, with the race detector. Needs PostgreSQL (see README). examples/consumer
+## is a module of its own (so that nats.go stays out of toolfence's go.mod): its tests run too.
 test:
 	$(GO) mod download
 	$(GO) vet -p $(P) $(PKGS)
 	$(GO) test -race -p $(P) -count=1 -timeout 20m $(PKGS)
+	cd examples/consumer && $(GO) vet ./... && $(GO) test -race -p $(P) -count=1 -timeout 5m ./...
 
 ## bench: the benchmarks of docs/benchmarks.md in COUNT interleaved rounds (each round runs
 ## every package's benchmarks once, so a target's ratio compares neighbours in time), then

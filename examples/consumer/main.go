@@ -4,7 +4,7 @@
 // died mid-handler) is dead-lettered and held until it is reconciled, never acknowledged.
 //
 //	nats-server -js &
-//	go run ./examples/consumer -publish 1000 -workers 8 -store /tmp/tf-consumer
+//	cd examples/consumer && go run . -publish 1000 -workers 8 -store /tmp/tf-consumer
 //
 // With -publish N it first publishes N orders, 30 % of them duplicates (re-published under a
 // new message id), consumes until everything is acknowledged and prints a summary; without
