@@ -40,8 +40,8 @@ test:
 
 ## bench: the benchmarks of docs/benchmarks.md in COUNT interleaved rounds (each round runs
 ## every package's benchmarks once, so a target's ratio compares neighbours in time), then
-## benchstat and the verdict on every target (internal/benchcheck).
-BENCHPKGS ?= interceptor ledger/badger ledger/postgres internal/proxybench
+## benchstat and the verdict on every target (internal/checks/benchcheck).
+BENCHPKGS ?= interceptor ledger/badger ledger/postgres internal/checks/proxybench
 bench:
 	@mkdir -p bin/bench
 	@for p in $(BENCHPKGS); do $(GO) test -c -o bin/bench/$$(echo $$p | tr / -).test ./$$p/ || exit 1; done
@@ -53,7 +53,7 @@ bench:
 	  done; \
 	done
 	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out
-	$(GO) run ./internal/benchcheck bench.out
+	$(GO) run ./internal/checks/benchcheck bench.out
 
 ## lint: formatting and vet.
 lint:

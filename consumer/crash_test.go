@@ -10,7 +10,7 @@ import (
 
 	"github.com/toolfence/toolfence/consumer"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/residual"
@@ -18,7 +18,7 @@ import (
 
 const crashDirEnv = "TOOLFENCE_CONSUMER_CRASH_DIR"
 
-// TestCrashChild is the child of TestConsumerKilledMidHandler (see internal/crashtest): a
+// TestCrashChild is the child of TestConsumerKilledMidHandler (see internal/testkit/crashtest): a
 // consumer that takes one delivery, marks "in-handler" and hangs in the handler until it is
 // killed. It marks "ack" for every delivery it would acknowledge. It returns at once in a
 // normal run.

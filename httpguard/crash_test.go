@@ -13,7 +13,7 @@ import (
 
 	"github.com/toolfence/toolfence/httpguard"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/residual"
@@ -21,7 +21,7 @@ import (
 
 const crashDirEnv = "TOOLFENCE_HTTPGUARD_CRASH_DIR"
 
-// TestCrashChild is the child of TestProcessDiesMidRequest (see internal/crashtest): a
+// TestCrashChild is the child of TestProcessDiesMidRequest (see internal/testkit/crashtest): a
 // guarded server on a real listener (it marks "listening <addr>") whose handler marks
 // "in-handler" and hangs until the process is killed. It returns at once in a normal run.
 func TestCrashChild(t *testing.T) {

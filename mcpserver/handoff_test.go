@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -27,7 +27,7 @@ type agentJob struct {
 	Begin map[string]any `json:"begin"`
 }
 
-// TestCrashChild is the child of the hand-off tests (see internal/crashtest); it returns at
+// TestCrashChild is the child of the hand-off tests (see internal/testkit/crashtest); it returns at
 // once in a normal test run.
 func TestCrashChild(t *testing.T) {
 	crashtest.Run(t, map[string]func(t *testing.T){"agent-a": func(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"

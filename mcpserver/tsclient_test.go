@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/npmci"
 	"github.com/toolfence/toolfence/internal/testkit"
+	"github.com/toolfence/toolfence/internal/testkit/npmci"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/toolfence/toolfence/cmd/toolfence/internal/demo"
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/internal/demo"
 )
 
 func newDemoCmd(a *app) *cobra.Command {

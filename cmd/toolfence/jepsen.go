@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/toolfence/toolfence/internal/jepsen"
+	"github.com/toolfence/toolfence/evals/jepsen"
 )
 
 func init() {
@@ -49,7 +49,7 @@ is held behind, the standby is promoted; the standby is synchronous unless
 --async-standby, which must then be caught losing writes). Badger runs one worker process
 at a time (its directory lock) with kill, stop and skew; add power (--faults
 kill,skew,stop,power) to put its store on a FUSE filesystem that drops everything unsynced
-at each cut (needs root and /dev/fuse; internal/lazyfs).
+at each cut (needs root and /dev/fuse; evals/lazyfs).
 
 Each run writes history.jsonl, verdict.json, report.json and workers.log (and, on a
 violation, violation.html) into --dir/<backend>. The exit status is 1 when a verdict is not

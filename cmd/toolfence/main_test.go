@@ -27,7 +27,7 @@ var bin string
 
 func TestMain(m *testing.M) {
 	// Built without -race: the binary's concurrent parts (the demo's API, worker and
-	// successor) run under the race detector in internal/demo's tests.
+	// successor) run under the race detector in cmd/toolfence/internal/demo's tests.
 	os.Exit(testkit.RunWithBinaries(m, func(dir string) { bin = filepath.Join(dir, "toolfence") }, "."))
 }
 

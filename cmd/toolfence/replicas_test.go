@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/pgcluster"
+	"github.com/toolfence/toolfence/internal/fixture/pgcluster"
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/postgres"
 )

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/consumer"
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
@@ -27,7 +27,7 @@ type crashConfig struct {
 	AckWait                              time.Duration
 }
 
-// TestCrashChild is the child of TestKilledConsumerIsNotAcked (see internal/crashtest): a
+// TestCrashChild is the child of TestKilledConsumerIsNotAcked (see internal/testkit/crashtest): a
 // JetStream consumer whose handler marks "in-handler <message id>" and hangs until the
 // process is killed. It returns at once in a normal test run.
 func TestCrashChild(t *testing.T) {

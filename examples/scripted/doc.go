@@ -3,5 +3,5 @@
 // is public so that an example copied out of this repository still builds; it is a stand-in
 // for a real model, not part of toolfence's API, and carries no compatibility promise.
 //
-// It imports langchaingo only; examples/agents, examples/mcp-proxy and internal/demo import it.
+// It imports langchaingo only; examples/agents, examples/mcp-proxy and cmd/toolfence/internal/demo import it.
 package scripted

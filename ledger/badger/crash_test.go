@@ -8,12 +8,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// The crash tests re-execute this test binary as a child (internal/crashtest) that runs
+// The crash tests re-execute this test binary as a child (internal/testkit/crashtest) that runs
 // TestCrashChild in a role. The child marks a step only after the step returned, then
 // hangs until it is killed; the parent SIGKILLs it and reopens the store, so whatever the
 // child marked must be there.

@@ -4,7 +4,7 @@ package badger
 // binary as its worker processes.
 const (
 	// powerWorkerEnv is jepsen.WorkerEnv, set in every worker process (this package's
-	// tests cannot import internal/jepsen, which imports this package).
+	// tests cannot import evals/jepsen, which imports this package).
 	powerWorkerEnv = "TOOLFENCE_JEPSEN_WORKER"
 	// PlantEnv in a worker's environment names the bug TestMain plants there (plant).
 	PlantEnv         = "TOOLFENCE_BADGER_PLANT"

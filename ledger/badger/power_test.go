@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/jepsen"
-	"github.com/toolfence/toolfence/internal/lazyfs"
+	"github.com/toolfence/toolfence/evals/jepsen"
+	"github.com/toolfence/toolfence/evals/lazyfs"
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 )

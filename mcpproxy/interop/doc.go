@@ -1,5 +1,5 @@
 // Package interop holds the interoperability and failure tests of `toolfence proxy`: the real
 // binary between the MCP hosts users run (official Go SDK, mcp-go, TypeScript SDK) and
-// upstream servers written with the official Go SDK and mcp-go (internal/mcpfixture). It
+// upstream servers written with the official Go SDK and mcp-go (internal/fixture/mcpfixture). It
 // has no code of its own; see its tests.
 package interop

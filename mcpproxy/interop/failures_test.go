@@ -14,7 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/mcpfixture"
+	"github.com/toolfence/toolfence/internal/fixture/mcpfixture"
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"

@@ -18,8 +18,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/npmci"
 	"github.com/toolfence/toolfence/internal/testkit"
+	"github.com/toolfence/toolfence/internal/testkit/npmci"
 )
 
 // host is an MCP client as users run them, connected over stdio to a command.

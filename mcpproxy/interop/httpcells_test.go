@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/mcpfixture"
+	"github.com/toolfence/toolfence/internal/fixture/mcpfixture"
 	"github.com/toolfence/toolfence/residual"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/mcpfixture"
+	"github.com/toolfence/toolfence/internal/fixture/mcpfixture"
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
@@ -23,14 +23,14 @@ import (
 )
 
 // bin is the toolfence binary TestMain builds; the tests run it as a host would. fxBin is
-// the upstream fixtures' binary (internal/mcpfixture/cmd/mcpfixture), built without -race
+// the upstream fixtures' binary (internal/fixture/mcpfixture/cmd/mcpfixture), built without -race
 // so that the many fixture processes start fast.
 var bin, fxBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(testkit.RunWithBinaries(m, func(dir string) {
 		bin, fxBin = filepath.Join(dir, "toolfence"), filepath.Join(dir, "mcpfixture")
-	}, "github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/mcpfixture/cmd/mcpfixture"))
+	}, "github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/fixture/mcpfixture/cmd/mcpfixture"))
 }
 
 // fixtures are the upstream servers every cheap cell runs against.

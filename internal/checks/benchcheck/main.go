@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	go run ./internal/benchcheck bench.out
+//	go run ./internal/checks/benchcheck bench.out
 //
 // It prints, for every target, the value of each round, their median, how many rounds met
 // it and the verdict (met when the median does). It exits 1 when a target's benchmarks are
@@ -63,20 +63,20 @@ var targets = []target{
 		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "NaiveBaselineMinimal"}, 1, true, 1.0, true, bench{}},
 	{3, "throughput at 64 callers ≥ 3 × sequential (PostgresGuardedCall / PostgresGuardedCallParallel/callers=64)",
 		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64"}, 1, false, 3, false, bench{}},
-	{13, "the proxy adds ≤ 1.5 × a guarded call ((ProxyProtected − Direct) / GuardedCall, all of internal/proxybench)",
-		bench{"internal/proxybench", "ProxyProtected"}, bench{"internal/proxybench", "GuardedCall"}, 1, true, 1.5, false,
-		bench{"internal/proxybench", "Direct"}},
+	{13, "the proxy adds ≤ 1.5 × a guarded call ((ProxyProtected − Direct) / GuardedCall, all of internal/checks/proxybench)",
+		bench{"internal/checks/proxybench", "ProxyProtected"}, bench{"internal/checks/proxybench", "GuardedCall"}, 1, true, 1.5, false,
+		bench{"internal/checks/proxybench", "Direct"}},
 	{13, "a bypassed call through the proxy ≤ 1.10 × the direct call (ProxyBypassed / Direct)",
-		bench{"internal/proxybench", "ProxyBypassed"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, false, bench{}},
+		bench{"internal/checks/proxybench", "ProxyBypassed"}, bench{"internal/checks/proxybench", "Direct"}, 1, true, 1.10, false, bench{}},
 	{13, "reference: the same call guarded in-process, no proxy process, in guarded calls ((GuardedUpstreamCall − Direct) / GuardedCall)",
-		bench{"internal/proxybench", "GuardedUpstreamCall"}, bench{"internal/proxybench", "GuardedCall"}, 1, true, 1.5, true,
-		bench{"internal/proxybench", "Direct"}},
+		bench{"internal/checks/proxybench", "GuardedUpstreamCall"}, bench{"internal/checks/proxybench", "GuardedCall"}, 1, true, 1.5, true,
+		bench{"internal/checks/proxybench", "Direct"}},
 	{13, "reference: the proxy process ÷ the same call guarded in-process (ProxyProtected / GuardedUpstreamCall)",
-		bench{"internal/proxybench", "ProxyProtected"}, bench{"internal/proxybench", "GuardedUpstreamCall"}, 1, true, 1.10, true, bench{}},
+		bench{"internal/checks/proxybench", "ProxyProtected"}, bench{"internal/checks/proxybench", "GuardedUpstreamCall"}, 1, true, 1.10, true, bench{}},
 	{13, "reference: a sync a millisecond after the last ÷ back-to-back syncs (FsyncSpaced / FsyncBackToBack)",
-		bench{"internal/proxybench", "FsyncSpaced"}, bench{"internal/proxybench", "FsyncBackToBack"}, 1, true, 1.10, true, bench{}},
+		bench{"internal/checks/proxybench", "FsyncSpaced"}, bench{"internal/checks/proxybench", "FsyncBackToBack"}, 1, true, 1.10, true, bench{}},
 	{13, "reference: a byte relay process (io.Copy each way) ÷ the direct call (RelayFloor / Direct)",
-		bench{"internal/proxybench", "RelayFloor"}, bench{"internal/proxybench", "Direct"}, 1, true, 1.10, true, bench{}},
+		bench{"internal/checks/proxybench", "RelayFloor"}, bench{"internal/checks/proxybench", "Direct"}, 1, true, 1.10, true, bench{}},
 }
 
 // parse reads benchmark output and returns the ns/op samples of every benchmark in the order

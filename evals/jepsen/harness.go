@@ -18,8 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/toolfence/toolfence/internal/faultproxy"
-	"github.com/toolfence/toolfence/internal/pgcluster"
+	"github.com/toolfence/toolfence/evals/faultproxy"
+	"github.com/toolfence/toolfence/internal/fixture/pgcluster"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/postgres"

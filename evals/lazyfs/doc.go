@@ -1,6 +1,6 @@
 // Package lazyfs is a FUSE filesystem that loses, at a simulated power cut, everything that
 // was not fsynced: the jepsen harness runs the badger ledger on it to check the sync path.
-// It imports go-fuse and the standard library only; only internal/jepsen and tests import it.
+// It imports go-fuse and the standard library only; only evals/jepsen and tests import it.
 //
 // # What it models
 //

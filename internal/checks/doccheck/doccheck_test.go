@@ -15,7 +15,7 @@ import (
 )
 
 // root is the module's root directory.
-const root = "../.."
+const root = "../../.."
 
 // markdown returns the Markdown files of the repository (not in dot-directories or testdata).
 func markdown(t *testing.T) []string {

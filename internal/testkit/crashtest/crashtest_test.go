@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/toolfence/toolfence/internal/crashtest"
+	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 )
 
 func TestMain(m *testing.M) {

@@ -128,7 +128,7 @@ func TestJudgeRefusesRoundsThatCannotBePaired(t *testing.T) {
 // TestJudgeDifferenceTarget: the proxy's target is what a proxied call adds to a direct one,
 // in guarded calls of the same round: (ProxyProtected − Direct) / GuardedCall.
 func TestJudgeDifferenceTarget(t *testing.T) {
-	const out = `pkg: github.com/toolfence/toolfence/internal/proxybench
+	const out = `pkg: github.com/toolfence/toolfence/internal/checks/proxybench
 BenchmarkDirect-2           	     500	   2000000 ns/op
 BenchmarkProxyProtected-2   	     200	   5000000 ns/op
 BenchmarkProxyBypassed-2    	     400	   2100000 ns/op
@@ -137,7 +137,7 @@ BenchmarkGuardedCall-2      	     400	   2500000 ns/op
 BenchmarkGuardedUpstreamCall-2 	     400	   4000000 ns/op
 BenchmarkFsyncBackToBack-2  	    5000	    200000 ns/op
 BenchmarkFsyncSpaced-2      	     900	    400000 ns/op
-pkg: github.com/toolfence/toolfence/internal/proxybench
+pkg: github.com/toolfence/toolfence/internal/checks/proxybench
 BenchmarkDirect-2           	     500	   2000000 ns/op
 BenchmarkProxyProtected-2   	     200	   6000000 ns/op
 BenchmarkProxyBypassed-2    	     400	   2400000 ns/op
@@ -167,7 +167,7 @@ BenchmarkFsyncSpaced-2      	     900	    300000 ns/op
 	require.InDeltaSlice(t, []float64{2.0, 1.5}, got[4].values, 1e-9)  // spaced ÷ back-to-back syncs
 	require.InDeltaSlice(t, []float64{1.1, 1.15}, got[5].values, 1e-9) // the relay floor
 
-	delete(s, bench{"internal/proxybench", "Direct"})
+	delete(s, bench{"internal/checks/proxybench", "Direct"})
 	var protect target
 	for _, tg := range targets {
 		if tg.num.name == "ProxyProtected" && !tg.reference {

@@ -9,13 +9,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/toolfence/toolfence/internal/lazyfs"
+	"github.com/toolfence/toolfence/evals/lazyfs"
 )
 
 // FPower is a power cut (badger): the worker process is SIGKILLed and, at the same moment
 // as far as the store can tell, the lazy FS under the store drops everything that was not
 // fsynced; a new worker process reopens the store. With it in the schedule the badger
-// store lives on a lazy FS (internal/lazyfs) served by the harness process, for every
+// store lives on a lazy FS (evals/lazyfs) served by the harness process, for every
 // fault of the run. It needs /dev/fuse and root (see lazyfs.Available).
 const FPower = "power"
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/toolfence/toolfence/internal/lazyfs"
+	"github.com/toolfence/toolfence/evals/lazyfs"
 	"github.com/toolfence/toolfence/internal/testkit"
 )
 
