@@ -20,9 +20,10 @@ import (
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
-// tsClientDir is the Node project of the TypeScript SDK client (client.mjs); its
-// package-lock.json pins @modelcontextprotocol/sdk, and `npm ci` installs it there.
-const tsClientDir = "testdata/tsclient"
+// tsClientDir is the one Node project of the TypeScript SDK programs (client.mjs here,
+// host.mjs in mcpproxy/interop); its package-lock.json pins @modelcontextprotocol/sdk, and
+// `npm ci` installs it there.
+const tsClientDir = "../internal/fixture/testdata/tsclient"
 
 // tsClient returns the node binary once node_modules of tsClientDir is installed, running
 // `npm ci` at most once per test binary and only when package.json or package-lock.json

@@ -194,11 +194,11 @@ func (w *world) rawSession(argv []string, reqs ...rawRequest) [][]byte {
 	return results
 }
 
-// The TypeScript host: testdata/tsclient/host.mjs on the official TypeScript SDK.
+// The TypeScript host: internal/fixture/testdata/tsclient/host.mjs on the official TypeScript SDK.
 
 // tsHostDir is the Node project of the TypeScript SDK host; its package-lock.json pins
 // @modelcontextprotocol/sdk, and `npm ci` installs it there.
-const tsHostDir = "testdata/tsclient"
+const tsHostDir = "../../internal/fixture/testdata/tsclient"
 
 // installStamp, inside node_modules, holds the SHA-256 of the package.json and
 // package-lock.json node_modules was installed from, so later runs skip `npm ci`.

@@ -107,7 +107,7 @@ func TestHostsSeeUpstreamToolsAndReplays(t *testing.T) {
 }
 
 // TestTypeScriptHostSeesUpstreamToolsAndReplays: the same with a host on the official
-// TypeScript SDK (testdata/tsclient/host.mjs), and the call replays again after a restart
+// TypeScript SDK (internal/fixture/testdata/tsclient/host.mjs), and the call replays again after a restart
 // of host and proxy.
 func TestTypeScriptHostSeesUpstreamToolsAndReplays(t *testing.T) {
 	t.Parallel()

@@ -1,6 +1,7 @@
 // Package npmci installs the npm dependencies of the Node.js scripts that tests run (MCP hosts
 // on the TypeScript SDK): `npm ci` at most once per directory and process, and only when the
-// directory's package.json or package-lock.json changed since its last install.
+// directory's package.json or package-lock.json changed since its last install. Test binaries
+// of several packages may install the same directory at once: a file lock in it serializes them.
 package npmci
 
 import (
@@ -39,6 +40,11 @@ func Install(npm, dir string) error {
 }
 
 func install(npm, dir string) error {
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return fmt.Errorf("npm ci in %s: %w", dir, err)
+	}
+	defer unlock()
 	h := sha256.New()
 	for _, name := range []string{"package.json", "package-lock.json"} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
