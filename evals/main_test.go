@@ -10,26 +10,22 @@ import (
 	"testing"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
 )
 
 // roleEnv makes the test binary act as a worker or the sink when it re-executes itself.
-const roleEnv = "TOOLFENCE_EVAL_ROLE"
+const roleEnv = testkit.RoleEnv
 
 func TestMain(m *testing.M) {
-	switch os.Getenv(roleEnv) {
-	case "worker":
-		os.Exit(WorkerMain(context.Background(), os.Args[1:], os.Stdout))
-	case "sink":
-		os.Exit(SinkMain(os.Args[1:], os.Stdout))
-	case "payments":
-		os.Exit(PaymentsMain(os.Args[1:]))
-	case "relay":
-		os.Exit(RelayMain(os.Args[1:]))
-	case "proxy":
-		os.Exit(testProxyMain(os.Args[1:]))
-	}
+	testkit.RunRole(map[string]func() int{
+		"worker":   func() int { return WorkerMain(context.Background(), os.Args[1:], os.Stdout) },
+		"sink":     func() int { return SinkMain(os.Args[1:], os.Stdout) },
+		"payments": func() int { return PaymentsMain(os.Args[1:]) },
+		"relay":    func() int { return RelayMain(os.Args[1:]) },
+		"proxy":    func() int { return testProxyMain(os.Args[1:]) },
+	})
 	os.Exit(m.Run())
 }
 

@@ -14,15 +14,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// The multi-process test re-executes the test binary as children; TestMain hands a child
-// to runChild when childRoleEnv is set.
+// The multi-process test re-executes the test binary as children in the role "reserver"
+// (testkit.RoleEnv; TestMain runs it).
 const (
-	childRoleEnv   = "TOOLFENCE_PG_CHILD_ROLE"
 	childSchemaEnv = "TOOLFENCE_PG_CHILD_SCHEMA"
 	childIndexEnv  = "TOOLFENCE_PG_CHILD_INDEX"
 
@@ -54,7 +54,7 @@ func TestMultiProcessExactlyOnce(t *testing.T) {
 	children := make([]*child, mpProcesses)
 	for i := range children {
 		c := &child{cmd: exec.Command(os.Args[0], "-test.run=^$")}
-		c.cmd.Env = append(os.Environ(), childRoleEnv+"=reserver", childSchemaEnv+"="+schema,
+		c.cmd.Env = append(os.Environ(), testkit.WithRole("reserver"), childSchemaEnv+"="+schema,
 			childIndexEnv+"="+strconv.Itoa(i), "TOOLFENCE_TEST_PG="+testDSN())
 		c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 		require.NoError(t, c.cmd.Start())
@@ -89,19 +89,8 @@ func TestMultiProcessExactlyOnce(t *testing.T) {
 	}
 }
 
-// runChild is the body of one child process; its exit code is the test's verdict on it.
-func runChild(role string) int {
-	if role != "reserver" {
-		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
-		return 2
-	}
-	if err := reserver(); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	return 0
-}
-
+// reserver is the body of one child process (role "reserver"): an error exits it with 1,
+// the test's verdict on it.
 func reserver() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

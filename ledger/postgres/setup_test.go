@@ -22,9 +22,7 @@ import (
 // TestMain runs a child role of the multi-process test when asked to, and otherwise the
 // tests, checking that none leaks a goroutine.
 func TestMain(m *testing.M) {
-	if role := os.Getenv(childRoleEnv); role != "" {
-		os.Exit(runChild(role))
-	}
+	testkit.RunRole(map[string]func() int{"reserver": testkit.RoleFunc("child", reserver)})
 	goleak.VerifyTestMain(m)
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
@@ -24,7 +25,7 @@ import (
 )
 
 // roleEnv makes the test binary a child process that owns a store (see TestMain).
-const roleEnv = "TOOLFENCE_REMOTE_TEST_ROLE"
+const roleEnv = testkit.RoleEnv
 
 // shortDir returns a new directory with a short path (a unix socket path holds at most 107
 // bytes), removed at cleanup.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolfence/toolfence/examples/payments"
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
 )
@@ -28,27 +29,19 @@ import (
 //   ProxyProtected − Direct ≤ 1.5 × GuardedCall: the proxy adds at most 1.5 guarded calls;
 //   ProxyBypassed ≤ 1.10 × Direct: a bypassed call adds at most 10 %.
 
-// roleEnv makes the test binary the payments server or the proxy when it re-executes itself.
-const roleEnv = "TOOLFENCE_PROXYBENCH_ROLE"
+// roleEnv makes the test binary the payments server, the relay or the proxy when it
+// re-executes itself.
+const roleEnv = testkit.RoleEnv
 
 func TestMain(m *testing.M) {
-	switch os.Getenv(roleEnv) {
-	case "payments":
-		_ = payments.Serve(context.Background(), &payments.FileLedger{Path: os.Getenv("PAYMENTS_LEDGER")})
-		os.Exit(0)
-	case "relay":
-		if err := runRelay(); err != nil {
-			fmt.Fprintln(os.Stderr, "relay:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	case "proxy":
-		if err := runProxy(); err != nil {
-			fmt.Fprintln(os.Stderr, "proxy:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testkit.RunRole(map[string]func() int{
+		"payments": func() int {
+			_ = payments.Serve(context.Background(), &payments.FileLedger{Path: os.Getenv("PAYMENTS_LEDGER")})
+			return 0
+		},
+		"relay": testkit.RoleFunc("relay", runRelay),
+		"proxy": testkit.RoleFunc("proxy", runProxy),
+	})
 	os.Exit(m.Run())
 }
 

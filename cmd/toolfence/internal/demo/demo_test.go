@@ -28,29 +28,29 @@ import (
 	"github.com/toolfence/toolfence/tools"
 )
 
-// workerEnv carries the JSON WorkerArgs when this test binary runs as the story's worker.
+// workerEnv carries the JSON WorkerArgs when this test binary runs in the role "worker", the
+// story's worker; in the role "fail" it exits at once, as a worker that dies before charging.
 const workerEnv = "TOOLFENCE_DEMO_TEST_WORKER"
 
-// failEnv makes this test binary exit at once, as a worker that dies before charging.
-const failEnv = "TOOLFENCE_DEMO_TEST_FAIL"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(failEnv) != "" {
-		fmt.Fprintln(os.Stderr, "worker: cannot start (on purpose)")
-		os.Exit(3)
-	}
-	if raw := os.Getenv(workerEnv); raw != "" {
-		var w WorkerArgs
-		if err := json.Unmarshal([]byte(raw), &w); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(2)
-		}
-		if err := RunWorker(context.Background(), w, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testkit.RunRole(map[string]func() int{
+		"fail": func() int {
+			fmt.Fprintln(os.Stderr, "worker: cannot start (on purpose)")
+			return 3
+		},
+		"worker": func() int {
+			var w WorkerArgs
+			if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &w); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 2
+			}
+			if err := RunWorker(context.Background(), w, os.Stdout); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			return 0
+		},
+	})
 	goleak.VerifyTestMain(m)
 }
 
@@ -58,7 +58,7 @@ func TestMain(m *testing.M) {
 func selfWorker(ctx context.Context, w WorkerArgs) *exec.Cmd {
 	raw, _ := json.Marshal(w)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"="+string(raw))
+	cmd.Env = append(os.Environ(), testkit.WithRole("worker"), workerEnv+"="+string(raw))
 	return cmd
 }
 
@@ -148,7 +148,7 @@ func TestRunFailsWhenTheWorkerDiesBeforeCharging(t *testing.T) {
 		Store: t.TempDir(),
 		StartWorker: func(ctx context.Context, _ WorkerArgs) *exec.Cmd {
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), failEnv+"=1")
+			cmd.Env = append(os.Environ(), testkit.WithRole("fail"))
 			return cmd
 		},
 	})
