@@ -318,9 +318,6 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
 	}
 	// Recorded as unknown or accepted: err is the interceptor's violation, recovery due.
-	if v, ok := errors.AsType[*interceptor.Violation](err); ok {
-		p.settled(ctx, v)
-	}
 	var upstream json.RawMessage
 	if resp != nil {
 		upstream = resp.Result
