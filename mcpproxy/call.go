@@ -309,29 +309,20 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		rep.Outcome = residual.Unknown
 		res, err = a.Report(bctx, rep)
 	}
-	if err != nil {
-		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
-	}
-	switch res.State {
-	case residual.Succeeded, residual.Failed:
+	switch {
+	case err == nil, res != nil && errors.Is(err, interceptor.ErrCallFailed):
 		// Upstream's answer as it gave it: a result, an isError result that proves no
 		// effect, or a JSON-RPC error that means the call never ran.
 		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
+	case res == nil: // nothing recorded: the fence was lost, or the ledger failed
+		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
 	}
-	v := &interceptor.Violation{
-		Kind: interceptor.UnknownOutcome, Key: res.Key, Task: task, Operation: call.Operation, Target: target,
-		State: res.State, Attempt: res.Attempt, Holder: a.Holder, Token: res.Token, Since: a.Since,
-		Recovery: interceptor.Recovery(interceptor.UnknownOutcome), Cause: errors.New(rep.Error),
-	}
-	if res.State == residual.Accepted {
-		v.Kind, v.Recovery, v.Handle = interceptor.AwaitingUpstream, interceptor.Recovery(interceptor.AwaitingUpstream), res.Handle
-	}
-	p.settled(ctx, v)
+	// Recorded as unknown or accepted: err is the interceptor's violation, recovery due.
 	var upstream json.RawMessage
 	if resp != nil {
 		upstream = resp.Result
 	}
-	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, v)}
+	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, err)}
 }
 
 func cmpDur(a Duration, b time.Duration) time.Duration {

@@ -61,12 +61,13 @@ func setupTraced(t *testing.T) *traced {
 	l, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	ic, err := interceptor.New(l, interceptor.Options{TracerProvider: tp})
+	// One logger for both, as the binary has: the interceptor logs the guarded calls.
+	log := slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ic, err := interceptor.New(l, interceptor.Options{TracerProvider: tp, Logger: log})
 	require.NoError(t, err)
 	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"append": {"target": ["/target"]}}}`))
 	require.NoError(t, err)
-	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fixture", Policy: pol,
-		Logger: slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fixture", Policy: pol, Logger: log})
 	require.NoError(t, err)
 
 	// The upstream: append (protected) and read (read-only, bypassed), each recording _meta.

@@ -425,6 +425,9 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 		ce *interceptor.ClaimError
 	)
 	switch {
+	case res != nil:
+		// Recorded: err only says which outcome was not a success (ErrCallFailed, or an
+		// AwaitingUpstream or UnknownOutcome violation); commit_call answers each alike.
 	case errors.As(err, &ce):
 		return toolError(ToolCommit, KindRefused, ce.Error(), ce.Recovery), nil
 	case errors.Is(err, interceptor.ErrClassifierPanicked):
