@@ -17,10 +17,6 @@ import (
 // key, a bad digest, or pins of another server.
 var ErrPins = errors.New("mcpproxy: invalid pins")
 
-// KindPin is the MetaError kind of a call refused because its tool's definition differs
-// from its pin, or has none.
-const KindPin = "pin"
-
 var pinPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 // Pins are the catalog pins of one upstream server (`toolfence proxy lock` writes them): the

@@ -15,7 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/toolfence/toolfence/tools"
+	"github.com/toolfence/toolfence/jsonptr"
 )
 
 // ErrPolicy is wrapped by every error about a policy file: unreadable, malformed, an unknown
@@ -236,7 +236,7 @@ func parseJSON(data []byte) (*Policy, error) {
 			return nil, fmt.Errorf("%w: a tool has an empty name", ErrPolicy)
 		}
 		for _, ptr := range tp.Target {
-			if err := tools.CheckPointer(ptr); err != nil {
+			if err := jsonptr.Check(ptr); err != nil {
 				return nil, bad("target: %v", err)
 			}
 		}
@@ -261,14 +261,14 @@ func parseJSON(data []byte) (*Policy, error) {
 			case pr.Found == "":
 				return nil, bad("probe: found is required (a JSON pointer into the probe's result, e.g. /found)")
 			}
-			if err := tools.CheckPointer(pr.Found); err != nil {
+			if err := jsonptr.Check(pr.Found); err != nil {
 				return nil, bad("probe found: %v", err)
 			}
 			for _, arg := range sortedKeys(pr.Arguments) {
 				if arg == "" {
 					return nil, bad("probe arguments: an argument has an empty name")
 				}
-				if err := tools.CheckPointer(pr.Arguments[arg]); err != nil {
+				if err := jsonptr.Check(pr.Arguments[arg]); err != nil {
 					return nil, bad("probe argument %q: %v", arg, err)
 				}
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -30,10 +31,10 @@ var (
 	ErrInternal = errors.New("mcpserver: internal server error")
 )
 
-var kindSentinels = map[string]error{
-	KindInvalidInput: ErrInvalidInput, KindNotFound: residual.ErrNotFound, KindLeaseLost: residual.ErrLeaseLost,
-	KindRefused: ErrRefused, KindInProgress: residual.ErrInProgress, KindInvalidTransition: residual.ErrInvalidTransition,
-	KindUnavailable: ErrUnavailable, KindInternal: ErrInternal,
+var kindSentinels = map[mcpwire.Kind]error{
+	mcpwire.KindInvalidInput: ErrInvalidInput, mcpwire.KindNotFound: residual.ErrNotFound, mcpwire.KindLeaseLost: residual.ErrLeaseLost,
+	mcpwire.KindRefused: ErrRefused, mcpwire.KindInProgress: residual.ErrInProgress, mcpwire.KindInvalidTransition: residual.ErrInvalidTransition,
+	mcpwire.KindUnavailable: ErrUnavailable, mcpwire.KindInternal: ErrInternal,
 }
 
 // ToolError is an isError result of a tool, as Client returns it. errors.Is matches the
@@ -41,7 +42,7 @@ var kindSentinels = map[string]error{
 // residual.ErrInvalidTransition, ErrInvalidInput, ErrRefused, ErrUnavailable or ErrInternal.
 type ToolError struct {
 	Tool string
-	Info ErrorInfo
+	Info mcpwire.ErrorInfo
 }
 
 // Error returns the server's text: tool, kind, message and recovery.
@@ -73,7 +74,7 @@ func Dial(ctx context.Context, rawURL, token string) (*Client, error) {
 		return nil, fmt.Errorf("mcpserver: server URL %q: want http://HOST:PORT[/mcp]", rawURL)
 	}
 	if u.Path == "" || u.Path == "/" {
-		u.Path = Path
+		u.Path = mcpwire.Path
 	}
 	hc := &http.Client{Transport: bearerTransport{token: token, next: http.DefaultTransport}}
 	tr, err := transport.NewStreamableHTTP(u.String(), transport.WithHTTPBasicClient(hc))
@@ -136,10 +137,10 @@ func (c *Client) Call(ctx context.Context, tool string, in, out any) error {
 	}
 	if res.IsError {
 		var wrapped struct {
-			Error ErrorInfo `json:"error"`
+			Error mcpwire.ErrorInfo `json:"error"`
 		}
 		if len(raw) == 0 || json.Unmarshal(raw, &wrapped) != nil || wrapped.Error.Kind == "" {
-			return &ToolError{Tool: tool, Info: ErrorInfo{Kind: KindInternal, Message: resultText(res)}}
+			return &ToolError{Tool: tool, Info: mcpwire.ErrorInfo{Kind: mcpwire.KindInternal, Message: resultText(res)}}
 		}
 		return &ToolError{Tool: tool, Info: wrapped.Error}
 	}

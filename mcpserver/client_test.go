@@ -11,6 +11,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -40,7 +41,7 @@ func TestClient(t *testing.T) {
 	require.ErrorIs(t, err, residual.ErrNotFound)
 	var te *mcpserver.ToolError
 	require.True(t, errors.As(err, &te))
-	require.Equal(t, "not_found", te.Info.Kind)
+	require.Equal(t, mcpwire.KindNotFound, te.Info.Kind)
 	_, err = c.Inspect(ctx(t), "bogus")
 	require.ErrorIs(t, err, mcpserver.ErrInvalidInput)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // Defaults of Options.
@@ -36,7 +37,7 @@ type Options struct {
 	// Tokens maps bearer tokens to namespaces for the HTTP transport. Defaults to none:
 	// then HTTP is served only on a loopback address, without authentication, in the
 	// namespace of the interceptor given to New.
-	Tokens Tokens
+	Tokens mcpwire.Tokens
 	// Operations holds per-operation policies (probes, classifiers, upstream idempotency):
 	// New registers them on the interceptor it is given, whose policies every namespace
 	// shares. Defaults to none.
@@ -116,13 +117,13 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
 	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
 	o.Version = cmp.Or(o.Version, "dev")
-	o.SessionIdle = cmp.Or(o.SessionIdle, DefaultSessionIdle)
-	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
-	o.MaxDepth = cmp.Or(o.MaxDepth, DefaultMaxDepth)
+	o.SessionIdle = cmp.Or(o.SessionIdle, mcpwire.DefaultSessionIdle)
+	o.MaxSessions = cmp.Or(o.MaxSessions, mcpwire.DefaultMaxSessions)
+	o.MaxDepth = cmp.Or(o.MaxDepth, mcpwire.DefaultMaxDepth)
 	o.PageSize = cmp.Or(o.PageSize, DefaultPageSize)
-	o.MaxValues = cmp.Or(o.MaxValues, DefaultMaxValues)
-	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultMaxInFlight)
-	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, DefaultMaxInFlightTotal)
+	o.MaxValues = cmp.Or(o.MaxValues, mcpwire.DefaultMaxValues)
+	o.MaxInFlight = cmp.Or(o.MaxInFlight, mcpwire.DefaultMaxInFlight)
+	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, mcpwire.DefaultMaxInFlightTotal)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -150,11 +151,7 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 	case o.MaxDepth < 0 || o.MaxValues < 0 || o.MaxInFlight < 0 || o.MaxInFlightTotal < 0:
 		return bad("MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
-	for tok, ns := range o.Tokens.byHash {
-		if ns == "" {
-			return bad("token %x… maps to an empty namespace", tok[:4])
-		}
-	}
+	// Tokens holds no empty namespace: mcpwire.Tokens.Add refuses one.
 	return nil
 }
 

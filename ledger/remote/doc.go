@@ -3,8 +3,8 @@
 // ledger.Ledger; Shared lets several processes use one embedded store that only one of them
 // can open (the owner serves the others on a unix socket inside the store's directory).
 //
-// It imports ledger, residual and lease only: it is a transport, with no ordering logic of
-// its own (every rule stays in the backend behind Handler).
+// It imports ledger, residual, lease and internal/httpserve only; it is a transport, with no
+// ordering logic of its own (every rule stays in the backend behind Handler).
 //
 // # Protocol
 //
