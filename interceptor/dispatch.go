@@ -16,7 +16,7 @@ import (
 // (http.NewRequest, context.Background()). Nothing was sent, so the error also wraps
 // ErrNoEffect: a guarded call that returns it is recorded as failed (not
 // dispatched), never as an unknown outcome that would lock the key.
-var ErrNoDispatch = errors.New("tools: no toolfence dispatch in the request context: the request was not sent")
+var ErrNoDispatch = errors.New("interceptor: no dispatch in the request context: the request was not sent")
 
 type dispatchKey struct{}
 

@@ -14,10 +14,10 @@ import (
 // Errors of pointers and targets.
 var (
 	// ErrInvalidPointer: a declared pointer is not a valid RFC 6901 JSON pointer.
-	ErrInvalidPointer = errors.New("tools: invalid JSON pointer")
+	ErrInvalidPointer = errors.New("jsonptr: invalid JSON pointer")
 	// ErrNoTarget: a declared target pointer is missing from the input, or its value is
 	// null or empty.
-	ErrNoTarget = errors.New("tools: target not found in input")
+	ErrNoTarget = errors.New("jsonptr: target not found in input")
 )
 
 // Error is a target that could not be extracted from a call's input. It wraps Kind

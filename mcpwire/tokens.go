@@ -20,7 +20,7 @@ import (
 const MinTokenLen = 16
 
 // ErrInvalidTokens is wrapped by errors for malformed token files or tokens.
-var ErrInvalidTokens = errors.New("mcpserver: invalid tokens")
+var ErrInvalidTokens = errors.New("mcpwire: invalid tokens")
 
 // Tokens maps bearer tokens to namespaces, and says which tokens are also granted the raw
 // ledger protocol (ledger/remote at /ledger/v1/). Tokens are kept as SHA-256 digests, so a
@@ -214,7 +214,7 @@ func objectNames(data []byte) (int, error) {
 func LoadTokens(path, defaultNamespace string) (Tokens, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return Tokens{}, fmt.Errorf("mcpserver: token file: %w", err)
+		return Tokens{}, fmt.Errorf("mcpwire: token file: %w", err)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return Tokens{}, fmt.Errorf("%w: token file %s has mode %v: other users may read it; chmod 600 it",
@@ -222,7 +222,7 @@ func LoadTokens(path, defaultNamespace string) (Tokens, error) {
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return Tokens{}, fmt.Errorf("mcpserver: token file: %w", err)
+		return Tokens{}, fmt.Errorf("mcpwire: token file: %w", err)
 	}
 	t, err := ParseTokens(data, defaultNamespace)
 	if err != nil {
@@ -233,7 +233,7 @@ func LoadTokens(path, defaultNamespace string) (Tokens, error) {
 
 // ErrUnsafeBind is returned when HTTP would be served on a non-loopback address without
 // any bearer token.
-var ErrUnsafeBind = errors.New("mcpserver: refusing to serve HTTP on a non-loopback address without a bearer token (use --token-file or TOOLFENCE_TOKEN)")
+var ErrUnsafeBind = errors.New("mcpwire: refusing to serve HTTP on a non-loopback address without a bearer token (use --token-file or TOOLFENCE_TOKEN)")
 
 // CheckBind returns nil when addr (host:port) may be served with the given number of
 // tokens: any address with tokens, only a loopback address (127.0.0.0/8, ::1, localhost)
@@ -245,7 +245,7 @@ func CheckBind(addr string, tokens int) error {
 	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("mcpserver: address %q: %w", addr, err)
+		return fmt.Errorf("mcpwire: address %q: %w", addr, err)
 	}
 	if strings.EqualFold(host, "localhost") {
 		return nil

@@ -121,7 +121,7 @@ func TestGuardTargetErrors(t *testing.T) {
 
 	_, err = Guard(inner, b.ic, WithTarget("/invoice_id"), WithErrors()).Call(b.ctx, `{"invoice":"INV-1"}`)
 	require.ErrorIs(t, err, jsonptr.ErrNoTarget)
-	require.EqualError(t, err, `tools: target not found in input: tool "charge_invoice": JSON pointer "/invoice_id" is not in the input`)
+	require.EqualError(t, err, `jsonptr: target not found in input: tool "charge_invoice": JSON pointer "/invoice_id" is not in the input`)
 	_, err = Guard(inner, b.ic, WithTarget("/invoice"), WithErrors()).Call(b.ctx, `charge INV-1`)
 	require.ErrorIs(t, err, ErrInvalidInput, "non-JSON input needs WithOpaqueInput")
 	require.Zero(t, inner.calls.Load())

@@ -33,7 +33,7 @@ var (
 	// ErrBusy: the server refused the step for its bounds on steps in progress or watch
 	// streams (429, with Retry-After). The step did not run; it may be repeated later. It
 	// also wraps ErrUnavailable.
-	ErrBusy = fmt.Errorf("%w: busy", ErrUnavailable)
+	ErrBusy = fmt.Errorf("remote: busy: %w", ErrUnavailable)
 	// ErrNotGranted: the request's bearer token is known to the server but not granted the
 	// ledger protocol (403): it serves MCP only.
 	ErrNotGranted = errors.New("remote: token not granted the ledger protocol")
