@@ -399,9 +399,6 @@ var ErrInvalidParams = errors.New("ledger: invalid parameters")
 // unless the commit landed, and repeating the identical Commit tells which.
 var ErrOutcomeUnknown = errors.New("ledger: outcome of the write is unknown")
 
-// ErrClosed is returned by calls on a closed ledger.
-var ErrClosed = errors.New("ledger: closed")
-
 // The bounds every backend enforces on a step's parameters (Validate), whatever door the
 // step came through (the Go API, MCP, the proxy, the ledger protocol): a step over them gets
 // an error wrapping ErrInvalidParams that names the field, and writes nothing.

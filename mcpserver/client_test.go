@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/mcpwire"
@@ -94,6 +95,6 @@ func TestNewAndClose(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close(), "Close twice")
 	_, err = s.MCPServer("default")
-	require.ErrorIs(t, err, mcpserver.ErrClosed)
-	require.ErrorIs(t, s.ServeStdio(context.Background(), "", nil, nil), mcpserver.ErrClosed)
+	require.ErrorIs(t, err, lease.ErrClosed)
+	require.ErrorIs(t, s.ServeStdio(context.Background(), "", nil, nil), lease.ErrClosed)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpwire"
 )
@@ -109,9 +110,6 @@ type Options struct {
 
 // ErrInvalidOptions is wrapped by New's errors for unusable settings.
 var ErrInvalidOptions = errors.New("mcpserver: invalid options")
-
-// ErrClosed is returned by calls on a closed Server.
-var ErrClosed = errors.New("mcpserver: closed")
 
 func (o *Options) normalize(cfg interceptor.Options) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
@@ -217,7 +215,7 @@ func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 func (s *Server) Namespace() string { return s.base.Namespace() }
 
 // MCPServer returns the mcp-go server of a namespace, creating it (and its change watcher)
-// on first use. It returns ErrClosed after Close, or the error of building the
+// on first use. It returns an error wrapping lease.ErrClosed after Close, or the error of building the
 // namespace's interceptor.
 func (s *Server) MCPServer(namespace string) (*server.MCPServer, error) {
 	sp, err := s.space(namespace)
@@ -265,7 +263,7 @@ func (s *Server) space(ns string) (*space, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, fmt.Errorf("mcpserver: server: %w", lease.ErrClosed)
 	}
 	if sp, ok := s.spaces[ns]; ok {
 		return sp, nil

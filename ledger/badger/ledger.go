@@ -308,12 +308,12 @@ func isLockErr(err error) bool {
 func (l *Ledger) Dir() string { return l.dir }
 
 // Close waits for in-flight steps, ends every Watch channel and closes the store. A second
-// Close returns ledger.ErrClosed.
+// Close returns lease.ErrClosed.
 func (l *Ledger) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return ledger.ErrClosed
+		return lease.ErrClosed
 	}
 	l.closed = true
 	l.hub.close()
@@ -324,13 +324,13 @@ func (l *Ledger) Close() error {
 	return nil
 }
 
-// enter admits one step: it fails with ledger.ErrClosed after Close and with ErrSyncFailed
+// enter admits one step: it fails with lease.ErrClosed after Close and with ErrSyncFailed
 // once a sync failed. On success the caller must call the returned release.
 func (l *Ledger) enter() (release func(), err error) {
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
-		return nil, ledger.ErrClosed
+		return nil, lease.ErrClosed
 	}
 	if err := l.gs.poisoned(); err != nil {
 		l.mu.RUnlock()

@@ -248,7 +248,7 @@ func (l *Ledger) Schema() string { return l.schema }
 func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
 
 // Close stops every watch, waits for their goroutines and closes the pool. Later calls
-// return ledger.ErrClosed. It is safe to call more than once.
+// return lease.ErrClosed. It is safe to call more than once.
 func (l *Ledger) Close() error {
 	if l.closed.Swap(true) {
 		return nil
@@ -269,7 +269,7 @@ func (l *Ledger) mode() int {
 
 func (l *Ledger) check() error {
 	if l.closed.Load() {
-		return ledger.ErrClosed
+		return lease.ErrClosed
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
@@ -104,7 +105,7 @@ func TestWatchReconnectsAndStops(t *testing.T) {
 	requireChannelClosed(t, onClose)
 	require.Empty(t, watcherPIDs(t, schema))
 	_, err = l.Watch(ctx, ns)
-	require.ErrorIs(t, err, ledger.ErrClosed)
+	require.ErrorIs(t, err, lease.ErrClosed)
 }
 
 // Writers notify only while a watch is registered: a listener that has not registered

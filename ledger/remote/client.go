@@ -221,7 +221,7 @@ func (c *Client) OpenResiduals(ctx context.Context) ([]ledger.OpenCount, error) 
 }
 
 // Close ends the client's watch streams and idle connections. Calls after Close return
-// errors wrapping ledger.ErrClosed; it closes nothing on the server.
+// errors wrapping lease.ErrClosed; it closes nothing on the server.
 func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
@@ -240,7 +240,7 @@ func (c *Client) Close() error {
 // call sends one step and decodes its answer into out.
 func (c *Client) call(ctx context.Context, method string, mutating bool, in, out any) error {
 	if c.closed.Load() {
-		return fmt.Errorf("%w: remote ledger %s: %s", ledger.ErrClosed, c.where, method)
+		return fmt.Errorf("%w: remote ledger %s: %s", lease.ErrClosed, c.where, method)
 	}
 	resp, sent, err := c.post(ctx, method, in, c.opts.Timeout)
 	if err != nil {
@@ -402,7 +402,7 @@ type watchStream struct{ cancel context.CancelFunc }
 // after any gap.
 func (c *Client) Watch(ctx context.Context, namespace string) (<-chan ledger.Change, error) {
 	if c.closed.Load() {
-		return nil, fmt.Errorf("%w: remote ledger %s: watch", ledger.ErrClosed, c.where)
+		return nil, fmt.Errorf("%w: remote ledger %s: watch", lease.ErrClosed, c.where)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	ws := &watchStream{cancel: cancel}

@@ -265,7 +265,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	ctx, cancel := context.WithTimeout(ctx, h.opts.StepTimeout)
 	defer cancel()
 	out, err := step.run(ctx, h.l, in)
-	if errors.Is(err, ledger.ErrClosed) {
+	if errors.Is(err, lease.ErrClosed) {
 		return refuse(http.StatusServiceUnavailable, ErrUnavailable, "%s: the server's ledger is closed: %v", method, err)
 	}
 	env := envelope{Result: out}
@@ -420,7 +420,7 @@ func (h *handler) watch(w http.ResponseWriter, r *http.Request, acc Access, body
 		return refuse(http.StatusNotImplemented, ErrProtocol, "watch: the server's ledger does not stream changes")
 	}
 	ch, err := wt.Watch(r.Context(), p.Namespace)
-	if errors.Is(err, ledger.ErrClosed) {
+	if errors.Is(err, lease.ErrClosed) {
 		return refuse(http.StatusServiceUnavailable, ErrUnavailable, "watch: the server's ledger is closed: %v", err)
 	}
 	if err != nil {

@@ -152,7 +152,7 @@ func (s *Shared) get() (*link, error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("%w: shared store (socket %s)", ledger.ErrClosed, s.opts.Socket), nil
+		return nil, fmt.Errorf("%w: shared store (socket %s)", lease.ErrClosed, s.opts.Socket), nil
 	}
 	if s.cur != nil {
 		return s.cur, nil, nil
@@ -205,7 +205,7 @@ func (s *Shared) do(ctx context.Context, mutating bool, fn func(ledger.Ledger) e
 			return err
 		}
 		err = fn(lk.l)
-		if !lk.owner && errors.Is(err, ledger.ErrClosed) && s.stale(lk) {
+		if !lk.owner && errors.Is(err, lease.ErrClosed) && s.stale(lk) {
 			continue // another call dropped this link before the request left: not sent
 		}
 		if err == nil || lk.owner || ctx.Err() != nil {
@@ -287,7 +287,7 @@ func (s *Shared) closeLink(lk *link) error {
 }
 
 // Close stops serving the socket (as owner) and closes the store or the connection to the
-// owner. Calls after Close return errors wrapping ledger.ErrClosed.
+// owner. Calls after Close return errors wrapping lease.ErrClosed.
 func (s *Shared) Close() error {
 	s.mu.Lock()
 	lk := s.cur

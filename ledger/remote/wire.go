@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -54,7 +55,7 @@ var codes = []struct {
 }{
 	{"invalid_params", ledger.ErrInvalidParams},
 	{"outcome_unknown", ledger.ErrOutcomeUnknown},
-	{"closed", ledger.ErrClosed},
+	{"closed", lease.ErrClosed},
 	{"not_found", residual.ErrNotFound},
 	{"in_progress", residual.ErrInProgress},
 	{"unknown_outcome", residual.ErrUnknownOutcome},
