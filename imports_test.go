@@ -48,7 +48,7 @@ var allowed = map[string][]string{
 	"mcpwire":     {"interceptor", "residual"},
 
 	"tools":     {"interceptor", "jsonptr", "ledger", "residual"},
-	"httpguard": {"interceptor", "residual"},
+	"httpguard": {"interceptor", "ledger", "residual"},
 	"consumer":  {"interceptor"},
 	"mcpserver": {"interceptor", "internal/httpserve", "internal/mcptrace", "lease", "ledger", "mcpwire", "residual"},
 	"mcpproxy":  {"interceptor", "internal/httpserve", "internal/mcptrace", "jsonptr", "lease", "mcpwire", "residual"},
@@ -65,7 +65,7 @@ var allowed = map[string][]string{
 	"examples/agents/payments":    {"httpguard", "interceptor", "internal/scripted", "ledger", "ledger/badger", "residual", "tools"},
 	"examples/agents/webhooks":    {"interceptor", "internal/scripted", "ledger/badger", "residual", "tools"},
 	"examples/consumer":           {"consumer", "interceptor", "ledger/badger"},
-	"examples/httpserver":         {"httpguard", "interceptor", "internal/httpserve", "ledger/badger"},
+	"examples/httpserver":         {"httpguard", "interceptor", "internal/httpserve", "ledger", "ledger/badger"},
 	"examples/mcp-proxy":          {"internal/payments", "internal/scripted"},
 	"examples/mcp-proxy/payments": {"internal/payments"},
 

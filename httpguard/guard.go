@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -52,13 +53,10 @@ var DefaultReplayHeaders = []string{
 	"ETag", "Last-Modified",
 }
 
-// Errors a Principal function returns to refuse a request. Any other error is treated
-// like ErrUnauthenticated.
+// A Principal function refuses a request with an error wrapping ledger.ErrUnauthorized (the
+// caller could not be identified → 401) or ledger.ErrForbidden (the caller is known but may
+// not use the endpoint → 403). Any other error is treated like ledger.ErrUnauthorized.
 var (
-	// ErrUnauthenticated: the caller could not be identified → 401.
-	ErrUnauthenticated = errors.New("httpguard: unauthenticated")
-	// ErrForbidden: the caller is known but may not use the endpoint → 403.
-	ErrForbidden = errors.New("httpguard: forbidden")
 	// ErrInvalidOptions is wrapped by New's errors for unusable options.
 	ErrInvalidOptions = errors.New("httpguard: invalid options")
 )
@@ -67,7 +65,7 @@ var (
 type Options struct {
 	// Principal returns who is calling (a tenant, user or agent id): keys are scoped by it,
 	// so two principals never share a key, and it is the task of every residual. An error
-	// wrapping ErrForbidden answers 403, any other error or an empty principal 401.
+	// wrapping ledger.ErrForbidden answers 403, any other error or an empty principal 401.
 	// Required.
 	Principal func(r *http.Request) (string, error)
 	// Methods are the guarded methods, compared with the request's method without regard to
@@ -357,7 +355,7 @@ func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor
 }
 
 func (g *Guard) refuse(w http.ResponseWriter, err error) {
-	if errors.Is(err, ErrForbidden) {
+	if errors.Is(err, ledger.ErrForbidden) {
 		writeProblem(w, Problem{Type: ProblemForbidden, Title: "Forbidden", Status: http.StatusForbidden, Detail: err.Error()}, 0)
 		return
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
@@ -65,9 +66,9 @@ func TestAuthMissingOrWrongTokenIs401(t *testing.T) {
 		c.Close()
 	}
 	_, err := mcpserver.Dial(ctx(t), e.ts.URL, "wrong-token-0123456789abcdef")
-	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+	require.ErrorIs(t, err, ledger.ErrUnauthorized)
 	_, err = mcpserver.Dial(ctx(t), e.ts.URL, "")
-	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+	require.ErrorIs(t, err, ledger.ErrUnauthorized)
 }
 
 // TestNamespaceIsolation: a token of namespace B cannot list, inspect, resolve, reconcile or

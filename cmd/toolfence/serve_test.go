@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/mcpwire"
 )
@@ -113,7 +114,7 @@ func TestServeHTTP(t *testing.T) {
 	require.Equal(t, "team", v.Namespace, "the token's namespace")
 	require.NoError(t, c.Close())
 	_, err = mcpserver.Dial(ctx, url, "wrong-token-0123456789abcdef")
-	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+	require.ErrorIs(t, err, ledger.ErrUnauthorized)
 
 	// An unauthenticated keep-alive connection that idles is closed (--idle-timeout).
 	conn, err := net.DialTimeout("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), mcpwire.Path), 5*time.Second)

@@ -147,5 +147,5 @@ func TestWatchOfAnEndedContext(t *testing.T) {
 	cancel()
 	_, err := l.Watch(ctx, "")
 	require.ErrorIs(t, err, context.Canceled)
-	require.NotErrorIs(t, err, postgres.ErrUnavailable)
+	require.NotErrorIs(t, err, ledger.ErrUnavailable)
 }
