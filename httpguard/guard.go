@@ -56,10 +56,7 @@ var DefaultReplayHeaders = []string{
 // A Principal function refuses a request with an error wrapping ledger.ErrUnauthorized (the
 // caller could not be identified → 401) or ledger.ErrForbidden (the caller is known but may
 // not use the endpoint → 403). Any other error is treated like ledger.ErrUnauthorized.
-var (
-	// ErrInvalidOptions is wrapped by New's errors for unusable options.
-	ErrInvalidOptions = errors.New("httpguard: invalid options")
-)
+var ()
 
 // Options configure a Guard. Only Principal is required.
 type Options struct {
@@ -130,18 +127,24 @@ type Guard struct {
 	methods map[string]bool
 }
 
-// New returns a Guard over ic. It returns an error wrapping ErrInvalidOptions when ic or
+// invalidOptions is New's error for unusable options: "httpguard: invalid options: " and
+// the detail, wrapping interceptor.ErrInvalidOptions.
+func invalidOptions(format string, args ...any) error {
+	return interceptor.InvalidOptions("httpguard: invalid options", format, args...)
+}
+
+// New returns a Guard over ic. It returns an error wrapping interceptor.ErrInvalidOptions when ic or
 // Principal is nil or a setting is negative.
 func New(ic *interceptor.Interceptor, opts Options) (*Guard, error) {
 	switch {
 	case ic == nil:
-		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
+		return nil, invalidOptions("nil interceptor")
 	case opts.Principal == nil:
-		return nil, fmt.Errorf("%w: Principal is required (keys are scoped by the caller)", ErrInvalidOptions)
+		return nil, invalidOptions("Principal is required (keys are scoped by the caller)")
 	case opts.MaxBody < 0:
-		return nil, fmt.Errorf("%w: MaxBody %d is negative", ErrInvalidOptions, opts.MaxBody)
+		return nil, invalidOptions("MaxBody %d is negative", opts.MaxBody)
 	case opts.RetryAfter < 0:
-		return nil, fmt.Errorf("%w: RetryAfter %v is negative", ErrInvalidOptions, opts.RetryAfter)
+		return nil, invalidOptions("RetryAfter %v is negative", opts.RetryAfter)
 	}
 	if len(opts.Methods) == 0 {
 		opts.Methods = DefaultMethods

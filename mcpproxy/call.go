@@ -104,7 +104,7 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	cat, err := s.tools(ctx)
 	if err != nil {
 		kind := mcpwire.KindUnavailable
-		if errors.Is(err, ErrPolicy) {
+		if errors.Is(err, interceptor.ErrInvalidOptions) {
 			kind = mcpwire.KindPolicy
 		}
 		s.p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name, "err", err)

@@ -94,7 +94,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		cfg.Policy = &Policy{}
 	}
 	if cfg.Pins != nil && cfg.Pins.ServerID != cfg.ServerID {
-		return nil, fmt.Errorf("%w: the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", ErrPins, cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
+		return nil, pinsErr("the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
 	}
 	if err := cfg.Policy.CheckLeases(ic.Settings().Margin); err != nil {
 		return nil, err
@@ -109,7 +109,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		reg := ic.Operation(op)
 		reg.UpstreamIdempotent = true
 		if err := ic.Register(op, reg); err != nil {
-			return nil, fmt.Errorf("%w: tool %q: %w", ErrPolicy, name, err)
+			return nil, policyErr("tool %q: %w", name, err)
 		}
 	}
 	log := cfg.Logger

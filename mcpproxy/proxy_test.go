@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
@@ -300,7 +301,7 @@ func TestParsePolicyRefusesBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
-			require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}

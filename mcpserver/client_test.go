@@ -67,7 +67,7 @@ func TestClient(t *testing.T) {
 func TestNewAndClose(t *testing.T) {
 	t.Parallel()
 	_, err := mcpserver.New(nil, mcpserver.Options{})
-	require.ErrorIs(t, err, mcpserver.ErrInvalidOptions)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 
 	led, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
@@ -80,7 +80,7 @@ func TestNewAndClose(t *testing.T) {
 		"bad operation":      {Operations: map[string]interceptor.Operation{"": {}}},
 	} {
 		_, err := mcpserver.New(ic, o)
-		require.ErrorIs(t, err, mcpserver.ErrInvalidOptions, name)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions, name)
 	}
 
 	s, err := mcpserver.New(ic, mcpserver.Options{NewInterceptor: func(ns string) (*interceptor.Interceptor, error) {
@@ -91,7 +91,7 @@ func TestNewAndClose(t *testing.T) {
 	_, err = s.MCPServer("default")
 	require.NoError(t, err)
 	_, err = s.MCPServer("other")
-	require.ErrorIs(t, err, mcpserver.ErrInvalidOptions, "an interceptor of the wrong namespace is refused")
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions, "an interceptor of the wrong namespace is refused")
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close(), "Close twice")
 	_, err = s.MCPServer("default")

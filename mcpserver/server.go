@@ -108,8 +108,11 @@ type Options struct {
 	Handlers map[string]http.Handler
 }
 
-// ErrInvalidOptions is wrapped by New's errors for unusable settings.
-var ErrInvalidOptions = errors.New("mcpserver: invalid options")
+// invalidOptions is the error of unusable settings: "mcpserver: invalid options: " and the
+// detail, wrapping interceptor.ErrInvalidOptions.
+func invalidOptions(format string, args ...any) error {
+	return interceptor.InvalidOptions("mcpserver: invalid options", format, args...)
+}
 
 func (o *Options) normalize(cfg interceptor.Options) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
@@ -126,7 +129,7 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 		o.Logger = slog.Default()
 	}
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+		return invalidOptions(format, args...)
 	}
 	if err := o.httpLimits().Validate(); err != nil {
 		return bad("%v", err)
@@ -182,18 +185,18 @@ type Server struct {
 
 // New returns a Server over the ledger of ic. ic serves its own namespace (the stdio
 // namespace and the HTTP namespace when no tokens are configured); other namespaces get
-// interceptors from Options.NewInterceptor. It returns an error wrapping ErrInvalidOptions
+// interceptors from Options.NewInterceptor. It returns an error wrapping interceptor.ErrInvalidOptions
 // for a nil interceptor or unusable options. New registers Options.Operations on ic.
 func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 	if ic == nil {
-		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
+		return nil, invalidOptions("nil interceptor")
 	}
 	if err := opts.normalize(ic.Settings()); err != nil {
 		return nil, err
 	}
 	for name, op := range opts.Operations {
 		if err := ic.Register(name, op); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+			return nil, invalidOptions("%w", err)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -258,7 +261,7 @@ func (s *Server) Close() error {
 // space returns the state of a namespace, creating it on first use.
 func (s *Server) space(ns string) (*space, error) {
 	if ns == "" {
-		return nil, fmt.Errorf("%w: empty namespace", ErrInvalidOptions)
+		return nil, invalidOptions("empty namespace")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -295,10 +298,10 @@ func (s *Server) interceptorFor(ns string) (*interceptor.Interceptor, error) {
 	if s.opts.NewInterceptor != nil {
 		ic, err = s.opts.NewInterceptor(ns)
 		if err == nil && ic != nil && ic.Namespace() != ns {
-			err = fmt.Errorf("%w: NewInterceptor(%q) returned an interceptor of namespace %q", ErrInvalidOptions, ns, ic.Namespace())
+			err = invalidOptions("NewInterceptor(%q) returned an interceptor of namespace %q", ns, ic.Namespace())
 		}
 		if err == nil && ic == nil {
-			err = fmt.Errorf("%w: NewInterceptor(%q) returned nil", ErrInvalidOptions, ns)
+			err = invalidOptions("NewInterceptor(%q) returned nil", ns)
 		}
 	} else {
 		ic, err = s.base.ForNamespace(ns)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpwire"
 )
 
@@ -63,14 +64,14 @@ func TestParseTokens(t *testing.T) {
 		"bad json":     `{"` + a + `": 1}`,
 	} {
 		_, err := mcpwire.ParseTokens([]byte(data), "default")
-		require.ErrorIs(t, err, mcpwire.ErrInvalidTokens, name)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions, name)
 	}
 
 	dir := t.TempDir()
 	path := filepath.Join(dir, "tokens")
 	require.NoError(t, os.WriteFile(path, []byte(a+"\n"), 0o644))
 	_, err := mcpwire.LoadTokens(path, "default")
-	require.ErrorIs(t, err, mcpwire.ErrInvalidTokens, "a world-readable token file is refused")
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions, "a world-readable token file is refused")
 	require.Contains(t, err.Error(), "chmod 600")
 	require.NoError(t, os.Chmod(path, 0o600))
 	tk, err := mcpwire.LoadTokens(path, "default")

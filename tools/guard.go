@@ -16,10 +16,14 @@ import (
 	"github.com/toolfence/toolfence/residual"
 )
 
-// ErrConfig is wrapped by the errors of a guarded tool whose options are unusable (no target
+// configErr is the error of a guarded tool whose options are unusable (no target
 // declared, a malformed pointer, a nil interceptor). Such a tool runs nothing and returns
 // this error from every Call, in every mode: it is a programming error, not the model's.
-var ErrConfig = errors.New("tools: invalid guard configuration")
+// Its text is "tools: invalid guard configuration: " and the detail; it wraps
+// interceptor.ErrInvalidOptions.
+func configErr(format string, args ...any) error {
+	return interceptor.InvalidOptions("tools: invalid guard configuration", format, args...)
+}
 
 // Option configures Guard and New. The zero set of options is usable only with New on an
 // input type that tags its target fields.
@@ -113,18 +117,18 @@ func Guard(t lctools.Tool, ic *interceptor.Interceptor, opts ...Option) *Guarded
 
 func (g *Guarded) configure() error {
 	if g.inner == nil {
-		return fmt.Errorf("%w: nil tool", ErrConfig)
+		return configErr("nil tool")
 	}
 	if g.ic == nil {
-		return fmt.Errorf("%w: tool %q: nil interceptor", ErrConfig, g.inner.Name())
+		return configErr("tool %q: nil interceptor", g.inner.Name())
 	}
 	if len(g.opts.pointers) == 0 && g.opts.targetFunc == nil && !g.opts.opaque {
-		return fmt.Errorf("%w: tool %q declares no target: use WithTarget, WithTargetFunc or WithOpaqueInput", ErrConfig, g.inner.Name())
+		return configErr("tool %q declares no target: use WithTarget, WithTargetFunc or WithOpaqueInput", g.inner.Name())
 	}
 	for _, text := range g.opts.pointers {
 		p, err := jsonptr.Parse(text)
 		if err != nil {
-			return fmt.Errorf("%w: tool %q: %w", ErrConfig, g.inner.Name(), err)
+			return configErr("tool %q: %w", g.inner.Name(), err)
 		}
 		g.ptrs = append(g.ptrs, p)
 	}

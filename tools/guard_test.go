@@ -128,9 +128,9 @@ func TestGuardTargetErrors(t *testing.T) {
 
 	// Configuration errors are Go errors in every mode.
 	for _, g := range []*Guarded{Guard(inner, b.ic), Guard(inner, b.ic, WithTarget("invoice")), Guard(inner, nil, WithTarget("/a")), Guard(nil, b.ic)} {
-		require.ErrorIs(t, g.Err(), ErrConfig)
+		require.ErrorIs(t, g.Err(), interceptor.ErrInvalidOptions)
 		_, err := g.Call(b.ctx, `{}`)
-		require.ErrorIs(t, err, ErrConfig)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	}
 
 	fn := Guard(inner, b.ic, WithTargetFunc(func(string) (string, error) { return "", errors.New("no invoice named") }), WithErrors())
