@@ -93,3 +93,19 @@ func TestSentinelMessagesStartWithTheirPackage(t *testing.T) {
 		assert.True(t, strings.HasPrefix(s.msg, s.pkg+": "), "%s: %s.%s = %q: its message must start with %q", s.at, s.pkg, s.name, s.msg, s.pkg+": ")
 	}
 }
+
+// TestOneSentinelPerConcept: no two packages define a sentinel with the same text after
+// their prefix ("invalid options", "closed", "unavailable"): one concept has one sentinel,
+// owned by the lowest package that needs it, and the others wrap it or use it.
+func TestOneSentinelPerConcept(t *testing.T) {
+	t.Parallel()
+	seen := map[string]sentinel{}
+	for _, s := range sentinels(t) {
+		text := strings.TrimPrefix(s.msg, s.pkg+": ")
+		if prev, dup := seen[text]; dup {
+			t.Errorf("%s.%s (%s) and %s.%s (%s) are both %q: keep one, in the lower package", prev.pkg, prev.name, prev.at, s.pkg, s.name, s.at, text)
+			continue
+		}
+		seen[text] = s
+	}
+}

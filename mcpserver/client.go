@@ -13,31 +13,28 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// Errors a Client returns; ToolError unwraps to one of them or to a residual sentinel.
-var (
-	// ErrInvalidInput: the server refused the arguments; nothing was written.
-	ErrInvalidInput = errors.New("mcpserver: invalid input")
-	// ErrRefused: the server refused the claimed outcome (e.g. success for a queued answer).
-	ErrRefused = errors.New("mcpserver: refused")
-	// ErrInternal: the server failed (a bug).
-	ErrInternal = errors.New("mcpserver: internal server error")
-)
+// ErrInternal is what a ToolError of kind internal unwraps to: the server failed (a bug).
+// The other kinds unwrap to the sentinel of their concept (see ToolError).
+var ErrInternal = errors.New("mcpserver: internal server error")
 
 var kindSentinels = map[mcpwire.Kind]error{
-	mcpwire.KindInvalidInput: ErrInvalidInput, mcpwire.KindNotFound: residual.ErrNotFound, mcpwire.KindLeaseLost: residual.ErrLeaseLost,
-	mcpwire.KindRefused: ErrRefused, mcpwire.KindInProgress: residual.ErrInProgress, mcpwire.KindInvalidTransition: residual.ErrInvalidTransition,
+	mcpwire.KindInvalidInput: interceptor.ErrInvalidCall, mcpwire.KindNotFound: residual.ErrNotFound, mcpwire.KindLeaseLost: residual.ErrLeaseLost,
+	mcpwire.KindRefused: interceptor.ErrClaimRefused, mcpwire.KindInProgress: residual.ErrInProgress, mcpwire.KindInvalidTransition: residual.ErrInvalidTransition,
 	mcpwire.KindUnavailable: ledger.ErrUnavailable, mcpwire.KindInternal: ErrInternal,
 }
 
 // ToolError is an isError result of a tool, as Client returns it. errors.Is matches the
 // sentinel of its kind: residual.ErrNotFound, residual.ErrLeaseLost, residual.ErrInProgress,
-// residual.ErrInvalidTransition, ErrInvalidInput, ErrRefused, ledger.ErrUnavailable (the server's ledger failed) or
-// ErrInternal.
+// residual.ErrInvalidTransition, interceptor.ErrInvalidCall (the server refused the
+// arguments; nothing was written), interceptor.ErrClaimRefused (the server refused the
+// claimed outcome, e.g. success for a queued answer), ledger.ErrUnavailable (the server's
+// ledger failed) or ErrInternal.
 type ToolError struct {
 	Tool string
 	Info mcpwire.ErrorInfo

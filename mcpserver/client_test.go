@@ -44,7 +44,7 @@ func TestClient(t *testing.T) {
 	require.True(t, errors.As(err, &te))
 	require.Equal(t, mcpwire.KindNotFound, te.Info.Kind)
 	_, err = c.Inspect(ctx(t), "bogus")
-	require.ErrorIs(t, err, mcpserver.ErrInvalidInput)
+	require.ErrorIs(t, err, interceptor.ErrInvalidCall)
 
 	rs, err := c.Resolve(ctx(t), mcpserver.ResolveInput{Key: b.Key, As: "failed", Note: "the card network has no such charge", By: "ops@example.com"})
 	require.NoError(t, err)
