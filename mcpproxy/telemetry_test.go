@@ -20,6 +20,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // lockedBuffer is a log destination safe for concurrent writes and reads.
@@ -203,7 +204,7 @@ func TestProxySpanIsChildOfMetaTraceparent(t *testing.T) {
 	// The same call again: replayed from the store, traced, nothing sent upstream.
 	tr.spans.Reset()
 	again := call(t, tr.host, "append", args, meta)
-	require.Equal(t, true, again.Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, again.Meta[mcpwire.MetaReplayed])
 	exec = tr.spansNamed("execute_tool fixture/append")
 	require.Len(t, exec, 1)
 	require.Equal(t, true, attrMap(exec[0])["toolfence.replayed"])

@@ -22,6 +22,7 @@ import (
 	"github.com/toolfence/toolfence/internal/payments"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // Targets of the proxy (docs/benchmarks.md), each within one run:
@@ -178,7 +179,7 @@ func charge(b *testing.B, s *mcp.ClientSession, order string) {
 		b.Fatal(err)
 	}
 	raw, _ := json.Marshal(res.StructuredContent)
-	if res.IsError || !strings.Contains(string(raw), `"charge_id":"ch_`) || res.Meta[mcpproxy.MetaReplayed] != nil {
+	if res.IsError || !strings.Contains(string(raw), `"charge_id":"ch_`) || res.Meta[mcpwire.MetaReplayed] != nil {
 		b.Fatalf("charge %s: %+v %s", order, res, raw)
 	}
 }
