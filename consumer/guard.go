@@ -91,8 +91,11 @@ type Outcome struct {
 // derived; its handler never runs unguarded.
 var ErrNoKey = errors.New("consumer: message has no key")
 
-// ErrInvalidOptions is wrapped by Guard's errors for unusable options.
-var ErrInvalidOptions = errors.New("consumer: invalid options")
+// invalidOptions is Guard's error for unusable options: "consumer: invalid options: " and
+// the detail, wrapping interceptor.ErrInvalidOptions.
+func invalidOptions(format string, args ...any) error {
+	return interceptor.InvalidOptions("consumer: invalid options", format, args...)
+}
 
 // Options configure Guard.
 type Options struct {
@@ -123,18 +126,18 @@ type Guarded struct {
 
 // Guard returns h guarded by ic: each message key's effect happens at most once per group,
 // duplicates are acknowledged without running h, and an unknown outcome is never
-// acknowledged as done. It returns an error wrapping ErrInvalidOptions when ic or h is nil
+// acknowledged as done. It returns an error wrapping interceptor.ErrInvalidOptions when ic or h is nil
 // or Group is empty.
 func Guard(ic *interceptor.Interceptor, h Handler, opts Options) (*Guarded, error) {
 	switch {
 	case ic == nil:
-		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
+		return nil, invalidOptions("nil interceptor")
 	case h == nil:
-		return nil, fmt.Errorf("%w: nil handler", ErrInvalidOptions)
+		return nil, invalidOptions("nil handler")
 	case opts.Group == "":
-		return nil, fmt.Errorf("%w: Group is required (it scopes the keys)", ErrInvalidOptions)
+		return nil, invalidOptions("Group is required (it scopes the keys)")
 	case opts.RetryAfter < 0:
-		return nil, fmt.Errorf("%w: RetryAfter %v is negative", ErrInvalidOptions, opts.RetryAfter)
+		return nil, invalidOptions("RetryAfter %v is negative", opts.RetryAfter)
 	}
 	opts.Operation = cmp.Or(opts.Operation, DefaultOperation)
 	opts.RetryAfter = cmp.Or(opts.RetryAfter, DefaultRetryAfter)

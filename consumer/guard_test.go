@@ -121,7 +121,7 @@ func TestGuardRejectsBadOptions(t *testing.T) {
 		{f.ic, h, consumer.Options{Group: group, RetryAfter: -1}},
 	} {
 		_, err := consumer.Guard(tc.ic, tc.h, tc.opts)
-		require.ErrorIs(t, err, consumer.ErrInvalidOptions)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolfence/toolfence/examples/payments"
-	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // The proxy subjects: an MCP host (the worker) calls the payments MCP server (a real process,
@@ -163,7 +163,7 @@ func (w *worker) proxyAgent(ctx context.Context, sess *mcp.ClientSession) Belief
 		res, err := sess.CallTool(ctx, &mcp.CallToolParams{
 			Name:      "charge",
 			Arguments: map[string]any{"order_id": w.spec.Intent, "amount_cents": 4200},
-			Meta:      mcp.Meta{mcpproxy.MetaTask: w.spec.Task},
+			Meta:      mcp.Meta{mcpwire.MetaTask: w.spec.Task},
 		})
 		tk.leave()
 		if err != nil {
@@ -196,7 +196,7 @@ func (w *worker) proxyAgent(ctx context.Context, sess *mcp.ClientSession) Belief
 // errorKind is the kind of the proxy's details in an isError result's _meta, "" when the
 // proxy made none (upstream's own error).
 func errorKind(res *mcp.CallToolResult) string {
-	raw, _ := json.Marshal(res.Meta[mcpproxy.MetaError])
+	raw, _ := json.Marshal(res.Meta[mcpwire.MetaError])
 	var info struct {
 		Kind string `json:"kind"`
 	}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/toolfence/toolfence/interceptor"
 )
 
 // Options configure Run. Command is required; every other field has a default.
@@ -131,7 +133,7 @@ type TrialResult struct {
 // sink cannot run or the configuration is unusable; failing trials are in the report.
 func Run(ctx context.Context, cfg Options) (*Report, error) {
 	if cfg.Command == nil {
-		return nil, fmt.Errorf("%w: Command is required", ErrInvalidOptions)
+		return nil, invalidOptions("Command is required")
 	}
 	cfg.Trials = cmp.Or(cfg.Trials, 4)
 	cfg.Seed = cmp.Or(cfg.Seed, 1)
@@ -140,7 +142,7 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 	cfg.StressMessages = cmp.Or(cfg.StressMessages, 500)
 	cfg.Batch = cmp.Or(cfg.Batch, min(cfg.Trials, 500))
 	if cfg.Trials < 0 || cfg.Batch < 0 || cfg.Parallel < 0 {
-		return nil, fmt.Errorf("%w: Trials, Batch and Parallel must not be negative", ErrInvalidOptions)
+		return nil, invalidOptions("Trials, Batch and Parallel must not be negative")
 	}
 	scens, subs, err := selectCells(cfg)
 	if err != nil {
@@ -373,9 +375,12 @@ func onlyModeNote(notes []string) bool {
 	return len(notes) == 1 && strings.HasPrefix(notes[0], "mode ")
 }
 
-// ErrInvalidOptions is wrapped by Run's errors for unusable Options (unknown scenario or
-// subject names, nothing selected, no Command).
-var ErrInvalidOptions = errors.New("evals: invalid options")
+// invalidOptions is the error of Run for unusable Options (unknown scenario or subject
+// names, nothing selected, no Command): "evals: invalid options: " and the detail, wrapping
+// interceptor.ErrInvalidOptions.
+func invalidOptions(format string, args ...any) error {
+	return interceptor.InvalidOptions("evals: invalid options", format, args...)
+}
 
 func selectCells(cfg Options) ([]Scenario, []string, error) {
 	var scens []Scenario
@@ -386,7 +391,7 @@ func selectCells(cfg Options) ([]Scenario, []string, error) {
 	}
 	for _, name := range cfg.Scenarios {
 		if !slices.ContainsFunc(scenarios, func(s Scenario) bool { return s.Name == name }) {
-			return nil, nil, fmt.Errorf("%w: unknown scenario %q", ErrInvalidOptions, name)
+			return nil, nil, invalidOptions("unknown scenario %q", name)
 		}
 	}
 	var subs []string
@@ -396,7 +401,7 @@ func selectCells(cfg Options) ([]Scenario, []string, error) {
 		}
 		if s == subjectToolfencePostgres && cfg.PostgresDSN == "" {
 			if len(cfg.Subjects) > 0 {
-				return nil, nil, fmt.Errorf("%w: toolfence-postgres needs a PostgreSQL DSN that answers", ErrInvalidOptions)
+				return nil, nil, invalidOptions("toolfence-postgres needs a PostgreSQL DSN that answers")
 			}
 			continue
 		}
@@ -404,11 +409,11 @@ func selectCells(cfg Options) ([]Scenario, []string, error) {
 	}
 	for _, name := range cfg.Subjects {
 		if !slices.Contains(allSubjects, name) {
-			return nil, nil, fmt.Errorf("%w: unknown subject %q", ErrInvalidOptions, name)
+			return nil, nil, invalidOptions("unknown subject %q", name)
 		}
 	}
 	if len(scens) == 0 || len(subs) == 0 {
-		return nil, nil, fmt.Errorf("%w: no cell selected", ErrInvalidOptions)
+		return nil, nil, invalidOptions("no cell selected")
 	}
 	return scens, subs, nil
 }

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -52,22 +53,16 @@ var DefaultReplayHeaders = []string{
 	"ETag", "Last-Modified",
 }
 
-// Errors a Principal function returns to refuse a request. Any other error is treated
-// like ErrUnauthenticated.
-var (
-	// ErrUnauthenticated: the caller could not be identified → 401.
-	ErrUnauthenticated = errors.New("httpguard: unauthenticated")
-	// ErrForbidden: the caller is known but may not use the endpoint → 403.
-	ErrForbidden = errors.New("httpguard: forbidden")
-	// ErrInvalidOptions is wrapped by New's errors for unusable options.
-	ErrInvalidOptions = errors.New("httpguard: invalid options")
-)
+// A Principal function refuses a request with an error wrapping ledger.ErrUnauthorized (the
+// caller could not be identified → 401) or ledger.ErrForbidden (the caller is known but may
+// not use the endpoint → 403). Any other error is treated like ledger.ErrUnauthorized.
+var ()
 
 // Options configure a Guard. Only Principal is required.
 type Options struct {
 	// Principal returns who is calling (a tenant, user or agent id): keys are scoped by it,
 	// so two principals never share a key, and it is the task of every residual. An error
-	// wrapping ErrForbidden answers 403, any other error or an empty principal 401.
+	// wrapping ledger.ErrForbidden answers 403, any other error or an empty principal 401.
 	// Required.
 	Principal func(r *http.Request) (string, error)
 	// Methods are the guarded methods, compared with the request's method without regard to
@@ -132,18 +127,24 @@ type Guard struct {
 	methods map[string]bool
 }
 
-// New returns a Guard over ic. It returns an error wrapping ErrInvalidOptions when ic or
+// invalidOptions is New's error for unusable options: "httpguard: invalid options: " and
+// the detail, wrapping interceptor.ErrInvalidOptions.
+func invalidOptions(format string, args ...any) error {
+	return interceptor.InvalidOptions("httpguard: invalid options", format, args...)
+}
+
+// New returns a Guard over ic. It returns an error wrapping interceptor.ErrInvalidOptions when ic or
 // Principal is nil or a setting is negative.
 func New(ic *interceptor.Interceptor, opts Options) (*Guard, error) {
 	switch {
 	case ic == nil:
-		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
+		return nil, invalidOptions("nil interceptor")
 	case opts.Principal == nil:
-		return nil, fmt.Errorf("%w: Principal is required (keys are scoped by the caller)", ErrInvalidOptions)
+		return nil, invalidOptions("Principal is required (keys are scoped by the caller)")
 	case opts.MaxBody < 0:
-		return nil, fmt.Errorf("%w: MaxBody %d is negative", ErrInvalidOptions, opts.MaxBody)
+		return nil, invalidOptions("MaxBody %d is negative", opts.MaxBody)
 	case opts.RetryAfter < 0:
-		return nil, fmt.Errorf("%w: RetryAfter %v is negative", ErrInvalidOptions, opts.RetryAfter)
+		return nil, invalidOptions("RetryAfter %v is negative", opts.RetryAfter)
 	}
 	if len(opts.Methods) == 0 {
 		opts.Methods = DefaultMethods
@@ -357,7 +358,7 @@ func (g *Guard) respond(w http.ResponseWriter, r *http.Request, res *interceptor
 }
 
 func (g *Guard) refuse(w http.ResponseWriter, err error) {
-	if errors.Is(err, ErrForbidden) {
+	if errors.Is(err, ledger.ErrForbidden) {
 		writeProblem(w, Problem{Type: ProblemForbidden, Title: "Forbidden", Status: http.StatusForbidden, Detail: err.Error()}, 0)
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/httpguard"
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -18,11 +19,11 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	_, err := httpguard.New(nil, httpguard.Options{Principal: bearer})
-	require.ErrorIs(t, err, httpguard.ErrInvalidOptions)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	_, err = httpguard.New(f.ic, httpguard.Options{})
-	require.ErrorIs(t, err, httpguard.ErrInvalidOptions)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	_, err = httpguard.New(f.ic, httpguard.Options{Principal: bearer, MaxBody: -1})
-	require.ErrorIs(t, err, httpguard.ErrInvalidOptions)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 }
 
 // Draft: a guarded request without the header gets 400 with a problem body.

@@ -123,9 +123,9 @@ func bearer(r *http.Request) (string, error) {
 	name, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	switch {
 	case !ok || name == "":
-		return "", fmt.Errorf("%w: no bearer token", httpguard.ErrUnauthenticated)
+		return "", fmt.Errorf("%w: no bearer token", ledger.ErrUnauthorized)
 	case name == "banned":
-		return "", fmt.Errorf("%w: %s may not charge", httpguard.ErrForbidden, name)
+		return "", fmt.Errorf("%w: %s may not charge", ledger.ErrForbidden, name)
 	}
 	return "tenant:" + name, nil
 }

@@ -12,7 +12,7 @@ const MaxKeyLength = 255
 
 // ErrInvalidKey is wrapped by every key parsing error (RequestKey's, and the detail of a
 // Guard's 400 problem): the header is missing, repeated, empty, too long or malformed.
-var ErrInvalidKey = errors.New("invalid Idempotency-Key")
+var ErrInvalidKey = errors.New("httpguard: invalid Idempotency-Key")
 
 // RequestKey returns the Idempotency-Key of r as a Guard with default options reads it: an
 // RFC 8941 structured-field string (`"tf1_…"`, as tools.Transport sends it) unquoted, or a

@@ -329,11 +329,17 @@ func (a *Attempt) Abandon(ctx context.Context, why error) error {
 // outcome under the fence, releasing the lease, in one durable step. It writes even when
 // ctx has ended.
 //
-// It returns the Result for a success. For a call that ran and failed with no effect it
-// returns the Result (State Failed) with an error wrapping ErrCallFailed. Otherwise a
-// *Violation: AwaitingUpstream (202 / queued), UnknownOutcome (an ambiguous answer, or an
-// outcome the ledger could not record), or LeaseLost (the fence was lost: the outcome is
-// kept as evidence only). Violations after a dispatch carry what the tool returned.
+// Commit and Report answer in one shape. When the outcome was recorded, the Result is
+// non-nil (its State is the outcome) and the error says what is due:
+//
+//   - succeeded: nil;
+//   - failed: an error wrapping ErrCallFailed (upstream did nothing; a new call may retry);
+//   - accepted: an AwaitingUpstream *Violation (poll the handle, then resolve);
+//   - unknown: an UnknownOutcome *Violation (reconcile before any retry).
+//
+// When it was not recorded the Result is nil and the error is a *Violation: LeaseLost (the
+// fence was lost: the outcome is kept as evidence only) or UnknownOutcome (the ledger could
+// not record it, or may have). Commit's violations carry what the tool returned (Result).
 //
 // Commit sets the outcome on the span in ctx, makes a child span for the ledger's commit
 // and counts the call as executed in toolfence.calls.
@@ -359,22 +365,40 @@ func (a *Attempt) commit(ctx context.Context, resp Response, callErr error) (*Re
 		v.Result, v.Handle = resp.Body, cmp.Or(v.Handle, resp.Handle)
 		return nil, v
 	}
-	ranViolation := func(v *Violation) *Violation { v.ran = true; return v }
+	cause := cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status))
+	if outcome == residual.Accepted {
+		cause = callErr
+	}
+	err = a.settled(stored, outcome, cause)
+	if v, ok := errors.AsType[*Violation](err); ok {
+		v.Result = resp.Body
+	}
+	return result, err
+}
+
+// settled is the answer of Commit and Report for an outcome the ledger recorded (stored):
+// nil for a success, an error wrapping ErrCallFailed for a failure, and for an open outcome
+// the *Violation whose recovery is due (AwaitingUpstream, UnknownOutcome). cause is what the
+// call said (the tool's error, upstream's status, the reported error), or nil.
+func (a *Attempt) settled(stored *residual.Residual, outcome residual.State, cause error) error {
+	var kind Kind
 	switch outcome {
 	case residual.Succeeded:
-		return result, nil
+		return nil
 	case residual.Failed:
-		return result, fmt.Errorf("%w: %s on %q (attempt %d): %w", ErrCallFailed, a.Dispatch.Operation, a.Dispatch.Target,
-			a.Dispatch.Attempt, cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status)))
+		d := a.Dispatch
+		if cause == nil {
+			return fmt.Errorf("%w: %s on %q (attempt %d)", ErrCallFailed, d.Operation, d.Target, d.Attempt)
+		}
+		return fmt.Errorf("%w: %s on %q (attempt %d): %w", ErrCallFailed, d.Operation, d.Target, d.Attempt, cause)
 	case residual.Accepted:
-		v := ranViolation(a.ic.violation(AwaitingUpstream, stored, a.self(), callErr))
-		v.Result = resp.Body
-		return nil, v
+		kind = AwaitingUpstream
 	default: // Unknown
-		v := ranViolation(a.ic.violation(UnknownOutcome, stored, a.self(), cmp.Or(callErr, fmt.Errorf("upstream status %d", resp.Status))))
-		v.Result = resp.Body
-		return nil, v
+		kind = UnknownOutcome
 	}
+	v := a.ic.violation(kind, stored, a.self(), cause)
+	v.ran = true
+	return v
 }
 
 // Report is an outcome reported by a caller that dispatched the call itself.
@@ -401,13 +425,19 @@ type Report struct {
 // redacted, then capped, and written under the fence in one durable step. It writes even
 // when ctx has ended.
 //
-// It returns the Result of the recorded outcome (State may be any of the four; nothing
-// maps to an error). An identical report of an outcome already recorded for this attempt
-// (a retry whose answer was lost) returns that Result and writes nothing. Refusals: a *ClaimError (wrapping ErrClaimRefused) when the claim is
-// contradicted, nothing written; a LeaseLost *Violation when the fence was lost (the report
-// kept as evidence only); an error wrapping ErrInvalidCall for an outcome that is not one
-// of the four; otherwise the ledger's error (the outcome was not recorded: report again
-// while the lease lasts).
+// Report answers a recorded outcome as Commit does: the Result (State is the outcome) with
+// nil for succeeded, an error wrapping ErrCallFailed for failed, an AwaitingUpstream
+// *Violation for accepted and an UnknownOutcome *Violation for unknown; a violation's Cause
+// is the reported Error (else the upstream status), and it does not repeat the reported
+// result. An identical report of an outcome already recorded for this attempt (a retry whose
+// answer was lost) gets the same answer and writes nothing.
+//
+// Otherwise the Result is nil and nothing was recorded: a *ClaimError (wrapping
+// ErrClaimRefused) when the claim is contradicted, nothing written; a LeaseLost *Violation
+// when the fence was lost (the report kept as evidence only); an error wrapping
+// ErrInvalidCall for an outcome that is not one of the four; otherwise the ledger's error
+// (report again while the lease lasts; one wrapping ledger.ErrOutcomeUnknown may have
+// landed, and the identical report then gets the recorded answer).
 //
 // Report sets the outcome on the span in ctx, makes a child span for the ledger's commit
 // and counts a recorded (or fenced-off) outcome as an executed call in toolfence.calls.
@@ -415,7 +445,7 @@ func (a *Attempt) Report(ctx context.Context, rep Report) (*Result, error) {
 	res, err := a.report(ctx, rep)
 	var v *Violation
 	switch {
-	case err == nil, errors.As(err, &v):
+	case err == nil, res != nil, errors.As(err, &v):
 		a.ic.tel.settle(ctx, a.Dispatch.Operation, resultExecuted, res, err)
 	default:
 		spanError(ctx, err)
@@ -446,7 +476,19 @@ func (a *Attempt) report(ctx context.Context, rep Report) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: the outcome was not recorded: %w", a.Dispatch.Operation, a.Dispatch.Key, err)
 	}
-	return res, nil
+	return res, a.settled(stored, rep.Outcome, rep.cause())
+}
+
+// cause is what a report says about its outcome: its error text, else upstream's status
+// (not for accepted: a 202 is no cause), else nil.
+func (rep Report) cause() error {
+	switch {
+	case rep.Error != "":
+		return errors.New(rep.Error)
+	case rep.Status != 0 && rep.Outcome != residual.Accepted:
+		return fmt.Errorf("upstream status %d", rep.Status)
+	}
+	return nil
 }
 
 // record stores body as the attempt's result and commits outcome under the fence.

@@ -89,8 +89,9 @@ func TestReportChecksTheClaim(t *testing.T) {
 	require.Equal(t, residual.Unknown, ce.Got, "a 503 does not prove that upstream did nothing")
 
 	res, err := a.Report(f.ctx, interceptor.Report{Outcome: residual.Accepted, Status: 202, Handle: "/jobs/7"})
-	require.NoError(t, err)
-	require.Equal(t, residual.Accepted, res.State)
+	v := requireViolation(t, err, interceptor.AwaitingUpstream, a.Dispatch.Key)
+	require.Equal(t, "/jobs/7", v.Handle)
+	require.Equal(t, residual.Accepted, res.State, "the recorded outcome comes with its violation")
 	require.Equal(t, "/jobs/7", res.Handle)
 }
 
@@ -353,4 +354,58 @@ func TestCommitRetryAfterALostAnswer(t *testing.T) {
 		_, err = a.Commit(f.ctx, ok(`{"id":"ch_2"}`), nil)
 		requireViolation(t, err, interceptor.LeaseLost, a.Dispatch.Key)
 	})
+}
+
+// TestCommitAndReportAnswerAlike: Commit (the outcome classified from the tool's answer)
+// and Report (the outcome the caller claims) answer each recorded outcome in one shape: the
+// Result with State the outcome, and nil for succeeded, ErrCallFailed for failed, and the
+// violation whose recovery is due for accepted and unknown, naming the attempt.
+func TestCommitAndReportAnswerAlike(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		outcome residual.State
+		resp    interceptor.Response
+		kind    interceptor.Kind // "" for no violation
+		failed  bool
+	}{
+		{residual.Succeeded, ok(`{"id":"ch_1"}`), "", false},
+		{residual.Failed, interceptor.Response{Status: 400, Body: []byte(`{"error":"declined"}`)}, "", true},
+		{residual.Accepted, interceptor.Response{Status: 202, Handle: "/jobs/7"}, interceptor.AwaitingUpstream, false},
+		{residual.Unknown, interceptor.Response{Status: 503}, interceptor.UnknownOutcome, false},
+	} {
+		for _, via := range []string{"Commit", "Report"} {
+			t.Run(via+"/"+c.outcome.String(), func(t *testing.T) {
+				t.Parallel()
+				f := setup(t)
+				a, _, err := f.ic.Begin(f.ctx, charge(chargeArgs), interceptor.BeginOptions{})
+				require.NoError(t, err)
+				var res *interceptor.Result
+				if via == "Commit" {
+					res, err = a.Commit(f.ctx, c.resp, nil)
+				} else {
+					res, err = a.Report(f.ctx, interceptor.Report{Outcome: c.outcome, Status: c.resp.Status, Body: c.resp.Body, Handle: c.resp.Handle})
+				}
+				require.NotNil(t, res, "a recorded outcome comes with its Result")
+				require.Equal(t, c.outcome, res.State)
+				require.Equal(t, c.outcome, f.get(a.Dispatch.Key).State)
+				switch {
+				case c.failed:
+					require.ErrorIs(t, err, interceptor.ErrCallFailed)
+					require.ErrorContains(t, err, "upstream status 400")
+					require.False(t, errors.As(err, new(*interceptor.Violation)), "a failed call is no violation")
+				case c.kind != "":
+					v := requireViolation(t, err, c.kind, a.Dispatch.Key)
+					require.Equal(t, interceptor.Recovery(c.kind), v.Recovery)
+					require.Equal(t, c.outcome, v.State)
+					require.Equal(t, a.Dispatch.Attempt, v.Attempt)
+					require.Equal(t, a.Dispatch.Token, v.Token)
+					require.Equal(t, a.Holder, v.Holder)
+					require.Equal(t, a.Since, v.Since)
+					require.Equal(t, c.resp.Handle, v.Handle)
+				default:
+					require.NoError(t, err)
+				}
+			})
+		}
+	}
 }

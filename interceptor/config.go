@@ -80,8 +80,26 @@ type Operation struct {
 	LeaseTTL time.Duration
 }
 
-// ErrInvalidOptions is wrapped by New's errors for bad settings.
+// ErrInvalidOptions is the one sentinel of unusable settings in toolfence: New's errors for
+// bad Options wrap it, and so do those of every package that refuses its settings (options
+// of the adapters, a proxy policy or pins file, a token file) through InvalidOptions.
 var ErrInvalidOptions = errors.New("interceptor: invalid options")
+
+// InvalidOptions returns an error about unusable settings: its text is what, ": " and the
+// detail made of format and args as by fmt.Errorf ("mcpproxy: invalid policy: tool \"x\":
+// ..."), and it wraps ErrInvalidOptions and whatever the detail wraps (%w).
+func InvalidOptions(what, format string, args ...any) error {
+	return &optionsError{what: what, detail: fmt.Errorf(format, args...)}
+}
+
+// optionsError is an error of InvalidOptions.
+type optionsError struct {
+	what   string
+	detail error
+}
+
+func (e *optionsError) Error() string   { return e.what + ": " + e.detail.Error() }
+func (e *optionsError) Unwrap() []error { return []error{ErrInvalidOptions, e.detail} }
 
 func (c *Options) validate() error {
 	bad := func(format string, args ...any) error {

@@ -4,10 +4,19 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
 
 	"github.com/toolfence/toolfence/residual"
 )
+
+// ErrNoDispatch is wrapped by the error of tools.Transport (and of any transport that needs a dispatch) for a request with a side effect (any method
+// but GET, HEAD, OPTIONS and TRACE) whose context carries no dispatch: it was made outside a
+// guarded call, or inside one but built from another context than the one the tool was given
+// (http.NewRequest, context.Background()). Nothing was sent, so the error also wraps
+// ErrNoEffect: a guarded call that returns it is recorded as failed (not
+// dispatched), never as an unknown outcome that would lock the key.
+var ErrNoDispatch = errors.New("interceptor: no dispatch in the request context: the request was not sent")
 
 type dispatchKey struct{}
 

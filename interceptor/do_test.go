@@ -272,7 +272,8 @@ func TestDoClassifiesHTTPStatus(t *testing.T) {
 				require.Equal(t, 2, tl.count(), "a failed attempt may be retried")
 			default:
 				requireViolation(t, err, interceptor.UnknownOutcome, key)
-				require.Nil(t, res)
+				require.Equal(t, residual.Unknown, res.State)
+				require.Equal(t, []byte(body), res.Output)
 				_, err = f.ic.Do(f.ctx, charge(chargeArgs), tl.fn)
 				requireViolation(t, err, interceptor.UnknownOutcome, key)
 				require.Equal(t, 1, tl.count(), "an unknown outcome blocks: the tool must not run again")

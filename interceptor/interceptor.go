@@ -167,7 +167,8 @@ type Result struct {
 	Output []byte
 	// Replayed is true when nothing was dispatched and Output comes from the ledger.
 	Replayed bool
-	// State is the recorded state: Succeeded, or Failed when returned with an error.
+	// State is the recorded state: Succeeded with no error; Failed, Accepted or Unknown
+	// when returned with the error that says so (Attempt.Commit).
 	State   residual.State
 	Attempt int
 	Token   uint64
@@ -209,13 +210,16 @@ var (
 // before the lease does, then Commit (classify, commit under the fence). A panic in fn is
 // an unknown outcome.
 //
-// It returns a Result for a success (executed or replayed). For a call that ran and failed
-// with no effect it returns the Result (State Failed, the tool's output) together with an
-// error wrapping ErrCallFailed. Every other refusal or ambiguity is a *Violation: InProgress,
-// UnknownOutcome (also when fn errs ambiguously or panics), AwaitingUpstream (also when fn
-// answers 202 / queued), PayloadMismatch, LeaseLost or MarginTooSmall. Malformed calls get
-// errors wrapping ErrNoTask, ErrInvalidCall or ErrArgsTooLarge, and nothing is written; a
-// reservation that could not be recorded gets ErrNotDispatched, and fn is not run.
+// It returns a Result and no error for a success (executed or replayed). For a call that
+// ran to a recorded outcome it answers as Attempt.Commit: the Result (State the outcome, the
+// tool's output) with an error wrapping ErrCallFailed for failed, an AwaitingUpstream
+// *Violation for accepted (also when fn answers 202 / queued) and an UnknownOutcome
+// *Violation for unknown (also when fn errs ambiguously or panics). Every other refusal is a
+// *Violation with a nil Result: InProgress, UnknownOutcome or AwaitingUpstream left by an
+// earlier attempt, PayloadMismatch, LeaseLost, MarginTooSmall, or UnknownOutcome when the
+// outcome could not be recorded. Malformed calls get errors wrapping ErrNoTask,
+// ErrInvalidCall or ErrArgsTooLarge, and nothing is written; a reservation that could not
+// be recorded gets ErrNotDispatched, and fn is not run.
 //
 // Do makes the span "execute_tool {operation}" (see Options.TracerProvider) and records the
 // call in the metrics toolfence.calls and toolfence.call.duration.

@@ -86,8 +86,8 @@ func TestViolationUnknownOutcomeOnToolError(t *testing.T) {
 			key := f.key("payments.charge", "invoice:INV-42")
 			tl := answering(c.resp, c.err)
 			res, err := f.ic.Do(f.ctx, charge(chargeArgs), tl.fn)
-			require.Nil(t, res)
 			v := requireViolation(t, err, interceptor.UnknownOutcome, key)
+			require.Equal(t, residual.Unknown, res.State, "the recorded outcome comes with its violation")
 			require.ErrorIs(t, err, c.err, "the tool's error is kept as the cause")
 			require.Equal(t, residual.Unknown, v.State)
 			require.Equal(t, 1, v.Attempt)
@@ -123,8 +123,8 @@ func TestViolationUnknownOutcomeOnPanic(t *testing.T) {
 		err error
 	)
 	require.NotPanics(t, func() { res, err = f.ic.Do(f.ctx, charge(chargeArgs), tl.fn) })
-	require.Nil(t, res)
 	requireViolation(t, err, interceptor.UnknownOutcome, key)
+	require.Equal(t, residual.Unknown, res.State)
 	require.ErrorIs(t, err, interceptor.ErrToolPanicked)
 	require.Contains(t, err.Error(), "assignment to entry in nil map")
 	require.Equal(t, residual.Unknown, f.get(key).State)
@@ -160,8 +160,9 @@ func TestViolationAwaitingUpstream(t *testing.T) {
 			tl := answering(c.resp, nil)
 
 			res, err := f.ic.Do(f.ctx, charge(chargeArgs), tl.fn)
-			require.Nil(t, res, "an accepted call is not a success")
 			v := requireViolation(t, err, interceptor.AwaitingUpstream, key)
+			require.Equal(t, residual.Accepted, res.State, "an accepted call is not a success: its violation says what is due")
+			require.Equal(t, c.resp.Handle, res.Handle)
 			require.Equal(t, c.resp.Handle, v.Handle)
 			require.Equal(t, residual.Accepted, v.State)
 

@@ -43,8 +43,10 @@ type Session struct {
 	lease Lease
 }
 
-// ErrSessionClosed is the cause of a session's context after Close.
-var ErrSessionClosed = errors.New("lease: session closed")
+// ErrClosed is the one "closed" of toolfence: the cause of a session's context after Close,
+// and what the calls of a closed ledger (every backend) or a closed mcpserver.Server return
+// or wrap.
+var ErrClosed = errors.New("lease: closed")
 
 // KeepAlive starts a session for l that renews it with renew every interval. The session's
 // context derives from parent; its cause (context.Cause) says why it ended.
@@ -89,7 +91,7 @@ func (s *Session) Lease() Lease {
 func (s *Session) Close() {
 	s.once.Do(func() { close(s.stop) })
 	// Cancel first: a renewal blocked on its context must not keep Close waiting.
-	s.cancel(ErrSessionClosed)
+	s.cancel(ErrClosed)
 	<-s.done
 }
 

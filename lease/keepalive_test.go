@@ -192,7 +192,7 @@ func TestKeepAliveRenewsEveryInterval(t *testing.T) {
 	requireLive(t, s)
 
 	s.Close()
-	require.ErrorIs(t, s.Err(), lease.ErrSessionClosed)
+	require.ErrorIs(t, s.Err(), lease.ErrClosed)
 }
 
 func TestKeepAliveDefaultIntervalIsAThirdOfTheLease(t *testing.T) {
@@ -336,11 +336,11 @@ func TestKeepAliveCloseStopsAndIsIdempotent(t *testing.T) {
 	default:
 		t.Fatal("Close returned with the context still live")
 	}
-	require.ErrorIs(t, s.Err(), lease.ErrSessionClosed)
+	require.ErrorIs(t, s.Err(), lease.ErrClosed)
 	require.ErrorIs(t, s.Ctx().Err(), context.Canceled)
 	s.Close()
 	s.Close()
-	require.ErrorIs(t, s.Err(), lease.ErrSessionClosed)
+	require.ErrorIs(t, s.Err(), lease.ErrClosed)
 
 	// No renewals after Close, however far time moves.
 	ks.clock.Advance(time.Hour)
@@ -359,7 +359,7 @@ func TestKeepAliveConcurrentClose(t *testing.T) {
 		go func() { defer wg.Done(); s.Close() }()
 	}
 	wg.Wait()
-	require.ErrorIs(t, s.Err(), lease.ErrSessionClosed)
+	require.ErrorIs(t, s.Err(), lease.ErrClosed)
 }
 
 // TestKeepAliveCloseDuringBlockedRenewal: a renewal stuck on the network honours its
@@ -391,7 +391,7 @@ func TestKeepAliveCloseDuringBlockedRenewal(t *testing.T) {
 	go func() { s.Close(); close(closed) }()
 	select {
 	case <-closed:
-		require.ErrorIs(t, s.Err(), lease.ErrSessionClosed)
+		require.ErrorIs(t, s.Err(), lease.ErrClosed)
 	case <-time.After(10 * time.Second): // a deadlock never closes; a slow machine does
 		t.Error("Close deadlocked: it waits for the goroutine before cancelling the context the renewal is blocked on")
 		cancelParent() // unblock so the goroutines exit and the leak check can pass

@@ -399,8 +399,22 @@ var ErrInvalidParams = errors.New("ledger: invalid parameters")
 // unless the commit landed, and repeating the identical Commit tells which.
 var ErrOutcomeUnknown = errors.New("ledger: outcome of the write is unknown")
 
-// ErrClosed is returned by calls on a closed ledger.
-var ErrClosed = errors.New("ledger: closed")
+// Errors of reaching a ledger and of access to it, for every door to one (ledger/remote,
+// the ledger behind an MCP server, an HTTP endpoint guarded by httpguard): one sentinel per
+// concept, which the packages wrap with what they know.
+var (
+	// ErrUnavailable: the store, or the server in front of it, could not be reached or
+	// could not serve (nothing listens, the login was refused, the ledger behind a server
+	// failed or is closed, the server is busy). Each door says whether the step may have
+	// happened (ErrOutcomeUnknown is wrapped too when it may).
+	ErrUnavailable = errors.New("ledger: unavailable")
+	// ErrUnauthorized: the caller could not be identified: no credentials, or unknown
+	// ones (HTTP 401).
+	ErrUnauthorized = errors.New("ledger: unauthorized")
+	// ErrForbidden: the caller is known but may not do this: another namespace, every
+	// namespace, a web page's Origin, an endpoint it is not granted (HTTP 403).
+	ErrForbidden = errors.New("ledger: forbidden")
+)
 
 // The bounds every backend enforces on a step's parameters (Validate), whatever door the
 // step came through (the Go API, MCP, the proxy, the ledger protocol): a step over them gets

@@ -13,9 +13,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/jsonptr"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
-	"github.com/toolfence/toolfence/tools"
 )
 
 // callParams are the parts of tools/call params the proxy reads; the params are forwarded
@@ -56,7 +56,7 @@ func parseCall(req *jsonrpc.Request) hostCall {
 
 // relayIfBypassed relays a bypassed tools/call at once, on the goroutine that read it, when
 // the upstream's tool list is cached: no goroutine and no hand-off for a call the proxy only
-// relays (each hand-off costs a wake-up, measured in internal/proxybench). It returns false,
+// relays (each hand-off costs a wake-up, measured in internal/checks/proxybench). It returns false,
 // having done nothing, for every other call; call handles those.
 func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
 	if c.invalid != "" {
@@ -97,15 +97,15 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	}()
 	answer := func(result json.RawMessage) { resp = &jsonrpc.Response{ID: req.ID, Result: result} }
 	if c.invalid != "" {
-		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", KindInvalidInput)
-		answer(refusal(c.tool, KindInvalidInput, c.invalid))
+		s.p.log.Warn("toolfence proxy: call refused: invalid tools/call request", "kind", mcpwire.KindInvalidInput)
+		answer(refusal(c.tool, mcpwire.KindInvalidInput, c.invalid))
 		return
 	}
 	cat, err := s.tools(ctx)
 	if err != nil {
-		kind := KindUnavailable
-		if errors.Is(err, ErrPolicy) {
-			kind = KindPolicy
+		kind := mcpwire.KindUnavailable
+		if errors.Is(err, interceptor.ErrInvalidOptions) {
+			kind = mcpwire.KindPolicy
 		}
 		s.p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name, "err", err)
 		answer(refusal(params.Name, kind, fmt.Sprintf("refused: %v; nothing was sent upstream", err)))
@@ -114,8 +114,8 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	info := lookupTool(cat, params.Name)
 	d := s.p.cfg.Policy.decide(params.Name, info)
 	if st := s.pinRefusal(params.Name, info, d); st != "" {
-		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", KindPin, "tool", params.Name, "pin", st)
-		answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
+		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
+		answer(refusal(params.Name, mcpwire.KindPin, pinRefusal(params.Name, st)))
 		return
 	}
 	if !d.protect {
@@ -124,8 +124,8 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	}
 	if pins := s.p.cfg.Pins; pins != nil {
 		if st := pins.status(params.Name, info); st != "ok" {
-			s.p.log.Warn("toolfence proxy: call refused: the tool definition does not match its pin", "kind", KindPin, "tool", params.Name, "pin", st)
-			answer(refusal(params.Name, KindPin, pinRefusal(params.Name, st)))
+			s.p.log.Warn("toolfence proxy: call refused: the tool definition does not match its pin", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
+			answer(refusal(params.Name, mcpwire.KindPin, pinRefusal(params.Name, st)))
 			return
 		}
 	}
@@ -220,7 +220,7 @@ func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, 
 		s.mu.Lock()
 		delete(s.relayed, hostKey(req.ID))
 		s.mu.Unlock()
-		return &jsonrpc.Response{ID: req.ID, Result: refusal(tool, KindUnavailable, "not sent: the upstream server is gone: "+err.Error())}
+		return &jsonrpc.Response{ID: req.ID, Result: refusal(tool, mcpwire.KindUnavailable, "not sent: the upstream server is gone: "+err.Error())}
 	}
 	return nil
 }
@@ -235,14 +235,14 @@ func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
 // host's id): Begin, dispatch upstream once, classify, Report.
 func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule ToolPolicy) *jsonrpc.Response {
 	p := s.p
-	refuse := func(kind, text string) *jsonrpc.Response {
+	refuse := func(kind mcpwire.Kind, text string) *jsonrpc.Response {
 		p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name) // text may quote arguments
 		return &jsonrpc.Response{ID: req.ID, Result: refusal(params.Name, kind, text)}
 	}
 	task := p.cfg.Task
-	if raw, ok := params.Meta[MetaTask]; ok {
+	if raw, ok := params.Meta[mcpwire.MetaTask]; ok {
 		if err := json.Unmarshal(raw, &task); err != nil || task == "" {
-			return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: _meta %q must be a non-empty string", params.Name, MetaTask))
+			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: _meta %q must be a non-empty string", params.Name, mcpwire.MetaTask))
 		}
 	}
 	args := params.Arguments
@@ -251,12 +251,12 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	}
 	target, err := p.target(params.Name, rule, args)
 	if err != nil {
-		return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
+		return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 	}
 	if k := rule.Key; k != nil && k.Argument != "" {
 		var obj map[string]json.RawMessage
 		if json.Unmarshal(args, &obj) != nil || obj == nil {
-			return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: the arguments must be a JSON object to carry the key in argument %q", params.Name, k.Argument))
+			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: the arguments must be a JSON object to carry the key in argument %q", params.Name, k.Argument))
 		}
 	}
 	up := "the upstream of " + params.Name
@@ -287,7 +287,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	sent, err := withKey(req.Params, rule.Key, a.Dispatch.Key)
 	if err != nil {
 		_ = a.Abandon(bctx, err)
-		return refuse(KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
+		return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 	}
 
 	// Dispatch once, under the lease, until upstream answers, the timeout, the host's
@@ -309,29 +309,20 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		rep.Outcome = residual.Unknown
 		res, err = a.Report(bctx, rep)
 	}
-	if err != nil {
-		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
-	}
-	switch res.State {
-	case residual.Succeeded, residual.Failed:
+	switch {
+	case err == nil, res != nil && errors.Is(err, interceptor.ErrCallFailed):
 		// Upstream's answer as it gave it: a result, an isError result that proves no
 		// effect, or a JSON-RPC error that means the call never ran.
 		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
+	case res == nil: // nothing recorded: the fence was lost, or the ledger failed
+		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
 	}
-	v := &interceptor.Violation{
-		Kind: interceptor.UnknownOutcome, Key: res.Key, Task: task, Operation: call.Operation, Target: target,
-		State: res.State, Attempt: res.Attempt, Holder: a.Holder, Token: res.Token, Since: a.Since,
-		Recovery: interceptor.Recovery(interceptor.UnknownOutcome), Cause: errors.New(rep.Error),
-	}
-	if res.State == residual.Accepted {
-		v.Kind, v.Recovery, v.Handle = interceptor.AwaitingUpstream, interceptor.Recovery(interceptor.AwaitingUpstream), res.Handle
-	}
-	p.settled(ctx, v)
+	// Recorded as unknown or accepted: err is the interceptor's violation, recovery due.
 	var upstream json.RawMessage
 	if resp != nil {
 		upstream = resp.Result
 	}
-	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, v)}
+	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, err)}
 }
 
 func cmpDur(a Duration, b time.Duration) time.Duration {
@@ -344,7 +335,7 @@ func cmpDur(a Duration, b time.Duration) time.Duration {
 // target is the call's target: the policy's pointers into args, else the digest of args.
 func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (string, error) {
 	if len(rule.Target) > 0 {
-		return tools.Target(tool, rule.Target, args)
+		return jsonptr.Target(tool, rule.Target, args)
 	}
 	d, err := residual.Digest(args)
 	if err != nil {
@@ -421,7 +412,7 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 func textBlock(text string) map[string]any { return map[string]any{"type": "text", "text": text} }
 
 // replayed is the host's answer to a replay: a tool result with a text block first that
-// says it is a replay (tools.ReplayNote), and MetaReplayed and MetaCall in its _meta.
+// says it is a replay (interceptor.ReplayNote), and mcpwire.MetaReplayed and mcpwire.MetaCall in its _meta.
 // A recorded output is taken for a CallToolResult (upstream's answer, or a probe's) when it
 // is whole and a JSON object with a "content" array, or without "content" but with
 // "structuredContent", "isError" or "_meta" (a server that left content out; classify
@@ -430,8 +421,8 @@ func textBlock(text string) map[string]any { return map[string]any{"type": "text
 // --result`) follows the note as a text block, and a JSON object also as structuredContent;
 // an empty output (resolved without --result) adds nothing.
 func replayed(res *interceptor.Result) json.RawMessage {
-	note := tools.ReplayNote(res)
-	meta := map[string]any{MetaReplayed: true, MetaCall: map[string]any{
+	note := interceptor.ReplayNote(res)
+	meta := map[string]any{mcpwire.MetaReplayed: true, mcpwire.MetaCall: map[string]any{
 		"key": res.Key, "attempt": res.Attempt, "token": res.Token, "recorded_at": res.RecordedAt, "truncated": res.Truncated,
 	}}
 	var doc map[string]json.RawMessage
@@ -475,17 +466,17 @@ func replayed(res *interceptor.Result) json.RawMessage {
 
 // errorResult is the isError tool result of err about a call of tool: the observation the
 // tools package renders (what happened, what to do), upstream's own content after it when
-// there was an answer, and the details in _meta (MetaError).
+// there was an answer, and the details in _meta (mcpwire.MetaError).
 func errorResult(tool, up string, upstream json.RawMessage, err error) json.RawMessage {
-	info := mcpserver.ErrorInfo{Kind: KindUnavailable, Message: err.Error()}
+	info := mcpwire.ErrorInfo{Kind: mcpwire.KindUnavailable, Message: err.Error()}
 	var v *interceptor.Violation
 	switch {
 	case errors.As(err, &v):
-		info = mcpserver.ErrorInfo{Kind: string(v.Kind), Message: v.Describe(), Recovery: v.Recovery, Violation: mcpserver.ViolationView(v)}
+		info = mcpwire.ViolationInfo(v, v.Describe())
 	case errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge), errors.Is(err, interceptor.ErrNoTask):
-		info.Kind = KindInvalidInput
+		info.Kind = mcpwire.KindInvalidInput
 	}
-	content := []any{textBlock(tools.Observe(tool, up, nil, err))}
+	content := []any{textBlock(interceptor.Observe(tool, up, nil, err))}
 	var doc struct {
 		Content []json.RawMessage `json:"content"`
 	}
@@ -494,13 +485,13 @@ func errorResult(tool, up string, upstream json.RawMessage, err error) json.RawM
 			content = append(content, c)
 		}
 	}
-	out, _ := json.Marshal(map[string]any{"content": content, "isError": true, "_meta": map[string]any{MetaError: info}})
+	out, _ := json.Marshal(map[string]any{"content": content, "isError": true, "_meta": map[string]any{mcpwire.MetaError: info}})
 	return out
 }
 
 // refusal is an isError result for a call refused before the barrier.
-func refusal(tool, kind, text string) json.RawMessage {
+func refusal(tool string, kind mcpwire.Kind, text string) json.RawMessage {
 	out, _ := json.Marshal(map[string]any{"content": []any{textBlock(text)}, "isError": true,
-		"_meta": map[string]any{MetaError: mcpserver.ErrorInfo{Kind: kind, Message: text}}})
+		"_meta": map[string]any{mcpwire.MetaError: mcpwire.ErrorInfo{Kind: kind, Message: text}}})
 	return out
 }

@@ -164,7 +164,7 @@ func Check(serverID string, pol *Policy, pins *Pins, list []Tool) *Report {
 		infos = append(infos, info)
 	}
 	if err := pol.checkCatalog(serverID, cat); err != nil {
-		rep.Problems = append(rep.Problems, strings.TrimPrefix(err.Error(), ErrPolicy.Error()+": "))
+		rep.Problems = append(rep.Problems, strings.TrimPrefix(err.Error(), errPolicy+": "))
 	}
 	if pins != nil && pins.ServerID != serverID {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("the pins were locked for server %q, not %q: run toolfence proxy lock", pins.ServerID, serverID))

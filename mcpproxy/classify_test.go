@@ -5,8 +5,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
+	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/residual"
-	"github.com/toolfence/toolfence/tools"
 )
 
 // TestClassifyTaskResultIsAccepted: an upstream that answers tools/call with an MCP task
@@ -39,7 +39,7 @@ func TestTruthyFoundValues(t *testing.T) {
 		{`true`, true}, {`"ch_1"`, true}, {`1`, true}, {`0.5`, true}, {`[1]`, true}, {`{"id": 1}`, true},
 		{`false`, false}, {`null`, false}, {`""`, false}, {`0`, false}, {`0.0`, false}, {`[]`, false}, {`{}`, false},
 	} {
-		v, ok, err := tools.Lookup("", []byte(c.doc))
+		v, ok, err := jsonptr.Lookup("", []byte(c.doc))
 		if err != nil || !ok {
 			t.Fatalf("%s: %v", c.doc, err)
 		}

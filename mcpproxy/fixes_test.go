@@ -359,7 +359,7 @@ func TestProxySettlesATaskOnlyFromItsUpstreamSession(t *testing.T) {
 
 func TestPolicyRefusesTheProxysOwnHTTPErrorCodeAsNoEffect(t *testing.T) {
 	_, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"no_effect":{"codes":[-32000,-32099]}}}}`))
-	require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	require.Contains(t, err.Error(), "-32099")
 	require.Contains(t, err.Error(), `"charge"`)
 }

@@ -5,10 +5,12 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/toolfence/toolfence/interceptor"
 )
 
 // FuzzParsePolicy: any document either parses into a policy whose every tool has a valid
-// mode, or is refused with an error wrapping ErrPolicy; never a panic.
+// mode, or is refused with an error wrapping interceptor.ErrInvalidOptions; never a panic.
 func FuzzParsePolicy(f *testing.F) {
 	for _, seed := range []string{
 		`{"tools": {"charge": {"mode": "protect", "target": ["/order_id"], "lease": "30s", "timeout": "2m"}}}`,
@@ -27,8 +29,8 @@ func FuzzParsePolicy(f *testing.F) {
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		p, err := ParsePolicy(doc)
 		if err != nil {
-			if !errors.Is(err, ErrPolicy) {
-				t.Fatalf("error does not wrap ErrPolicy: %v", err)
+			if !errors.Is(err, interceptor.ErrInvalidOptions) {
+				t.Fatalf("error does not wrap interceptor.ErrInvalidOptions: %v", err)
 			}
 			return
 		}

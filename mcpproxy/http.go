@@ -24,7 +24,7 @@ import (
 
 	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/lease"
-	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // Dialer opens one upstream session: a connection and what ends it (for a stdio child, its
@@ -37,31 +37,31 @@ type HTTPOptions struct {
 	Dial Dialer
 	// Tokens map bearer tokens to namespaces (as toolfence serve's). Without any, only
 	// loopback connections are served, in the namespace of the proxy's interceptor.
-	Tokens mcpserver.Tokens
+	Tokens mcpwire.Tokens
 	// MaxSessions caps the sessions one token holds at once: a new one ends the least
 	// recently used idle session, or gets 429 when all of them have a request in flight.
-	// Defaults to mcpserver.DefaultMaxSessions.
+	// Defaults to mcpwire.DefaultMaxSessions.
 	MaxSessions int
 	// SessionIdle ends a session (and its upstream) without requests for this long.
-	// Defaults to mcpserver.DefaultSessionIdle.
+	// Defaults to mcpwire.DefaultSessionIdle.
 	SessionIdle time.Duration
 	// MaxBody bounds a request body. Defaults to the interceptor's MaxArgs plus 1 MiB.
 	MaxBody int64
 	// MaxDepth caps how deeply a POST's JSON nests objects and arrays; a deeper one gets
 	// 400 (JSON-RPC -32600) before it is decoded, and nothing is relayed. Defaults to
-	// mcpserver.DefaultMaxDepth.
+	// mcpwire.DefaultMaxDepth.
 	MaxDepth int
 	// MaxValues caps the objects, arrays and elements in a POST's JSON (each '{', '[' and
 	// ',' outside strings counts one); more get 400 as for MaxDepth. Defaults to
-	// mcpserver.DefaultMaxValues.
+	// mcpwire.DefaultMaxValues.
 	MaxValues int
 	// MaxInFlight caps the POSTs one token has in progress at once (a POST is in progress
 	// from before its body is read until its answer ends, streamed or not; notification
 	// streams (GET) do not count); more get 429 with Retry-After. Defaults to
-	// mcpserver.DefaultMaxInFlight.
+	// mcpwire.DefaultMaxInFlight.
 	MaxInFlight int
 	// MaxInFlightTotal caps the POSTs in progress at once over all tokens; more get 429 as
-	// for MaxInFlight. Defaults to mcpserver.DefaultMaxInFlightTotal.
+	// for MaxInFlight. Defaults to mcpwire.DefaultMaxInFlightTotal.
 	MaxInFlightTotal int
 	// Clock reads the time of session expiry. Defaults to the interceptor's clock.
 	Clock lease.Clock
@@ -121,12 +121,12 @@ func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
 	case opts.MaxDepth < 0, opts.MaxValues < 0, opts.MaxInFlight < 0, opts.MaxInFlightTotal < 0:
 		return nil, errors.New("mcpproxy: HTTPOptions.MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
-	opts.MaxSessions = cmp.Or(opts.MaxSessions, mcpserver.DefaultMaxSessions)
-	opts.MaxDepth = cmp.Or(opts.MaxDepth, mcpserver.DefaultMaxDepth)
-	opts.MaxValues = cmp.Or(opts.MaxValues, mcpserver.DefaultMaxValues)
-	opts.MaxInFlight = cmp.Or(opts.MaxInFlight, mcpserver.DefaultMaxInFlight)
-	opts.MaxInFlightTotal = cmp.Or(opts.MaxInFlightTotal, mcpserver.DefaultMaxInFlightTotal)
-	opts.SessionIdle = cmp.Or(opts.SessionIdle, mcpserver.DefaultSessionIdle)
+	opts.MaxSessions = cmp.Or(opts.MaxSessions, mcpwire.DefaultMaxSessions)
+	opts.MaxDepth = cmp.Or(opts.MaxDepth, mcpwire.DefaultMaxDepth)
+	opts.MaxValues = cmp.Or(opts.MaxValues, mcpwire.DefaultMaxValues)
+	opts.MaxInFlight = cmp.Or(opts.MaxInFlight, mcpwire.DefaultMaxInFlight)
+	opts.MaxInFlightTotal = cmp.Or(opts.MaxInFlightTotal, mcpwire.DefaultMaxInFlightTotal)
+	opts.SessionIdle = cmp.Or(opts.SessionIdle, mcpwire.DefaultSessionIdle)
 	opts.MaxBody = cmp.Or(opts.MaxBody, int64(p.ic.Settings().MaxArgs)+1<<20)
 	if opts.Clock == nil {
 		opts.Clock = p.ic.Settings().Clock
@@ -483,27 +483,27 @@ func (h *HTTPServer) Close() error {
 	return nil
 }
 
-// ListenAndServe serves the proxy at mcpserver.Path ("/mcp") on addr under limits until ctx
+// ListenAndServe serves the proxy at mcpwire.Path ("/mcp") on addr under limits until ctx
 // ends, then closes every session and shuts the server down. It refuses a non-loopback
-// address without tokens (mcpserver.ErrUnsafeBind). ready, if not nil, gets the bound
+// address without tokens (mcpwire.ErrUnsafeBind). ready, if not nil, gets the bound
 // address once the listener is open. A shutdown because ctx ended returns nil.
 func (h *HTTPServer) ListenAndServe(ctx context.Context, addr string, limits httpserve.Limits, ready func(net.Addr)) error {
 	if err := limits.Validate(); err != nil {
 		return err
 	}
-	if err := mcpserver.CheckBind(addr, h.opts.Tokens.Len()); err != nil {
+	if err := mcpwire.CheckBind(addr, h.opts.Tokens.Len()); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("mcpproxy: %w", err)
 	}
-	if err := mcpserver.CheckBind(ln.Addr().String(), h.opts.Tokens.Len()); err != nil {
+	if err := mcpwire.CheckBind(ln.Addr().String(), h.opts.Tokens.Len()); err != nil {
 		ln.Close()
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(mcpserver.Path, h)
+	mux.Handle(mcpwire.Path, h)
 	srv := limits.Server(mux)
 	if ready != nil {
 		ready(ln.Addr())

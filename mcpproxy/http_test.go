@@ -30,7 +30,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
-	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -234,7 +234,7 @@ func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
 	res, err := c.CallTool(ctx, req)
 	require.NoError(t, err)
 	require.False(t, res.IsError)
-	require.Equal(t, true, res.Meta.AdditionalFields[mcpproxy.MetaReplayed], "the mcp-go host's identical call is a replay")
+	require.Equal(t, true, res.Meta.AdditionalFields[mcpwire.MetaReplayed], "the mcp-go host's identical call is a replay")
 	require.Equal(t, 1, w.effectCount())
 	require.Len(t, pids, 2, "one upstream child per session")
 }
@@ -251,8 +251,8 @@ func TestHTTPDownstreamNamespaceIsolation(t *testing.T) {
 	require.Equal(t, 1, w.effectCount())
 	require.False(t, call(t, b, "append", args, nil).IsError)
 	require.Equal(t, 2, w.effectCount(), "another namespace is another key space")
-	require.Equal(t, true, call(t, a, "append", args, nil).Meta[mcpproxy.MetaReplayed])
-	require.Equal(t, true, call(t, b, "append", args, nil).Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, call(t, a, "append", args, nil).Meta[mcpwire.MetaReplayed])
+	require.Equal(t, true, call(t, b, "append", args, nil).Meta[mcpwire.MetaReplayed])
 	require.Equal(t, 2, w.effectCount())
 	for _, ns := range []string{"team-a", "team-b"} {
 		rs := w.residuals(ns)
@@ -584,7 +584,7 @@ func TestHTTPServerCloseStopsEverything(t *testing.T) {
 		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
 		return c, c, err
 	}} {
-		var tokens mcpserver.Tokens
+		var tokens mcpwire.Tokens
 		require.NoError(t, tokens.Add(tokenA, "default"))
 		h, err := w.p.NewHTTPServer(mcpproxy.HTTPOptions{Dial: dial, Tokens: tokens})
 		require.NoError(t, err)

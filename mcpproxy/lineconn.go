@@ -20,7 +20,7 @@ import (
 // (decodeMessage) and on the reading goroutine itself: the SDK's connection first tries
 // every message as a batch, its JSON decoder allocates and clears a large buffer per call,
 // and it hands each message from a reading goroutine of its own to the caller of Read; the
-// three took most of a relaying proxy's added time (measured in internal/proxybench). A
+// three took most of a relaying proxy's added time (measured in internal/checks/proxybench). A
 // batch (a line holding an array) is read as its messages, one after the other. Read must
 // not be called concurrently with itself; Close and Writes may be called from any goroutine.
 type lineConn struct {

@@ -10,16 +10,17 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// ErrPins is wrapped by every error about a pins file: unreadable, malformed, an unknown
+// pinsErr is every error about a pins file: unreadable, malformed, an unknown
 // key, a bad digest, or pins of another server.
-var ErrPins = errors.New("mcpproxy: invalid pins")
-
-// KindPin is the MetaError kind of a call refused because its tool's definition differs
-// from its pin, or has none.
-const KindPin = "pin"
+// Its text is "mcpproxy: invalid pins: " and the detail; it wraps
+// interceptor.ErrInvalidOptions.
+func pinsErr(format string, args ...any) error {
+	return interceptor.InvalidOptions("mcpproxy: invalid pins", format, args...)
+}
 
 var pinPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
@@ -68,12 +69,12 @@ func Lock(serverID string, tools []Tool) (*Pins, error) {
 	return p, nil
 }
 
-// LoadPins reads the pins file at path (see ParsePins). Its errors wrap ErrPins and name the
+// LoadPins reads the pins file at path (see ParsePins). Its errors wrap interceptor.ErrInvalidOptions and name the
 // file.
 func LoadPins(path string) (*Pins, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPins, err)
+		return nil, pinsErr("%w", err)
 	}
 	p, err := ParsePins(data)
 	if err != nil {
@@ -84,26 +85,26 @@ func LoadPins(path string) (*Pins, error) {
 
 // ParsePins parses a pins document (JSON). It refuses unknown keys, trailing data, a
 // missing or malformed server_id, a missing tools object, and a digest that is not
-// "sha256:" and 64 hex digits; every error wraps ErrPins.
+// "sha256:" and 64 hex digits; every error wraps interceptor.ErrInvalidOptions.
 func ParsePins(data []byte) (*Pins, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p Pins
 	if err := dec.Decode(&p); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPins, err)
+		return nil, pinsErr("%w", err)
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data after the pins object", ErrPins)
+		return nil, pinsErr("trailing data after the pins object")
 	}
 	if !serverIDPattern.MatchString(p.ServerID) {
-		return nil, fmt.Errorf("%w: server_id %q: want the --server-id the pins were locked for", ErrPins, p.ServerID)
+		return nil, pinsErr("server_id %q: want the --server-id the pins were locked for", p.ServerID)
 	}
 	if p.Tools == nil {
-		return nil, fmt.Errorf("%w: no \"tools\" object", ErrPins)
+		return nil, pinsErr("no \"tools\" object")
 	}
 	for _, name := range sortedKeys(p.Tools) {
 		if !pinPattern.MatchString(p.Tools[name]) {
-			return nil, fmt.Errorf("%w: tool %q: pin %q: want \"sha256:\" and 64 lowercase hex digits", ErrPins, name, p.Tools[name])
+			return nil, pinsErr("tool %q: pin %q: want \"sha256:\" and 64 lowercase hex digits", name, p.Tools[name])
 		}
 	}
 	return &p, nil

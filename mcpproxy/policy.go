@@ -15,12 +15,19 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/toolfence/toolfence/tools"
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/jsonptr"
 )
 
-// ErrPolicy is wrapped by every error about a policy file: unreadable, malformed, an unknown
+// policyErr is every error about a policy file: unreadable, malformed, an unknown
 // key, a bad value, or a tool the upstream does not list.
-var ErrPolicy = errors.New("mcpproxy: invalid policy")
+// Its text is errPolicy, ": " and the detail; it wraps interceptor.ErrInvalidOptions.
+func policyErr(format string, args ...any) error {
+	return interceptor.InvalidOptions(errPolicy, format, args...)
+}
+
+// errPolicy starts the text of every error about a policy.
+const errPolicy = "mcpproxy: invalid policy"
 
 // Modes of a tool in the policy.
 const (
@@ -145,11 +152,11 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // LoadPolicy reads and parses the policy file at path: YAML when its name ends in .yaml or
 // .yml, JSON when it ends in .json, else by its content (see ParsePolicy). Its errors wrap
-// ErrPolicy and name the file.
+// interceptor.ErrInvalidOptions and name the file.
 func LoadPolicy(path string) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cannot read the policy file: %w", ErrPolicy, err)
+		return nil, policyErr("cannot read the policy file: %w", err)
 	}
 	var p *Policy
 	switch strings.ToLower(filepath.Ext(path)) {
@@ -171,7 +178,8 @@ func LoadPolicy(path string) (*Policy, error) {
 // data (a second YAML document), a mode other than protect or bypass, a bad JSON pointer or
 // pattern, no_effect code -32099 (CodeUpstreamHTTP), a probe without tool or found (or naming the tool itself), a key with neither or
 // both of argument and meta, and target, no_effect, probe or key on a bypassed tool (they
-// would never apply); every error wraps ErrPolicy and names the tool.
+// would never apply); every error wraps interceptor.ErrInvalidOptions and
+// names the tool.
 func ParsePolicy(data []byte) (*Policy, error) {
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '{' {
 		return parseJSON(data)
@@ -186,20 +194,20 @@ func parseYAML(data []byte) (*Policy, error) {
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: the policy is empty (want a mapping with \"tools\")", ErrPolicy)
+			return nil, policyErr("the policy is empty (want a mapping with \"tools\")")
 		}
-		return nil, fmt.Errorf("%w: YAML: %w", ErrPolicy, err)
+		return nil, policyErr("YAML: %w", err)
 	}
 	var more any
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: trailing data after the policy (a second YAML document)", ErrPolicy)
+		return nil, policyErr("trailing data after the policy (a second YAML document)")
 	}
 	if _, ok := doc.(map[string]any); !ok {
-		return nil, fmt.Errorf("%w: YAML: the policy must be a mapping with \"tools\", not %T", ErrPolicy, doc)
+		return nil, policyErr("YAML: the policy must be a mapping with \"tools\", not %T", doc)
 	}
 	js, err := json.Marshal(doc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: YAML: %w (keys must be strings)", ErrPolicy, err)
+		return nil, policyErr("YAML: %w (keys must be strings)", err)
 	}
 	return parseJSON(js)
 }
@@ -207,21 +215,21 @@ func parseYAML(data []byte) (*Policy, error) {
 func parseJSON(data []byte) (*Policy, error) {
 	var ke *keyError
 	if err := checkPolicyKeys(data); errors.As(err, &ke) {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+		return nil, policyErr("%w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p Policy
 	if err := dec.Decode(&p); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+		return nil, policyErr("%w", err)
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data after the policy object", ErrPolicy)
+		return nil, policyErr("trailing data after the policy object")
 	}
 	for _, name := range p.names() {
 		tp := p.Tools[name]
 		bad := func(format string, args ...any) error {
-			return fmt.Errorf("%w: tool %q: %s", ErrPolicy, name, fmt.Sprintf(format, args...))
+			return policyErr("tool %q: %s", name, fmt.Sprintf(format, args...))
 		}
 		switch tp.Mode {
 		case "", Protect:
@@ -233,10 +241,10 @@ func parseJSON(data []byte) (*Policy, error) {
 			return nil, bad("mode %q: want %q or %q", tp.Mode, Protect, Bypass)
 		}
 		if name == "" {
-			return nil, fmt.Errorf("%w: a tool has an empty name", ErrPolicy)
+			return nil, policyErr("a tool has an empty name")
 		}
 		for _, ptr := range tp.Target {
-			if err := tools.CheckPointer(ptr); err != nil {
+			if err := jsonptr.Check(ptr); err != nil {
 				return nil, bad("target: %v", err)
 			}
 		}
@@ -261,14 +269,14 @@ func parseJSON(data []byte) (*Policy, error) {
 			case pr.Found == "":
 				return nil, bad("probe: found is required (a JSON pointer into the probe's result, e.g. /found)")
 			}
-			if err := tools.CheckPointer(pr.Found); err != nil {
+			if err := jsonptr.Check(pr.Found); err != nil {
 				return nil, bad("probe found: %v", err)
 			}
 			for _, arg := range sortedKeys(pr.Arguments) {
 				if arg == "" {
 					return nil, bad("probe arguments: an argument has an empty name")
 				}
-				if err := tools.CheckPointer(pr.Arguments[arg]); err != nil {
+				if err := jsonptr.Check(pr.Arguments[arg]); err != nil {
 					return nil, bad("probe argument %q: %v", arg, err)
 				}
 			}
@@ -281,13 +289,13 @@ func parseJSON(data []byte) (*Policy, error) {
 	return &p, nil
 }
 
-// CheckLeases returns an error wrapping ErrPolicy, naming the tool, when a tool's lease is not
+// CheckLeases returns an error wrapping interceptor.ErrInvalidOptions, naming the tool, when a tool's lease is not
 // longer than margin (the interceptor's safety margin: such an attempt could never be
 // dispatched). New checks it; a caller can check it before it opens a store.
 func (p *Policy) CheckLeases(margin time.Duration) error {
 	for _, name := range p.names() {
 		if l := time.Duration(p.Tools[name].Lease); l != 0 && l <= margin {
-			return fmt.Errorf("%w: tool %q: lease %v is not longer than the safety margin %v", ErrPolicy, name, l, margin)
+			return policyErr("tool %q: lease %v is not longer than the safety margin %v", name, l, margin)
 		}
 	}
 	return nil
@@ -305,7 +313,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // names returns the policy's tool names, sorted.
 func (p *Policy) names() []string { return sortedKeys(p.Tools) }
 
-// checkCatalog returns an error wrapping ErrPolicy naming the first tool of the policy, or
+// checkCatalog returns an error wrapping interceptor.ErrInvalidOptions naming the first tool of the policy, or
 // the first probe tool, that the upstream does not list.
 func (p *Policy) checkCatalog(serverID string, cat map[string]toolInfo) error {
 	listed := func() string {
@@ -314,15 +322,13 @@ func (p *Policy) checkCatalog(serverID string, cat map[string]toolInfo) error {
 	}
 	for _, name := range p.names() {
 		if _, ok := cat[name]; !ok {
-			return fmt.Errorf("%w: the policy names tool %q, which server %q does not list (it lists: %s)",
-				ErrPolicy, name, serverID, listed())
+			return policyErr("the policy names tool %q, which server %q does not list (it lists: %s)", name, serverID, listed())
 		}
 	}
 	for _, name := range p.names() {
 		if pr := p.Tools[name].Probe; pr != nil {
 			if _, ok := cat[pr.Tool]; !ok {
-				return fmt.Errorf("%w: tool %q: its probe tool %q is not listed by server %q (it lists: %s)",
-					ErrPolicy, name, pr.Tool, serverID, listed())
+				return policyErr("tool %q: its probe tool %q is not listed by server %q (it lists: %s)", name, pr.Tool, serverID, listed())
 			}
 		}
 	}

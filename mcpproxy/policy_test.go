@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpproxy"
 )
 
@@ -36,7 +37,7 @@ func TestParsePolicyYAMLMeetsTheSameRules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
-			require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
@@ -81,7 +82,7 @@ func TestParsePolicyRefusesAmbiguousKeys(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
-			require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
@@ -92,7 +93,7 @@ func TestParsePolicyRefusesAmbiguousKeys(t *testing.T) {
 	require.Equal(t, mcpproxy.Bypass, p.Tools["Charge"].Mode)
 	// Malformed JSON is still reported by the decoder, with its offset.
 	_, err = mcpproxy.ParsePolicy([]byte(`{"tools": {"c": {"mode": "protect"}}`))
-	require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	require.ErrorContains(t, err, "unexpected EOF")
 }
 
@@ -113,7 +114,7 @@ func TestLoadPolicyChoosesTheFormatByExtension(t *testing.T) {
 	_, err = mcpproxy.LoadPolicy(write("policy", "tools:\n  a: {mode: guard}\n"))
 	require.ErrorContains(t, err, `policy: mcpproxy: invalid policy: tool "a": mode "guard"`)
 	_, err = mcpproxy.LoadPolicy(filepath.Join(dir, "missing.yaml"))
-	require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 }
 
 // TestExamplePolicyParses: the commented example in docs/ is a valid policy.
@@ -149,7 +150,7 @@ func TestParsePinsRefusesBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mcpproxy.ParsePins([]byte(tc.doc))
-			require.ErrorIs(t, err, mcpproxy.ErrPins)
+			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}

@@ -24,30 +24,6 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 )
 
-// Keys of the proxy in MCP _meta objects.
-const (
-	// MetaTask is the request _meta field (a string) that names the task of a tools/call;
-	// it overrides Options.Task for that call.
-	MetaTask = "toolfence.dev/task"
-	// MetaReplayed is true in the _meta of a replayed result.
-	MetaReplayed = "toolfence.dev/replayed"
-	// MetaCall holds the key, attempt, token and recorded time of a replayed result.
-	MetaCall = "toolfence.dev/call"
-	// MetaError holds the structured details (mcpserver.ErrorInfo) of an isError result the
-	// proxy made: a violation, a refused input or policy, an unknown outcome.
-	MetaError = "toolfence.dev/error"
-)
-
-// Kinds of MetaError details that are not violation kinds.
-const (
-	// KindPolicy: the policy does not fit the upstream (a tool it names is not listed).
-	KindPolicy = "policy"
-	// KindInvalidInput: the call's arguments or task are malformed; nothing was sent.
-	KindInvalidInput = "invalid_input"
-	// KindUnavailable: the ledger or the upstream's tool list failed; nothing was sent.
-	KindUnavailable = "unavailable"
-)
-
 // DefaultTimeout is how long the proxy waits for upstream's answer to a protected call.
 const DefaultTimeout = 2 * time.Minute
 
@@ -67,7 +43,7 @@ type Options struct {
 	// ServerID names the upstream server in operations (<ServerID>/<tool>). Required:
 	// letters, digits, '.', '_' and '-', at most 64. Keep it stable: a new id is a new key space.
 	ServerID string
-	// Task is the task of calls whose request names none in _meta (MetaTask). Defaults to
+	// Task is the task of calls whose request names none in _meta (mcpwire.MetaTask). Defaults to
 	// DefaultTask(ServerID): the same across host and proxy restarts.
 	Task string
 	// Policy decides which tools are protected and how. Defaults to the zero Policy.
@@ -79,7 +55,7 @@ type Options struct {
 	// discarding them.
 	Logger *slog.Logger
 	// Pins, when set, are the catalog pins (LoadPins): a protected tool whose definition
-	// upstream differs from its pin, or has none, is refused (KindPin) and nothing is sent.
+	// upstream differs from its pin, or has none, is refused (mcpwire.KindPin) and nothing is sent.
 	// Nil: definitions are not checked.
 	Pins *Pins
 }
@@ -118,7 +94,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		cfg.Policy = &Policy{}
 	}
 	if cfg.Pins != nil && cfg.Pins.ServerID != cfg.ServerID {
-		return nil, fmt.Errorf("%w: the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", ErrPins, cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
+		return nil, pinsErr("the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
 	}
 	if err := cfg.Policy.CheckLeases(ic.Settings().Margin); err != nil {
 		return nil, err
@@ -133,7 +109,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		reg := ic.Operation(op)
 		reg.UpstreamIdempotent = true
 		if err := ic.Register(op, reg); err != nil {
-			return nil, fmt.Errorf("%w: tool %q: %w", ErrPolicy, name, err)
+			return nil, policyErr("tool %q: %w", name, err)
 		}
 	}
 	log := cfg.Logger

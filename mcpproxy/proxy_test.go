@@ -13,9 +13,11 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -109,7 +111,7 @@ func text(res *mcp.CallToolResult) string {
 // errorKind is the kind in the _meta details of an isError result the proxy made.
 func errorKind(t *testing.T, res *mcp.CallToolResult) string {
 	t.Helper()
-	raw, err := json.Marshal(res.Meta[mcpproxy.MetaError])
+	raw, err := json.Marshal(res.Meta[mcpwire.MetaError])
 	require.NoError(t, err)
 	var info struct {
 		Kind string `json:"kind"`
@@ -126,11 +128,11 @@ func TestProxySameCallTwiceIsOneEffectThenReplay(t *testing.T) {
 	first := call(t, s, "append", args, nil)
 	require.False(t, first.IsError, text(first))
 	require.Equal(t, "appended hello to inbox:bob", text(first), "the first answer is upstream's own")
-	require.Nil(t, first.Meta[mcpproxy.MetaReplayed])
+	require.Nil(t, first.Meta[mcpwire.MetaReplayed])
 
 	second := call(t, s, "append", args, nil)
 	require.False(t, second.IsError)
-	require.Equal(t, true, second.Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, second.Meta[mcpwire.MetaReplayed])
 	require.Len(t, second.Content, 2)
 	require.True(t, strings.HasPrefix(second.Content[0].(*mcp.TextContent).Text, "[replayed] already done"), text(second))
 	require.Equal(t, "appended hello to inbox:bob", second.Content[1].(*mcp.TextContent).Text)
@@ -140,13 +142,13 @@ func TestProxySameCallTwiceIsOneEffectThenReplay(t *testing.T) {
 	// A new proxy process on the same store: still a replay (the default task is stable).
 	s = b.host("proxy")
 	third := call(t, s, "append", args, nil)
-	require.Equal(t, true, third.Meta[mcpproxy.MetaReplayed], text(third))
+	require.Equal(t, true, third.Meta[mcpwire.MetaReplayed], text(third))
 	require.Equal(t, 1, b.effectCount())
 
 	// A new task in the request's _meta is a new key: the deliberate repeat happens.
-	fourth := call(t, s, "append", args, mcp.Meta{mcpproxy.MetaTask: "run-2"})
+	fourth := call(t, s, "append", args, mcp.Meta{mcpwire.MetaTask: "run-2"})
 	require.False(t, fourth.IsError, text(fourth))
-	require.Nil(t, fourth.Meta[mcpproxy.MetaReplayed])
+	require.Nil(t, fourth.Meta[mcpwire.MetaReplayed])
 	require.Equal(t, 2, b.effectCount())
 	require.NoError(t, s.Close())
 
@@ -196,7 +198,7 @@ func TestProxyNoEffectRuleRecordsFailedAndRetryDispatches(t *testing.T) {
 	b.setMode("ok")
 	second := call(t, s, "append", args, nil)
 	require.False(t, second.IsError, text(second))
-	require.Nil(t, second.Meta[mcpproxy.MetaReplayed])
+	require.Nil(t, second.Meta[mcpwire.MetaReplayed])
 	require.Equal(t, 1, b.effectCount())
 	require.NoError(t, s.Close())
 	rs := b.residuals()
@@ -242,7 +244,7 @@ func TestProxyForwardsBypassedToolsAndTheToolListUntouched(t *testing.T) {
 		res := call(t, s, "note", args, nil)
 		require.False(t, res.IsError)
 		require.Equal(t, "noted", text(res))
-		require.Nil(t, res.Meta[mcpproxy.MetaReplayed])
+		require.Nil(t, res.Meta[mcpwire.MetaReplayed])
 	}
 	require.Equal(t, 2, b.effectCount(), "a bypassed tool is not guarded")
 	for i := range 2 {
@@ -275,7 +277,7 @@ func TestProxyRefusesEveryCallWhenThePolicyNamesAnUnknownTool(t *testing.T) {
 	s := b.host("proxy")
 	res := call(t, s, "append", map[string]any{"target": "a", "text": "b"}, nil)
 	require.True(t, res.IsError)
-	require.Equal(t, mcpproxy.KindPolicy, errorKind(t, res))
+	require.Equal(t, string(mcpwire.KindPolicy), errorKind(t, res))
 	require.Contains(t, text(res), `the policy names tool "send_mail", which server "fixture" does not list`)
 	require.Contains(t, text(res), "nothing was sent upstream")
 	require.Equal(t, 0, b.effectCount())
@@ -299,7 +301,7 @@ func TestParsePolicyRefusesBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
-			require.ErrorIs(t, err, mcpproxy.ErrPolicy)
+			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}

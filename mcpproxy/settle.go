@@ -12,8 +12,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/residual"
-	"github.com/toolfence/toolfence/tools"
 )
 
 // settlement is what upstream said about an earlier attempt: Succeeded (with the result to
@@ -125,7 +125,7 @@ func (s *session) probe(ctx context.Context, pr *ProbeRule, args json.RawMessage
 	}
 	pargs := map[string]any{}
 	for _, name := range sortedKeys(pr.Arguments) {
-		v, ok, err := tools.Lookup(pr.Arguments[name], args)
+		v, ok, err := jsonptr.Lookup(pr.Arguments[name], args)
 		if err != nil || !ok {
 			return open("argument %q: JSON pointer %q is not in the call's arguments", name, pr.Arguments[name])
 		}
@@ -169,7 +169,7 @@ func (s *session) probe(ctx context.Context, pr *ProbeRule, args json.RawMessage
 	if doc == nil || !json.Valid(doc) {
 		return open("its result has no structuredContent and no text block that is JSON; outcome still unknown")
 	}
-	v, ok, err := tools.Lookup(pr.Found, doc)
+	v, ok, err := jsonptr.Lookup(pr.Found, doc)
 	if err != nil || !ok {
 		return open("found %q is not in its result; outcome still unknown", pr.Found)
 	}

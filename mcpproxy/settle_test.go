@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -66,11 +67,11 @@ tools:
 	s := b.host("proxy")
 	res := callPastLease(t, s, "append", args)
 	require.False(t, res.IsError, text(res))
-	require.Equal(t, true, res.Meta[mcpproxy.MetaReplayed], "the probe found the effect: the call replays")
+	require.Equal(t, true, res.Meta[mcpwire.MetaReplayed], "the probe found the effect: the call replays")
 	require.Contains(t, text(res), `{"found":true}`, "the probe's result is recorded as the result")
 	require.Equal(t, 1, b.effectCount(), "not dispatched again")
 	again := call(t, s, "append", args, nil)
-	require.Equal(t, true, again.Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, again.Meta[mcpwire.MetaReplayed])
 	require.NoError(t, s.Close())
 
 	rs := b.residuals()
@@ -116,7 +117,7 @@ func TestProxyProbeThatFindsNothingSettlesFailedAndTheCallDispatches(t *testing.
 	b.setMode("ok")
 	second := call(t, s, "append", args, nil)
 	require.False(t, second.IsError, text(second))
-	require.Nil(t, second.Meta[mcpproxy.MetaReplayed], "settled failed by the probe: dispatched again")
+	require.Nil(t, second.Meta[mcpwire.MetaReplayed], "settled failed by the probe: dispatched again")
 	require.Equal(t, "appended hello to inbox:bob", text(second))
 	require.Equal(t, 1, b.effectCount())
 	require.NoError(t, s.Close())
@@ -142,7 +143,7 @@ func TestProxyForwardsTheKeyAndRedispatchesAnUnknownUnderIt(t *testing.T) {
 			b.setMode("ok")
 			second := call(t, s, "charge", args, nil)
 			require.False(t, second.IsError, text(second))
-			require.Nil(t, second.Meta[mcpproxy.MetaReplayed], "re-dispatched under the same key")
+			require.Nil(t, second.Meta[mcpwire.MetaReplayed], "re-dispatched under the same key")
 			require.Equal(t, 1, b.effectCount(), "the upstream deduplicated by the key")
 			require.NoError(t, s.Close())
 
@@ -184,7 +185,7 @@ func TestProxySettlesATaskByTasksGetThenReplays(t *testing.T) {
 	b.setMode("ok")
 	fourth := call(t, s, "append", args, nil)
 	require.False(t, fourth.IsError, text(fourth))
-	require.Equal(t, true, fourth.Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, fourth.Meta[mcpwire.MetaReplayed])
 	require.Contains(t, text(fourth), "appended by task task-1", "tasks/result is recorded as the result")
 	require.Equal(t, 1, b.effectCount())
 	require.NoError(t, s.Close())
@@ -219,7 +220,7 @@ func TestProxyRefusesProtectedToolsWhoseDefinitionChangedUntilLocked(t *testing.
 	s = b.host("proxy")
 	refused := call(t, s, "append", map[string]any{"target": "b", "text": "2"}, nil)
 	require.True(t, refused.IsError)
-	require.Equal(t, mcpproxy.KindPin, errorKind(t, refused))
+	require.Equal(t, string(mcpwire.KindPin), errorKind(t, refused))
 	require.Contains(t, text(refused), "differs from its pin")
 	require.Contains(t, text(refused), "toolfence proxy lock")
 	read := call(t, s, "read", nil, nil)
@@ -241,7 +242,7 @@ func TestProxyRefusesACallWithoutItsTargetArgument(t *testing.T) {
 	s := b.host("proxy")
 	res := call(t, s, "append", map[string]any{"target": "a", "text": "b"}, nil)
 	require.True(t, res.IsError)
-	require.Equal(t, mcpproxy.KindInvalidInput, errorKind(t, res))
+	require.Equal(t, string(mcpwire.KindInvalidInput), errorKind(t, res))
 	require.Contains(t, text(res), `JSON pointer "/order_id" is not in the input`)
 	require.Equal(t, 0, b.effectCount())
 	require.NoError(t, s.Close())
@@ -254,7 +255,7 @@ func TestProxyRefusesEveryCallWhenTheProbeToolIsNotListed(t *testing.T) {
 	s := b.host("proxy")
 	res := call(t, s, "append", map[string]any{"target": "a", "text": "b"}, nil)
 	require.True(t, res.IsError)
-	require.Equal(t, mcpproxy.KindPolicy, errorKind(t, res))
+	require.Equal(t, string(mcpwire.KindPolicy), errorKind(t, res))
 	require.Contains(t, text(res), `tool "append": its probe tool "lookup" is not listed by server "fixture"`)
 	require.Equal(t, 0, b.effectCount())
 }
@@ -345,7 +346,7 @@ func TestProxyFailedTaskSettlesOnlyWithANoEffectRule(t *testing.T) {
 				return
 			}
 			require.False(t, second.IsError, text(second))
-			require.Nil(t, second.Meta[mcpproxy.MetaReplayed])
+			require.Nil(t, second.Meta[mcpwire.MetaReplayed])
 			require.Equal(t, "appended hello to inbox:bob", text(second), "settled failed: dispatched again")
 			require.Equal(t, 2, b.effectCount())
 		})
@@ -385,7 +386,7 @@ func TestProxyConcurrentCallsSettleAnUnknownOnce(t *testing.T) {
 	for range 20 {
 		res := <-results
 		require.False(t, res.IsError, text(res))
-		require.Equal(t, true, res.Meta[mcpproxy.MetaReplayed])
+		require.Equal(t, true, res.Meta[mcpwire.MetaReplayed])
 	}
 	require.Equal(t, 1, b.effectCount())
 	require.NoError(t, s.Close())

@@ -17,7 +17,7 @@ import (
 // descriptor in non-blocking mode, so that Go reads and writes it through its network
 // poller: a blocking read holds a thread in the kernel, and taking the read's answer back
 // from it cost a relayed call about a fifth more than through the poller (measured in
-// internal/proxybench). Close closes the duplicates, which ends a pending Read, and puts
+// internal/checks/proxybench). Close closes the duplicates, which ends a pending Read, and puts
 // the descriptors back in blocking mode. For any other r, a Read pending on r ends only
 // when r does (Serve returns without waiting for it).
 func Stdio(r io.Reader, w io.Writer) mcp.Connection {

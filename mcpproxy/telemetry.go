@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"strconv"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -140,23 +139,4 @@ func withTraceContext(ctx context.Context, params json.RawMessage) json.RawMessa
 		return params
 	}
 	return out
-}
-
-// settled marks the execute_tool span of a call whose recorded outcome is ambiguous
-// (unknown, or accepted and awaiting upstream) as Do marks it (toolfence.violation,
-// error.type), and logs the one line the interceptor logs for a refused call: kind, key,
-// operation, state, attempt and recovery (warn for unknown, info for accepted). Nothing of
-// the arguments or the result.
-func (p *Proxy) settled(ctx context.Context, v *interceptor.Violation) {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(interceptor.AttrViolation.String(string(v.Kind)), interceptor.AttrErrorType.String(string(v.Kind)))
-		span.SetStatus(codes.Error, string(v.Kind))
-	}
-	level := slog.LevelWarn
-	if v.Kind == interceptor.AwaitingUpstream {
-		level = slog.LevelInfo
-	}
-	p.log.LogAttrs(ctx, level, "toolfence proxy: call executed, outcome not confirmed", slog.String("kind", string(v.Kind)),
-		slog.String("key", v.Key), slog.String("operation", v.Operation), slog.String("state", v.State.String()),
-		slog.Int("attempt", v.Attempt), slog.String("recovery", v.Recovery))
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // lockedBuffer is a log destination safe for concurrent writes and reads.
@@ -61,12 +62,13 @@ func setupTraced(t *testing.T) *traced {
 	l, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	ic, err := interceptor.New(l, interceptor.Options{TracerProvider: tp})
+	// One logger for both, as the binary has: the interceptor logs the guarded calls.
+	log := slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ic, err := interceptor.New(l, interceptor.Options{TracerProvider: tp, Logger: log})
 	require.NoError(t, err)
 	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"append": {"target": ["/target"]}}}`))
 	require.NoError(t, err)
-	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fixture", Policy: pol,
-		Logger: slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fixture", Policy: pol, Logger: log})
 	require.NoError(t, err)
 
 	// The upstream: append (protected) and read (read-only, bypassed), each recording _meta.
@@ -202,7 +204,7 @@ func TestProxySpanIsChildOfMetaTraceparent(t *testing.T) {
 	// The same call again: replayed from the store, traced, nothing sent upstream.
 	tr.spans.Reset()
 	again := call(t, tr.host, "append", args, meta)
-	require.Equal(t, true, again.Meta[mcpproxy.MetaReplayed])
+	require.Equal(t, true, again.Meta[mcpwire.MetaReplayed])
 	exec = tr.spansNamed("execute_tool fixture/append")
 	require.Len(t, exec, 1)
 	require.Equal(t, true, attrMap(exec[0])["toolfence.replayed"])

@@ -25,6 +25,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -229,7 +230,7 @@ func TestHTTPUpstreamSameCallTwiceIsOneEffectAndHeadersReachIt(t *testing.T) {
 		t.Fatal("the upstream's progress notification did not reach the host")
 	}
 	second := call(t, s, "append", args, nil)
-	require.Equal(t, true, second.Meta[mcpproxy.MetaReplayed], text(second))
+	require.Equal(t, true, second.Meta[mcpwire.MetaReplayed], text(second))
 	require.Equal(t, 1, w.effectCount())
 	res := call(t, s, "read", nil, nil)
 	require.Equal(t, "1 lines", text(res), "a read-only tool is forwarded")

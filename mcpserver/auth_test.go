@@ -4,13 +4,10 @@ package mcpserver_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +17,9 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -69,9 +68,9 @@ func TestAuthMissingOrWrongTokenIs401(t *testing.T) {
 		c.Close()
 	}
 	_, err := mcpserver.Dial(ctx(t), e.ts.URL, "wrong-token-0123456789abcdef")
-	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+	require.ErrorIs(t, err, ledger.ErrUnauthorized)
 	_, err = mcpserver.Dial(ctx(t), e.ts.URL, "")
-	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+	require.ErrorIs(t, err, ledger.ErrUnauthorized)
 }
 
 // TestNamespaceIsolation: a token of namespace B cannot list, inspect, resolve, reconcile or
@@ -89,12 +88,12 @@ func TestNamespaceIsolation(t *testing.T) {
 
 	require.Empty(t, ok[mcpserver.ListResult](t, b, "list_pending", m{}).Residuals)
 	require.Empty(t, ok[mcpserver.ListResult](t, b, "list_pending", m{"task": "t1", "state": "unknown"}).Residuals)
-	require.Equal(t, "not_found", fails(t, b, "inspect_residual", m{"key": ra.Key}).Kind)
-	require.Equal(t, "not_found", fails(t, b, "resolve_residual", m{"key": ra.Key, "as": "succeeded", "note": "not mine"}).Kind)
-	require.Equal(t, "not_found", fails(t, b, "reconcile", m{"key": ra.Key}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, b, "inspect_residual", m{"key": ra.Key}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, b, "resolve_residual", m{"key": ra.Key, "as": "succeeded", "note": "not mine"}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, b, "reconcile", m{"key": ra.Key}).Kind)
 	// Not even with A's secret.
-	require.Equal(t, "not_found", fails(t, b, "commit_call", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "outcome": "failed"}).Kind)
-	require.Equal(t, "not_found", fails(t, b, "renew_lease", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "lease_ms": 1000}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, b, "commit_call", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "outcome": "failed"}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, b, "renew_lease", m{"key": ra.Key, "token": ra.Token, "lease_secret": ra.LeaseSecret, "lease_ms": 1000}).Kind)
 	_, err := b.ReadResource(ctx(t), mcp.ReadResourceRequest{Params: mcp.ReadResourceParams{URI: "toolfence://residuals/" + ra.Key}})
 	require.Error(t, err)
 	require.Equal(t, before, snapshot(t, e.led, nsA), "namespace B changed nothing in A")
@@ -112,7 +111,7 @@ func TestNamespaceIsolation(t *testing.T) {
 // the interceptor's namespace, refuses others, and ListenAndServe refuses to bind them.
 func TestNoTokensServesLoopbackOnly(t *testing.T) {
 	t.Parallel()
-	e := setup(t, func(o *mcpserver.Options) { o.Tokens = mcpserver.Tokens{} })
+	e := setup(t, func(o *mcpserver.Options) { o.Tokens = mcpwire.Tokens{} })
 	c := e.dial("", legacy)
 	r := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": "o", "target": "x", "args": m{}})
 	require.Equal(t, residual.Key(nsA, "t", "o", "x"), r.Key)
@@ -125,24 +124,7 @@ func TestNoTokensServesLoopbackOnly(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, rec.Code)
 
 	err := e.srv.ListenAndServe(ctx(t), "0.0.0.0:0", nil)
-	require.ErrorIs(t, err, mcpserver.ErrUnsafeBind)
-}
-
-func TestCheckBind(t *testing.T) {
-	t.Parallel()
-	for addr, safe := range map[string]bool{
-		"127.0.0.1:7777": true, "localhost:7777": true, "[::1]:7777": true, "127.9.9.9:1": true,
-		"0.0.0.0:7777": false, ":7777": false, "[::]:7777": false, "10.0.0.1:7777": false, "example.com:7777": false,
-	} {
-		err := mcpserver.CheckBind(addr, 0)
-		if safe {
-			require.NoError(t, err, addr)
-		} else {
-			require.ErrorIs(t, err, mcpserver.ErrUnsafeBind, addr)
-		}
-		require.NoError(t, mcpserver.CheckBind(addr, 1), "%s with a token", addr)
-	}
-	require.Error(t, mcpserver.CheckBind("no-port", 0))
+	require.ErrorIs(t, err, mcpwire.ErrUnsafeBind)
 }
 
 // TestListenAndServe serves on a real listener, answers a client, and shuts down when its
@@ -163,7 +145,7 @@ func TestListenAndServe(t *testing.T) {
 	require.NoError(t, c.Close())
 
 	// A legacy client holding a notification stream must not stall the shutdown.
-	e.dialURL("http://"+addr.String()+mcpserver.Path, tokA, legacy, transport.WithContinuousListening())
+	e.dialURL("http://"+addr.String()+mcpwire.Path, tokA, legacy, transport.WithContinuousListening())
 	cancel()
 	select {
 	case err := <-done:
@@ -171,56 +153,4 @@ func TestListenAndServe(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("ListenAndServe did not return after its context ended")
 	}
-}
-
-func TestParseTokens(t *testing.T) {
-	t.Parallel()
-	const a, b = "aaaaaaaaaaaaaaaa1", "bbbbbbbbbbbbbbbb2"
-	for name, data := range map[string]string{
-		"lines": "# tokens\n\n" + a + "\n" + b + " team-b\n",
-		"json":  `{"` + a + `": "default", "` + b + `": "team-b"}`,
-		"list":  `[{"token": "` + a + `", "namespace": "default"}, {"token": "` + b + `", "namespace": "team-b"}]`,
-	} {
-		tk, err := mcpserver.ParseTokens([]byte(data), "default")
-		require.NoError(t, err, name)
-		require.Equal(t, 2, tk.Len(), name)
-		ns, ok := tk.Namespace(a)
-		require.True(t, ok, name)
-		require.Equal(t, "default", ns, name)
-		ns, ok = tk.Namespace(b)
-		require.True(t, ok, name)
-		require.Equal(t, "team-b", ns, name)
-		_, ok = tk.Namespace("cccccccccccccccc3")
-		require.False(t, ok, name)
-		_, ok = tk.Namespace("")
-		require.False(t, ok, name)
-	}
-	for name, data := range map[string]string{
-		"empty":        "# nothing\n",
-		"short":        "short ns\n",
-		"three fields": a + " ns extra\n",
-		"empty ns":     `{"` + a + `": ""}`,
-		"conflict":     a + " x\n" + a + " y\n",
-		"repeated":     a + " x\n" + a + " x\n",
-		"json dup":     `{"` + a + `": "x", "` + a + `": "y"}`,
-		"json dup ns":  `{"` + a + `": "x", "` + a + `": "x"}`,
-		"list dup":     `[{"token": "` + a + `", "namespace": "x"}, {"token": "` + a + `", "namespace": "x"}]`,
-		"bad json":     `{"` + a + `": 1}`,
-	} {
-		_, err := mcpserver.ParseTokens([]byte(data), "default")
-		require.ErrorIs(t, err, mcpserver.ErrInvalidTokens, name)
-	}
-
-	dir := t.TempDir()
-	path := filepath.Join(dir, "tokens")
-	require.NoError(t, os.WriteFile(path, []byte(a+"\n"), 0o644))
-	_, err := mcpserver.LoadTokens(path, "default")
-	require.ErrorIs(t, err, mcpserver.ErrInvalidTokens, "a world-readable token file is refused")
-	require.Contains(t, err.Error(), "chmod 600")
-	require.NoError(t, os.Chmod(path, 0o600))
-	tk, err := mcpserver.LoadTokens(path, "default")
-	require.NoError(t, err)
-	require.Equal(t, 1, tk.Len())
-	_, err = mcpserver.LoadTokens(filepath.Join(dir, "missing"), "default")
-	require.True(t, errors.Is(err, os.ErrNotExist))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -99,7 +100,7 @@ func TestBadInput(t *testing.T) {
 	before := snapshot(t, e.led, nsA)
 	for _, tc := range cases {
 		info := fails(t, c, tc.tool, tc.args)
-		require.Equal(t, "invalid_input", info.Kind, "%s %v: %s", tc.tool, tc.args, info.Message)
+		require.Equal(t, mcpwire.KindInvalidInput, info.Kind, "%s %v: %s", tc.tool, tc.args, info.Message)
 		require.Contains(t, info.Message, tc.want, "%s %v", tc.tool, tc.args)
 		require.Contains(t, info.Recovery, "nothing was written")
 	}
@@ -108,13 +109,13 @@ func TestBadInput(t *testing.T) {
 	// Well-formed keys that do not exist are not found, not invalid.
 	missing := residual.Key(nsA, "t", "o", "nobody")
 	for _, tool := range []string{"inspect_residual", "reconcile"} {
-		require.Equal(t, "not_found", fails(t, c, tool, m{"key": missing}).Kind, tool)
+		require.Equal(t, mcpwire.KindNotFound, fails(t, c, tool, m{"key": missing}).Kind, tool)
 	}
-	require.Equal(t, "not_found", fails(t, c, "commit_call", m{"key": missing, "token": 1, "outcome": "failed", "lease_secret": secret}).Kind)
-	require.Equal(t, "not_found", fails(t, c, "resolve_residual", m{"key": missing, "as": "failed", "note": "n"}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, c, "commit_call", m{"key": missing, "token": 1, "outcome": "failed", "lease_secret": secret}).Kind)
+	require.Equal(t, mcpwire.KindNotFound, fails(t, c, "resolve_residual", m{"key": missing, "as": "failed", "note": "n"}).Kind)
 	// A token that was never issued is fenced out, without a write.
 	info := fails(t, c, "commit_call", m{"key": key, "token": token + 5, "outcome": "failed", "lease_secret": secret})
-	require.Equal(t, "lease_lost", info.Kind)
+	require.Equal(t, mcpwire.KindLeaseLost, info.Kind)
 	require.Contains(t, info.Message, "never issued")
 	require.Equal(t, before, snapshot(t, e.led, nsA))
 }
@@ -135,14 +136,14 @@ func TestQueuedSuccessRefused(t *testing.T) {
 	} {
 		args["key"], args["token"], args["outcome"], args["lease_secret"] = b.Key, b.Token, "succeeded", b.LeaseSecret
 		info := fails(t, c, "commit_call", args)
-		require.Equal(t, "refused", info.Kind, "%v", args)
+		require.Equal(t, mcpwire.KindRefused, info.Kind, "%v", args)
 		require.Contains(t, info.Message, "not a confirmed effect")
 		require.Contains(t, info.Recovery, "outcome=accepted with the handle")
 		require.Equal(t, before, snapshot(t, e.led, nsA), "a refused commit changes nothing")
 	}
 	// Claiming "failed" for a queued answer is refused too: the effect is in flight.
 	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "failed", "upstream_status": 202})
-	require.Equal(t, "refused", info.Kind)
+	require.Equal(t, mcpwire.KindRefused, info.Kind)
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
 	require.Equal(t, residual.Pending, v.State)
 	require.Equal(t, residual.None, v.Attempts[0].Outcome)
@@ -165,7 +166,7 @@ func TestPanicRecovered(t *testing.T) {
 	c := e.dial(tokA, legacy)
 	b := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": "t", "operation": opPanics, "target": "x", "args": m{}})
 	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded"})
-	require.Equal(t, "internal", info.Kind)
+	require.Equal(t, mcpwire.KindInternal, info.Kind)
 	require.Contains(t, info.Message, "classifier exploded")
 	v := ok[mcpserver.ResidualView](t, c, "inspect_residual", m{"key": b.Key})
 	require.Equal(t, residual.Pending, v.State, "nothing was recorded")
@@ -205,6 +206,6 @@ func TestMarginTooSmall(t *testing.T) {
 	// ...but a commit landing within the margin of the expiry is fenced out.
 	e.clock.Advance(960 * time.Millisecond)
 	info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "succeeded"})
-	require.Equal(t, "lease_lost", info.Kind)
+	require.Equal(t, mcpwire.KindLeaseLost, info.Kind)
 	require.Contains(t, info.Message, "margin")
 }

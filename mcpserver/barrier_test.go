@@ -15,6 +15,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -82,9 +83,9 @@ func TestCommitAndResolveStoreRedactedCapped(t *testing.T) {
 // interceptor's kind names.
 func TestErrorKindsAreOneVocabulary(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, string(interceptor.LeaseLost), mcpserver.KindLeaseLost)
-	require.Equal(t, "lease_lost", mcpserver.KindLeaseLost)
-	require.Equal(t, string(interceptor.InProgress), mcpserver.KindInProgress)
+	require.Equal(t, mcpwire.Kind(interceptor.LeaseLost), mcpwire.KindLeaseLost)
+	require.Equal(t, mcpwire.Kind("lease_lost"), mcpwire.KindLeaseLost)
+	require.Equal(t, mcpwire.Kind(interceptor.InProgress), mcpwire.KindInProgress)
 	require.ErrorIs(t, interceptor.LeaseLost.Sentinel(), residual.ErrLeaseLost)
 }
 
@@ -98,7 +99,7 @@ func TestKeyFieldsMustBeValidUTF8(t *testing.T) {
 	before := snapshot(t, e.led, nsA)
 	for _, target := range []string{"\"inv\xff\"", "\"inv\xfe\"", `"inv\udcff"`} {
 		info := fails(t, c, "begin_call", json.RawMessage(`{"task":"t","operation":"charge","target":`+target+`,"args":{}}`))
-		require.Equal(t, mcpserver.KindInvalidInput, info.Kind, target)
+		require.Equal(t, mcpwire.KindInvalidInput, info.Kind, target)
 		require.Contains(t, info.Message, "UTF", target)
 	}
 	require.Equal(t, before, snapshot(t, e.led, nsA), "nothing was written")
@@ -119,7 +120,7 @@ func TestNumbersAsClientsSendThem(t *testing.T) {
 	require.Contains(t, info.Message, `field "lease_ms" must be an integer, got number 1000.5`)
 	for _, st := range []int{1, 99, 600, 999} {
 		info := fails(t, c, "commit_call", m{"key": b.Key, "token": b.Token, "lease_secret": b.LeaseSecret, "outcome": "unknown", "upstream_status": st})
-		require.Equal(t, mcpserver.KindInvalidInput, info.Kind, st)
+		require.Equal(t, mcpwire.KindInvalidInput, info.Kind, st)
 		require.Contains(t, info.Message, "100 to 599", st)
 	}
 }

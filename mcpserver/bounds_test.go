@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // modernCall is the body of a stateless (2026-07-28) tools/call of tool with arguments args.
@@ -84,7 +85,7 @@ func TestHostileRequestBounded(t *testing.T) {
 	require.Contains(t, answer, "levels deep")
 
 	// The most an accepted request can cost: just under MaxValues empty objects.
-	n := mcpserver.DefaultMaxValues/2 - 10
+	n := mcpwire.DefaultMaxValues/2 - 10
 	largest := modernCall(mcpserver.ToolBegin, `{"task":"t","operation":"op","target":"x2","args":{"a":[`+strings.Repeat("{},", n-1)+`{}]}}`)
 	cost = allocated(func() { status, answer = postModern(t, e.url, tokA, largest) })
 	t.Logf("largest accepted shape (%d empty objects, %d KiB): HTTP %d, %.1f MB allocated", n, len(largest)>>10, status, float64(cost)/1e6)

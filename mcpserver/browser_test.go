@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -19,7 +20,7 @@ import (
 // that would begin a call writes nothing. A loopback origin (a local UI) is served.
 func TestRefusesRequestsFromWebPages(t *testing.T) {
 	t.Parallel()
-	e := setup(t, func(o *mcpserver.Options) { o.Tokens = mcpserver.Tokens{} })
+	e := setup(t, func(o *mcpserver.Options) { o.Tokens = mcpwire.Tokens{} })
 	empty := snapshot(t, e.led, nsA)
 	batch := `[` + initBody + `,{"jsonrpc":"2.0","method":"notifications/initialized"},` +
 		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"begin_call","arguments":{"task":"t","operation":"o","target":"x","args":{}}}}]`

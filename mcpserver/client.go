@@ -13,35 +13,31 @@ import (
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// Errors a Client returns; ToolError unwraps to one of them or to a residual sentinel.
-var (
-	// ErrUnauthorized: the server refused the bearer token (HTTP 401).
-	ErrUnauthorized = errors.New("mcpserver: unauthorized: the server refused the bearer token")
-	// ErrInvalidInput: the server refused the arguments; nothing was written.
-	ErrInvalidInput = errors.New("mcpserver: invalid input")
-	// ErrRefused: the server refused the claimed outcome (e.g. success for a queued answer).
-	ErrRefused = errors.New("mcpserver: refused")
-	// ErrUnavailable: the server's ledger failed.
-	ErrUnavailable = errors.New("mcpserver: ledger unavailable")
-	// ErrInternal: the server failed (a bug).
-	ErrInternal = errors.New("mcpserver: internal server error")
-)
+// ErrInternal is what a ToolError of kind internal unwraps to: the server failed (a bug).
+// The other kinds unwrap to the sentinel of their concept (see ToolError).
+var ErrInternal = errors.New("mcpserver: internal server error")
 
-var kindSentinels = map[string]error{
-	KindInvalidInput: ErrInvalidInput, KindNotFound: residual.ErrNotFound, KindLeaseLost: residual.ErrLeaseLost,
-	KindRefused: ErrRefused, KindInProgress: residual.ErrInProgress, KindInvalidTransition: residual.ErrInvalidTransition,
-	KindUnavailable: ErrUnavailable, KindInternal: ErrInternal,
+var kindSentinels = map[mcpwire.Kind]error{
+	mcpwire.KindInvalidInput: interceptor.ErrInvalidCall, mcpwire.KindNotFound: residual.ErrNotFound, mcpwire.KindLeaseLost: residual.ErrLeaseLost,
+	mcpwire.KindRefused: interceptor.ErrClaimRefused, mcpwire.KindInProgress: residual.ErrInProgress, mcpwire.KindInvalidTransition: residual.ErrInvalidTransition,
+	mcpwire.KindUnavailable: ledger.ErrUnavailable, mcpwire.KindInternal: ErrInternal,
 }
 
 // ToolError is an isError result of a tool, as Client returns it. errors.Is matches the
 // sentinel of its kind: residual.ErrNotFound, residual.ErrLeaseLost, residual.ErrInProgress,
-// residual.ErrInvalidTransition, ErrInvalidInput, ErrRefused, ErrUnavailable or ErrInternal.
+// residual.ErrInvalidTransition, interceptor.ErrInvalidCall (the server refused the
+// arguments; nothing was written), interceptor.ErrClaimRefused (the server refused the
+// claimed outcome, e.g. success for a queued answer), ledger.ErrUnavailable (the server's
+// ledger failed) or ErrInternal.
 type ToolError struct {
 	Tool string
-	Info ErrorInfo
+	Info mcpwire.ErrorInfo
 }
 
 // Error returns the server's text: tool, kind, message and recovery.
@@ -65,7 +61,7 @@ type Client struct {
 
 // Dial connects to the toolfence MCP server at rawURL ("http://127.0.0.1:7777" or the
 // endpoint itself, ".../mcp") with a bearer token (empty for a loopback server without
-// tokens). It returns an error wrapping ErrUnauthorized when the server refuses the token,
+// tokens). It returns an error wrapping ledger.ErrUnauthorized when the server refuses the token,
 // and the transport's error when it cannot connect.
 func Dial(ctx context.Context, rawURL, token string) (*Client, error) {
 	u, err := url.Parse(rawURL)
@@ -73,7 +69,7 @@ func Dial(ctx context.Context, rawURL, token string) (*Client, error) {
 		return nil, fmt.Errorf("mcpserver: server URL %q: want http://HOST:PORT[/mcp]", rawURL)
 	}
 	if u.Path == "" || u.Path == "/" {
-		u.Path = Path
+		u.Path = mcpwire.Path
 	}
 	hc := &http.Client{Transport: bearerTransport{token: token, next: http.DefaultTransport}}
 	tr, err := transport.NewStreamableHTTP(u.String(), transport.WithHTTPBasicClient(hc))
@@ -89,7 +85,7 @@ func Dial(ctx context.Context, rawURL, token string) (*Client, error) {
 	if _, err := c.Initialize(ctx, init); err != nil {
 		c.Close()
 		if errors.Is(err, transport.ErrAuthorizationRequired) || errors.Is(err, transport.ErrUnauthorized) {
-			return nil, fmt.Errorf("%w (%s)", ErrUnauthorized, u)
+			return nil, fmt.Errorf("mcpserver: %s refused the bearer token: %w", u, ledger.ErrUnauthorized)
 		}
 		return nil, fmt.Errorf("mcpserver: connecting to %s: %w", u, err)
 	}
@@ -116,7 +112,7 @@ func (c *Client) Close() error { return c.c.Close() }
 
 // Call calls tool with in as arguments and decodes its structured result into out (which
 // may be nil). An isError result is returned as a *ToolError; protocol and transport
-// failures as other errors (wrapping ErrUnauthorized for 401).
+// failures as other errors (wrapping ledger.ErrUnauthorized for 401).
 func (c *Client) Call(ctx context.Context, tool string, in, out any) error {
 	var req mcp.CallToolRequest
 	req.Params.Name = tool
@@ -124,7 +120,7 @@ func (c *Client) Call(ctx context.Context, tool string, in, out any) error {
 	res, err := c.c.CallTool(ctx, req)
 	if err != nil {
 		if errors.Is(err, transport.ErrAuthorizationRequired) || errors.Is(err, transport.ErrUnauthorized) {
-			return fmt.Errorf("%w: %s", ErrUnauthorized, tool)
+			return fmt.Errorf("mcpserver: %s: the server refused the bearer token: %w", tool, ledger.ErrUnauthorized)
 		}
 		return fmt.Errorf("mcpserver: %s: %w", tool, err)
 	}
@@ -136,10 +132,10 @@ func (c *Client) Call(ctx context.Context, tool string, in, out any) error {
 	}
 	if res.IsError {
 		var wrapped struct {
-			Error ErrorInfo `json:"error"`
+			Error mcpwire.ErrorInfo `json:"error"`
 		}
 		if len(raw) == 0 || json.Unmarshal(raw, &wrapped) != nil || wrapped.Error.Kind == "" {
-			return &ToolError{Tool: tool, Info: ErrorInfo{Kind: KindInternal, Message: resultText(res)}}
+			return &ToolError{Tool: tool, Info: mcpwire.ErrorInfo{Kind: mcpwire.KindInternal, Message: resultText(res)}}
 		}
 		return &ToolError{Tool: tool, Info: wrapped.Error}
 	}

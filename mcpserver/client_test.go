@@ -9,8 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -40,9 +42,9 @@ func TestClient(t *testing.T) {
 	require.ErrorIs(t, err, residual.ErrNotFound)
 	var te *mcpserver.ToolError
 	require.True(t, errors.As(err, &te))
-	require.Equal(t, "not_found", te.Info.Kind)
+	require.Equal(t, mcpwire.KindNotFound, te.Info.Kind)
 	_, err = c.Inspect(ctx(t), "bogus")
-	require.ErrorIs(t, err, mcpserver.ErrInvalidInput)
+	require.ErrorIs(t, err, interceptor.ErrInvalidCall)
 
 	rs, err := c.Resolve(ctx(t), mcpserver.ResolveInput{Key: b.Key, As: "failed", Note: "the card network has no such charge", By: "ops@example.com"})
 	require.NoError(t, err)
@@ -65,7 +67,7 @@ func TestClient(t *testing.T) {
 func TestNewAndClose(t *testing.T) {
 	t.Parallel()
 	_, err := mcpserver.New(nil, mcpserver.Options{})
-	require.ErrorIs(t, err, mcpserver.ErrInvalidOptions)
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 
 	led, err := badger.Open(t.TempDir(), badger.Options{})
 	require.NoError(t, err)
@@ -78,7 +80,7 @@ func TestNewAndClose(t *testing.T) {
 		"bad operation":      {Operations: map[string]interceptor.Operation{"": {}}},
 	} {
 		_, err := mcpserver.New(ic, o)
-		require.ErrorIs(t, err, mcpserver.ErrInvalidOptions, name)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions, name)
 	}
 
 	s, err := mcpserver.New(ic, mcpserver.Options{NewInterceptor: func(ns string) (*interceptor.Interceptor, error) {
@@ -89,10 +91,10 @@ func TestNewAndClose(t *testing.T) {
 	_, err = s.MCPServer("default")
 	require.NoError(t, err)
 	_, err = s.MCPServer("other")
-	require.ErrorIs(t, err, mcpserver.ErrInvalidOptions, "an interceptor of the wrong namespace is refused")
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions, "an interceptor of the wrong namespace is refused")
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close(), "Close twice")
 	_, err = s.MCPServer("default")
-	require.ErrorIs(t, err, mcpserver.ErrClosed)
-	require.ErrorIs(t, s.ServeStdio(context.Background(), "", nil, nil), mcpserver.ErrClosed)
+	require.ErrorIs(t, err, lease.ErrClosed)
+	require.ErrorIs(t, s.ServeStdio(context.Background(), "", nil, nil), lease.ErrClosed)
 }

@@ -23,17 +23,18 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
 // begun is what a test keeps of a begin_call result.
 type begun struct {
-	Decision    string               `json:"decision"`
-	Key         string               `json:"key"`
-	Token       uint64               `json:"token"`
-	Holder      string               `json:"holder"`
-	LeaseSecret string               `json:"lease_secret"`
-	Violation   *mcpserver.Violation `json:"violation"`
+	Decision    string             `json:"decision"`
+	Key         string             `json:"key"`
+	Token       uint64             `json:"token"`
+	Holder      string             `json:"holder"`
+	LeaseSecret string             `json:"lease_secret"`
+	Violation   *mcpwire.Violation `json:"violation"`
 }
 
 func beginOn(t *testing.T, c *client.Client, target string) begun {
@@ -71,7 +72,7 @@ func TestLeaseSecretFencesCommitAndRenew(t *testing.T) {
 
 	// The reproduction: a third party commits A's attempt as failed with the visible token.
 	info := fails(t, other, "commit_call", m{"key": b.Key, "token": b.Token, "outcome": "failed"})
-	require.Equal(t, "invalid_input", info.Kind)
+	require.Equal(t, mcpwire.KindInvalidInput, info.Kind)
 	require.Contains(t, info.Message, "lease_secret is required")
 	require.Equal(t, before, snapshot(t, e.led, nsA), "a commit without the secret writes nothing")
 	next := beginOn(t, other, "invoice:1")
@@ -99,7 +100,7 @@ func TestLeaseSecretFencesCommitAndRenew(t *testing.T) {
 		{"commit_call", m{"key": b.Key, "token": b.Token + 1, "outcome": "failed", "lease_secret": b.LeaseSecret}, "lease_lost", "never issued"},
 	} {
 		info := fails(t, other, tc.tool, tc.args)
-		require.Equal(t, tc.kind, info.Kind, "%s %v: %s", tc.tool, tc.args, info.Message)
+		require.Equal(t, mcpwire.Kind(tc.kind), info.Kind, "%s %v: %s", tc.tool, tc.args, info.Message)
 		require.Contains(t, info.Message, tc.want, "%s %v", tc.tool, tc.args)
 		require.NotContains(t, info.Message, wrong, "a given secret is never echoed")
 		require.Equal(t, before, snapshot(t, e.led, nsA), "%s %v changed the ledger", tc.tool, tc.args)
@@ -127,7 +128,7 @@ func TestLeaseSecretFencesCommitAndRenew(t *testing.T) {
 	b2 := beginOn(t, a, "invoice:2")
 	b3 := beginOn(t, a, "invoice:3")
 	require.NotEqual(t, b2.LeaseSecret, b3.LeaseSecret)
-	require.Equal(t, "lease_lost", fails(t, a, "commit_call", m{"key": b2.Key, "token": b2.Token, "outcome": "failed", "lease_secret": b3.LeaseSecret}).Kind)
+	require.Equal(t, mcpwire.KindLeaseLost, fails(t, a, "commit_call", m{"key": b2.Key, "token": b2.Token, "outcome": "failed", "lease_secret": b3.LeaseSecret}).Kind)
 	require.Equal(t, residual.Failed, ok[mcpserver.CommitResult](t, a, "commit_call", commitArgs(b2, "failed", m{"upstream_status": 422})).State)
 
 	// Without a holder input the name is derived from the client, still with the hash.
@@ -198,7 +199,7 @@ func TestCommitClassifiesTheStatus(t *testing.T) {
 		}
 		before := snapshot(t, e.led, nsA)
 		info := fails(t, c, "commit_call", args)
-		require.Equal(t, "refused", info.Kind, "%s: %s", name, info.Message)
+		require.Equal(t, mcpwire.KindRefused, info.Kind, "%s: %s", name, info.Message)
 		require.Contains(t, info.Message, "outcome "+tc.outcome+" refused", name)
 		require.Contains(t, info.Recovery, "outcome="+tc.implied, name)
 		if tc.status != 0 && tc.status != 202 && tc.body == nil {
@@ -214,7 +215,7 @@ func TestCommitClassifiesTheStatus(t *testing.T) {
 	// The reproduction: failed + 503 is refused; committed as unknown, the key then blocks
 	// instead of proceeding to a duplicate dispatch.
 	b := beginOn(t, c, "invoice:503")
-	require.Equal(t, "refused", fails(t, c, "commit_call", commitArgs(b, "failed", m{"upstream_status": 503})).Kind)
+	require.Equal(t, mcpwire.KindRefused, fails(t, c, "commit_call", commitArgs(b, "failed", m{"upstream_status": 503})).Kind)
 	require.Equal(t, residual.Unknown, ok[mcpserver.CommitResult](t, c, "commit_call", commitArgs(b, "unknown", m{"upstream_status": 503})).State)
 	next := beginOn(t, c, "invoice:503")
 	require.Equal(t, mcpserver.DecisionBlocked, next.Decision)

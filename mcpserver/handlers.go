@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -127,18 +128,6 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// jsonValue returns b as a JSON value: b itself when it is valid JSON, else b as a string.
-func jsonValue(b []byte) json.RawMessage {
-	if len(b) == 0 {
-		return nil
-	}
-	if json.Valid(b) {
-		return append(json.RawMessage(nil), b...)
-	}
-	s, _ := json.Marshal(strings.ToValidUTF8(string(b), "\uFFFD"))
-	return s
-}
-
 // maxClientName caps the part of a holder taken from the MCP client's self-reported name.
 const maxClientName = 64
 
@@ -166,13 +155,13 @@ func caller(ctx context.Context, explicit string) string {
 func (sp *space) ledgerError(tool string, err error, key string) *mcp.CallToolResult {
 	switch {
 	case errors.Is(err, residual.ErrNotFound):
-		return toolError(tool, KindNotFound, fmt.Sprintf("no residual with key %s in this namespace", key),
+		return toolError(tool, mcpwire.KindNotFound, fmt.Sprintf("no residual with key %s in this namespace", key),
 			"check the key (list_pending shows open residuals); keys of other namespaces are not visible")
 	case errors.Is(err, ledger.ErrInvalidParams), errors.Is(err, residual.ErrInvalidKey), errors.Is(err, residual.ErrInvalidState),
 		errors.Is(err, interceptor.ErrInvalidCall), errors.Is(err, interceptor.ErrArgsTooLarge):
-		return toolError(tool, KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
+		return toolError(tool, mcpwire.KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
 	default:
-		return toolError(tool, KindUnavailable, sp.ledgerFailed(tool, err), "try again later")
+		return toolError(tool, mcpwire.KindUnavailable, sp.ledgerFailed(tool, err), "try again later")
 	}
 }
 
@@ -270,14 +259,14 @@ func view(r *residual.Residual, now time.Time) ResidualView {
 		Key: r.Key, Namespace: r.Namespace, Task: r.Task, Operation: r.Operation, Target: r.Target,
 		State: r.State, RequestDigest: r.RequestDigest, Attempts: append([]residual.Attempt{}, r.Attempts...),
 		AttemptCount: r.AttemptCount,
-		Result:       jsonValue(r.Result), ResultDigest: r.ResultDigest, ResultTruncated: r.ResultTruncated,
+		Result:       mcpwire.JSONValue(r.Result), ResultDigest: r.ResultDigest, ResultTruncated: r.ResultTruncated,
 		Handle: r.Handle, Resolutions: r.Resolutions, Token: r.Token, CreatedAt: r.CreatedAt,
 		UpdatedAt: r.UpdatedAt, Recovery: interceptor.RecoveryFor(r, now),
 	}
 	for _, e := range r.Evidence {
 		v.Evidence = append(v.Evidence, EvidenceView{
 			At: e.At, Holder: e.Holder, Token: e.Token, Outcome: e.Outcome, ResponseDigest: e.ResponseDigest,
-			Result: jsonValue(e.Result), Handle: e.Handle, Note: e.Note, WriteID: e.WriteID,
+			Result: mcpwire.JSONValue(e.Result), Handle: e.Handle, Note: e.Note, WriteID: e.WriteID,
 		})
 	}
 	return v
@@ -317,16 +306,16 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 	case replay != nil:
 		out := BeginResult{
 			Decision: DecisionReplay, Key: replay.Key, Attempt: replay.Attempt, Token: replay.Token,
-			Result: jsonValue(replay.Output), ResultTruncated: replay.Truncated,
+			Result: mcpwire.JSONValue(replay.Output), ResultTruncated: replay.Truncated,
 		}
 		return okResult(out, fmt.Sprintf("REPLAY: %s on %q already succeeded (key %s); use the cached result and do NOT perform the call again",
 			in.Operation, in.Target, replay.Key)), nil
 	case errors.As(err, &v):
-		vv := ViolationView(v)
+		vv := mcpwire.ViolationView(v)
 		out := BeginResult{Decision: DecisionBlocked, Key: v.Key, Attempt: v.Attempt, Token: v.Token, Holder: v.Holder, Violation: vv}
 		return okResult(out, fmt.Sprintf("BLOCKED (%s): do NOT perform the call. %s; recovery: %s", v.Kind, vv.Message, v.Recovery)), nil
 	case errors.Is(err, interceptor.ErrNotDispatched):
-		return toolError(ToolBegin, KindUnavailable, "the reservation could not be recorded: "+sp.ledgerFailed(ToolBegin, err),
+		return toolError(ToolBegin, mcpwire.KindUnavailable, "the reservation could not be recorded: "+sp.ledgerFailed(ToolBegin, err),
 			"do NOT perform the call (nothing guards it); call begin_call again later"), nil
 	case err != nil:
 		return sp.ledgerError(ToolBegin, err, ""), nil
@@ -343,20 +332,9 @@ func (sp *space) begin(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallT
 		in.Operation, in.Target, d.Key, d.Token, a.TTL())), nil
 }
 
-// ViolationView returns the wire form of an interceptor violation: the structured details
-// that isError results carry (here and in the guarding proxy, mcpproxy). It never fails.
-func ViolationView(v *interceptor.Violation) *Violation {
-	return &Violation{
-		Kind: v.Kind, Message: v.Describe(), Recovery: v.Recovery, State: v.State, Attempt: v.Attempt,
-		Holder: v.Holder, Token: v.Token, Since: v.Since, RetryAfterMS: v.RetryAfter.Milliseconds(),
-		Handle: v.Handle, Result: jsonValue(v.Result),
-	}
-}
-
 // violationError is the isError result of a violation raised by a commit or renewal.
 func violationError(tool string, v *interceptor.Violation, what string) *mcp.CallToolResult {
-	vv := ViolationView(v)
-	return errorResult(tool, ErrorInfo{Kind: string(v.Kind), Message: what + ": " + vv.Message, Recovery: v.Recovery, Violation: vv})
+	return errorResult(tool, mcpwire.ViolationInfo(v, what+": "+v.Describe()))
 }
 
 // resume finds the attempt of key under token for the caller holding secret. It returns the
@@ -425,16 +403,19 @@ func (sp *space) commit(ctx context.Context, req mcp.CallToolRequest) (*mcp.Call
 		ce *interceptor.ClaimError
 	)
 	switch {
+	case res != nil:
+		// Recorded: err only says which outcome was not a success (ErrCallFailed, or an
+		// AwaitingUpstream or UnknownOutcome violation); commit_call answers each alike.
 	case errors.As(err, &ce):
-		return toolError(ToolCommit, KindRefused, ce.Error(), ce.Recovery), nil
+		return toolError(ToolCommit, mcpwire.KindRefused, ce.Error(), ce.Recovery), nil
 	case errors.Is(err, interceptor.ErrClassifierPanicked):
-		return toolError(ToolCommit, KindInternal, err.Error(), "commit_call again with outcome=unknown; report the panic to the server's operator"), nil
+		return toolError(ToolCommit, mcpwire.KindInternal, err.Error(), "commit_call again with outcome=unknown; report the panic to the server's operator"), nil
 	case errors.As(err, &v):
 		return violationError(ToolCommit, v, "commit refused, the fence was lost"), nil
 	case err != nil && (errors.Is(err, ledger.ErrInvalidParams) || errors.Is(err, residual.ErrNotFound)):
 		return sp.ledgerError(ToolCommit, err, in.Key), nil
 	case err != nil:
-		return toolError(ToolCommit, KindUnavailable, sp.ledgerFailed(ToolCommit, err),
+		return toolError(ToolCommit, mcpwire.KindUnavailable, sp.ledgerFailed(ToolCommit, err),
 			"call commit_call again with the same key and token while the lease lasts; after that the key reads as unknown and must be reconciled"), nil
 	}
 	out := CommitResult{
@@ -528,10 +509,10 @@ func (sp *space) resolve(ctx context.Context, req mcp.CallToolRequest) (*mcp.Cal
 	})
 	switch {
 	case errors.Is(err, residual.ErrInProgress):
-		return toolError(ToolResolve, KindInProgress, err.Error(),
+		return toolError(ToolResolve, mcpwire.KindInProgress, err.Error(),
 			"a live lease covers the key and its holder may still commit; wait until the lease expires (the key then reads as unknown) and resolve it then"), nil
 	case errors.Is(err, residual.ErrInvalidTransition):
-		return toolError(ToolResolve, KindInvalidTransition, err.Error(), "nothing to resolve: inspect_residual shows its record"), nil
+		return toolError(ToolResolve, mcpwire.KindInvalidTransition, err.Error(), "nothing to resolve: inspect_residual shows its record"), nil
 	case err != nil:
 		return sp.ledgerError(ToolResolve, err, in.Key), nil
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -90,10 +91,10 @@ func TestSuccessorHandOff(t *testing.T) {
 			// it can neither settle A's live attempt nor keep it alive, and nothing is written.
 			live := snapshot(t, e.led, nsA)
 			wrong := strings.Repeat("ab", 16)
-			require.Equal(t, "invalid_input", fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "failed"}).Kind)
-			require.Equal(t, "lease_lost", fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "failed", "lease_secret": wrong}).Kind)
-			require.Equal(t, "invalid_input", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 60000}).Kind)
-			require.Equal(t, "lease_lost", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 60000, "lease_secret": wrong}).Kind)
+			require.Equal(t, mcpwire.KindInvalidInput, fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "failed"}).Kind)
+			require.Equal(t, mcpwire.KindLeaseLost, fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "outcome": "failed", "lease_secret": wrong}).Kind)
+			require.Equal(t, mcpwire.KindInvalidInput, fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 60000}).Kind)
+			require.Equal(t, mcpwire.KindLeaseLost, fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_ms": 60000, "lease_secret": wrong}).Kind)
 			require.Equal(t, live, snapshot(t, e.led, nsA), "refused commits and renewals wrote nothing")
 
 			delete(begin, "holder")
@@ -102,7 +103,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			rec := ok[mcpserver.ReconcileResult](t, b, "reconcile", m{"task": "run-7"})
 			require.Empty(t, rec.Settled, "a live lease is left alone")
 			require.Contains(t, rec.Unsettled[0].Reason, "live lease")
-			require.Equal(t, "in_progress", fails(t, b, "resolve_residual", m{"key": a.Key, "as": "failed", "note": "too early"}).Kind)
+			require.Equal(t, mcpwire.KindInProgress, fails(t, b, "resolve_residual", m{"key": a.Key, "as": "failed", "note": "too early"}).Kind)
 
 			// A's lease runs out: the residual reads as unknown and blocks.
 			e.clock.Advance(5*time.Second + time.Millisecond)
@@ -142,7 +143,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			// and kept as evidence.
 			before := ok[mcpserver.ResidualView](t, b, "inspect_residual", m{"key": a.Key})
 			e1 := fails(t, b, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "succeeded", "result": m{"charge": "ch_zombie"}})
-			require.Equal(t, "lease_lost", e1.Kind)
+			require.Equal(t, mcpwire.KindLeaseLost, e1.Kind)
 			require.NotNil(t, e1.Violation)
 			require.Equal(t, interceptor.LeaseLost, e1.Violation.Kind, "one name: the wire says lease_lost for the kind as for the error")
 			require.Equal(t, a.Holder, e1.Violation.Holder)
@@ -156,7 +157,7 @@ func TestSuccessorHandOff(t *testing.T) {
 			require.Equal(t, a.Token, ev.Token)
 			require.JSONEq(t, `{"charge":"ch_zombie"}`, string(ev.Result))
 			require.Len(t, after.Resolutions, 1)
-			require.Equal(t, "lease_lost", fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "lease_ms": 1000}).Kind)
+			require.Equal(t, mcpwire.KindLeaseLost, fails(t, b, "renew_lease", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "lease_ms": 1000}).Kind)
 		})
 	}
 }

@@ -16,10 +16,8 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/mcpwire"
 )
-
-// Path is where the MCP endpoint is served by ListenAndServe.
-const Path = "/mcp"
 
 // Handler returns the streamable HTTP handler of the MCP endpoint. Right after
 // authentication it refuses what a web page can make a browser send
@@ -166,15 +164,15 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ns, owner
 	return s.opts.Tokens.Authenticate(w, r, "toolfence")
 }
 
-// ListenAndServe serves Handler at Path on addr until ctx ends, holding at most
+// ListenAndServe serves Handler at mcpwire.Path on addr until ctx ends, holding at most
 // Options.MaxConns connections and closing idle and slow ones (Options.IdleTimeout,
 // ReadHeaderTimeout, ReadTimeout), then shuts down (closing
 // sessions and waiting up to two seconds for requests in flight). ready, if not nil, is
 // called with the bound address once the listener is open. It refuses a non-loopback addr
-// without tokens (ErrUnsafeBind) and returns the listener's or server's error otherwise;
+// without tokens (mcpwire.ErrUnsafeBind) and returns the listener's or server's error otherwise;
 // a shutdown because ctx ended returns nil.
 func (s *Server) ListenAndServe(ctx context.Context, addr string, ready func(net.Addr)) error {
-	if err := CheckBind(addr, s.opts.Tokens.Len()); err != nil {
+	if err := mcpwire.CheckBind(addr, s.opts.Tokens.Len()); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -182,12 +180,12 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string, ready func(net
 		return fmt.Errorf("mcpserver: %w", err)
 	}
 	// "localhost" may resolve to anything: check what was actually bound.
-	if err := CheckBind(ln.Addr().String(), s.opts.Tokens.Len()); err != nil {
+	if err := mcpwire.CheckBind(ln.Addr().String(), s.opts.Tokens.Len()); err != nil {
 		ln.Close()
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(Path, s.Handler())
+	mux.Handle(mcpwire.Path, s.Handler())
 	for pattern, h := range s.opts.Handlers {
 		mux.Handle(pattern, h)
 	}

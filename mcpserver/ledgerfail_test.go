@@ -19,6 +19,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -70,7 +71,7 @@ func TestLedgerFailureLoggedNotLeaked(t *testing.T) {
 		ts.CloseClientConnections()
 		ts.Close()
 	})
-	tr, err := transport.NewStreamableHTTP(ts.URL + mcpserver.Path)
+	tr, err := transport.NewStreamableHTTP(ts.URL + mcpwire.Path)
 	require.NoError(t, err)
 	c := start(t, client.NewClient(tr, client.WithProtocolVersion(modern)), modern)
 	for _, tc := range []struct {
@@ -81,7 +82,7 @@ func TestLedgerFailureLoggedNotLeaked(t *testing.T) {
 		{mcpserver.ToolInspect, m{"key": "tf1_" + strings.Repeat("a", 64)}},
 	} {
 		e := fails(t, c, tc.tool, tc.args)
-		require.Equal(t, mcpserver.KindUnavailable, e.Kind)
+		require.Equal(t, mcpwire.KindUnavailable, e.Kind)
 		require.Contains(t, e.Message, "the server's log has the details")
 		for _, secret := range []string{"db.internal", "5432", "user=", "prod", "search_path"} {
 			require.NotContains(t, e.Message, secret, tc.tool)

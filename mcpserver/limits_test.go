@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // listen runs e.srv.ListenAndServe on 127.0.0.1 until the test ends and returns its address.
@@ -123,11 +124,11 @@ func TestHTTPStreamOutlivesTimeouts(t *testing.T) {
 		o.IdleTimeout, o.ReadTimeout, o.ReadHeaderTimeout = timeout, timeout, timeout
 	})
 	addr := e.listen()
-	sub := e.dialURL("http://"+addr+mcpserver.Path, tokA, legacy, transport.WithContinuousListening())
+	sub := e.dialURL("http://"+addr+mcpwire.Path, tokA, legacy, transport.WithContinuousListening())
 	n := collect(sub)
 	// The stream must survive several timeouts before the change it reports.
 	<-time.After(5 * timeout)
-	agent := e.dialURL("http://"+addr+mcpserver.Path, tokA, legacy)
+	agent := e.dialURL("http://"+addr+mcpwire.Path, tokA, legacy)
 	ok[mcpserver.BeginResult](t, agent, mcpserver.ToolBegin, map[string]any{
 		"task": "t", "operation": "op", "target": strings.Repeat("x", 3), "args": map[string]any{},
 	})

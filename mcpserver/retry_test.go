@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -31,7 +32,7 @@ func TestCommitCallIdenticalRetry(t *testing.T) {
 	require.Equal(t, recorded, snapshot(t, e.led, nsA), "an identical retry writes nothing")
 
 	info := fails(t, a, "commit_call", commitArgs(b, "unknown", nil))
-	require.Equal(t, "lease_lost", info.Kind, info.Message)
+	require.Equal(t, mcpwire.KindLeaseLost, info.Kind, info.Message)
 	info = fails(t, a, "commit_call", commitArgs(b, "succeeded", m{"result": m{"charge": "ch_2"}, "upstream_status": 200}))
-	require.Equal(t, "lease_lost", info.Kind, "another result under the old token: %s", info.Message)
+	require.Equal(t, mcpwire.KindLeaseLost, info.Kind, "another result under the old token: %s", info.Message)
 }

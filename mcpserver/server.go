@@ -15,7 +15,9 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/httpserve"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // Defaults of Options.
@@ -36,7 +38,7 @@ type Options struct {
 	// Tokens maps bearer tokens to namespaces for the HTTP transport. Defaults to none:
 	// then HTTP is served only on a loopback address, without authentication, in the
 	// namespace of the interceptor given to New.
-	Tokens Tokens
+	Tokens mcpwire.Tokens
 	// Operations holds per-operation policies (probes, classifiers, upstream idempotency):
 	// New registers them on the interceptor it is given, whose policies every namespace
 	// shares. Defaults to none.
@@ -106,28 +108,28 @@ type Options struct {
 	Handlers map[string]http.Handler
 }
 
-// ErrInvalidOptions is wrapped by New's errors for unusable settings.
-var ErrInvalidOptions = errors.New("mcpserver: invalid options")
-
-// ErrClosed is returned by calls on a closed Server.
-var ErrClosed = errors.New("mcpserver: closed")
+// invalidOptions is the error of unusable settings: "mcpserver: invalid options: " and the
+// detail, wrapping interceptor.ErrInvalidOptions.
+func invalidOptions(format string, args ...any) error {
+	return interceptor.InvalidOptions("mcpserver: invalid options", format, args...)
+}
 
 func (o *Options) normalize(cfg interceptor.Options) error {
 	o.MaxLease = cmp.Or(o.MaxLease, DefaultMaxLease)
 	o.MaxField = cmp.Or(o.MaxField, DefaultMaxField)
 	o.Version = cmp.Or(o.Version, "dev")
-	o.SessionIdle = cmp.Or(o.SessionIdle, DefaultSessionIdle)
-	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
-	o.MaxDepth = cmp.Or(o.MaxDepth, DefaultMaxDepth)
+	o.SessionIdle = cmp.Or(o.SessionIdle, mcpwire.DefaultSessionIdle)
+	o.MaxSessions = cmp.Or(o.MaxSessions, mcpwire.DefaultMaxSessions)
+	o.MaxDepth = cmp.Or(o.MaxDepth, mcpwire.DefaultMaxDepth)
 	o.PageSize = cmp.Or(o.PageSize, DefaultPageSize)
-	o.MaxValues = cmp.Or(o.MaxValues, DefaultMaxValues)
-	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultMaxInFlight)
-	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, DefaultMaxInFlightTotal)
+	o.MaxValues = cmp.Or(o.MaxValues, mcpwire.DefaultMaxValues)
+	o.MaxInFlight = cmp.Or(o.MaxInFlight, mcpwire.DefaultMaxInFlight)
+	o.MaxInFlightTotal = cmp.Or(o.MaxInFlightTotal, mcpwire.DefaultMaxInFlightTotal)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+		return invalidOptions(format, args...)
 	}
 	if err := o.httpLimits().Validate(); err != nil {
 		return bad("%v", err)
@@ -150,11 +152,7 @@ func (o *Options) normalize(cfg interceptor.Options) error {
 	case o.MaxDepth < 0 || o.MaxValues < 0 || o.MaxInFlight < 0 || o.MaxInFlightTotal < 0:
 		return bad("MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
-	for tok, ns := range o.Tokens.byHash {
-		if ns == "" {
-			return bad("token %x… maps to an empty namespace", tok[:4])
-		}
-	}
+	// Tokens holds no empty namespace: mcpwire.Tokens.Add refuses one.
 	return nil
 }
 
@@ -187,18 +185,18 @@ type Server struct {
 
 // New returns a Server over the ledger of ic. ic serves its own namespace (the stdio
 // namespace and the HTTP namespace when no tokens are configured); other namespaces get
-// interceptors from Options.NewInterceptor. It returns an error wrapping ErrInvalidOptions
+// interceptors from Options.NewInterceptor. It returns an error wrapping interceptor.ErrInvalidOptions
 // for a nil interceptor or unusable options. New registers Options.Operations on ic.
 func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 	if ic == nil {
-		return nil, fmt.Errorf("%w: nil interceptor", ErrInvalidOptions)
+		return nil, invalidOptions("nil interceptor")
 	}
 	if err := opts.normalize(ic.Settings()); err != nil {
 		return nil, err
 	}
 	for name, op := range opts.Operations {
 		if err := ic.Register(name, op); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+			return nil, invalidOptions("%w", err)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -220,7 +218,7 @@ func New(ic *interceptor.Interceptor, opts Options) (*Server, error) {
 func (s *Server) Namespace() string { return s.base.Namespace() }
 
 // MCPServer returns the mcp-go server of a namespace, creating it (and its change watcher)
-// on first use. It returns ErrClosed after Close, or the error of building the
+// on first use. It returns an error wrapping lease.ErrClosed after Close, or the error of building the
 // namespace's interceptor.
 func (s *Server) MCPServer(namespace string) (*server.MCPServer, error) {
 	sp, err := s.space(namespace)
@@ -263,12 +261,12 @@ func (s *Server) Close() error {
 // space returns the state of a namespace, creating it on first use.
 func (s *Server) space(ns string) (*space, error) {
 	if ns == "" {
-		return nil, fmt.Errorf("%w: empty namespace", ErrInvalidOptions)
+		return nil, invalidOptions("empty namespace")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, fmt.Errorf("mcpserver: server: %w", lease.ErrClosed)
 	}
 	if sp, ok := s.spaces[ns]; ok {
 		return sp, nil
@@ -300,10 +298,10 @@ func (s *Server) interceptorFor(ns string) (*interceptor.Interceptor, error) {
 	if s.opts.NewInterceptor != nil {
 		ic, err = s.opts.NewInterceptor(ns)
 		if err == nil && ic != nil && ic.Namespace() != ns {
-			err = fmt.Errorf("%w: NewInterceptor(%q) returned an interceptor of namespace %q", ErrInvalidOptions, ns, ic.Namespace())
+			err = invalidOptions("NewInterceptor(%q) returned an interceptor of namespace %q", ns, ic.Namespace())
 		}
 		if err == nil && ic == nil {
-			err = fmt.Errorf("%w: NewInterceptor(%q) returned nil", ErrInvalidOptions, ns)
+			err = invalidOptions("NewInterceptor(%q) returned nil", ns)
 		}
 	} else {
 		ic, err = s.base.ForNamespace(ns)

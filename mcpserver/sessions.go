@@ -10,14 +10,8 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
-)
 
-// Defaults of the session limits.
-const (
-	// DefaultSessionIdle ends a legacy HTTP session after this long without a request.
-	DefaultSessionIdle = 30 * time.Minute
-	// DefaultMaxSessions caps the legacy HTTP sessions one token holds at once.
-	DefaultMaxSessions = 64
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // sessionIDPrefix starts every session ID this server issues.
@@ -214,7 +208,7 @@ func (t *sessionTable) sweep(now time.Time, idle time.Duration) int {
 // endSession ends a session through the transport's DELETE path, so that it frees
 // everything it holds for the session, and forgets it here.
 func (sp *space) endSession(id string) {
-	r, err := http.NewRequestWithContext(context.WithValue(context.Background(), internalKey{}, true), http.MethodDelete, Path, nil)
+	r, err := http.NewRequestWithContext(context.WithValue(context.Background(), internalKey{}, true), http.MethodDelete, mcpwire.Path, nil)
 	if err == nil {
 		r.Header.Set(server.HeaderKeySessionID, id)
 		sp.httpHandler().ServeHTTP(discard{}, r)

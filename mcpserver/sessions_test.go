@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // send sends one MCP request with token and the header pairs (name, value, …) and returns
@@ -132,8 +133,8 @@ func TestSessionMemoryBounded(t *testing.T) {
 	uncapped, open := held(1 << 30)
 	t.Logf("%d initializes without DELETE, no cap: %d sessions open, heap %+d KiB (%d B each)", n, open, uncapped>>10, uncapped/n)
 	capped, open := held(0)
-	t.Logf("%d initializes without DELETE, default cap %d: %d sessions open, heap %+d KiB", n, mcpserver.DefaultMaxSessions, open, capped>>10)
-	require.LessOrEqual(t, open, mcpserver.DefaultMaxSessions)
+	t.Logf("%d initializes without DELETE, default cap %d: %d sessions open, heap %+d KiB", n, mcpwire.DefaultMaxSessions, open, capped>>10)
+	require.LessOrEqual(t, open, mcpwire.DefaultMaxSessions)
 	require.Less(t, capped, uncapped/4, "sessions past the cap are reclaimed")
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -108,7 +109,7 @@ func setupWith(t *testing.T, cfg interceptor.Options, mod func(*mcpserver.Option
 	cfg.MaxArgs, cfg.MaxResult = cmp.Or(cfg.MaxArgs, 4<<10), cmp.Or(cfg.MaxResult, 1<<10)
 	ic, err := interceptor.New(led, cfg)
 	require.NoError(t, err)
-	var tokens mcpserver.Tokens
+	var tokens mcpwire.Tokens
 	require.NoError(t, tokens.Add(tokA, nsA))
 	require.NoError(t, tokens.Add(tokB, nsB))
 	opts := mcpserver.Options{Tokens: tokens, Operations: probes()}
@@ -123,7 +124,7 @@ func setupWith(t *testing.T, cfg interceptor.Options, mod func(*mcpserver.Option
 		ts.CloseClientConnections()
 		ts.Close()
 	})
-	return &env{t: t, clock: clock, led: led, ic: ic, srv: srv, ts: ts, url: ts.URL + mcpserver.Path}
+	return &env{t: t, clock: clock, led: led, ic: ic, srv: srv, ts: ts, url: ts.URL + mcpwire.Path}
 }
 
 // protocol eras a client may speak.
@@ -202,12 +203,12 @@ func ok[T any](t *testing.T, c *client.Client, tool string, args any) T {
 }
 
 // fails calls tool, requires an isError result and returns its structured error.
-func fails(t *testing.T, c *client.Client, tool string, args any) mcpserver.ErrorInfo {
+func fails(t *testing.T, c *client.Client, tool string, args any) mcpwire.ErrorInfo {
 	t.Helper()
 	res := callTool(t, c, tool, args)
 	require.True(t, res.IsError, "%s: want isError, got: %s", tool, text(res))
 	var out struct {
-		Error mcpserver.ErrorInfo `json:"error"`
+		Error mcpwire.ErrorInfo `json:"error"`
 	}
 	require.NoError(t, json.Unmarshal(res.RawStructuredContent, &out), "%s: %s", tool, text(res))
 	require.NotEmpty(t, out.Error.Kind)

@@ -13,6 +13,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -88,7 +89,7 @@ func (sp *space) recoverTool(next server.ToolHandlerFunc) server.ToolHandlerFunc
 		defer func() {
 			if p := recover(); p != nil {
 				sp.srv.opts.Logger.Error("mcpserver: tool panicked", "tool", req.Params.Name, "panic", p, "stack", string(debug.Stack()))
-				res, err = toolError(req.Params.Name, KindInternal, fmt.Sprintf("internal error (panic): %v", p),
+				res, err = toolError(req.Params.Name, mcpwire.KindInternal, fmt.Sprintf("internal error (panic): %v", p),
 					"this is a toolfence bug; inspect_residual shows what the ledger recorded before you retry"), nil
 			}
 		}()

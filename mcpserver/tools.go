@@ -12,6 +12,8 @@ import (
 	"github.com/invopop/jsonschema"
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // Tool names.
@@ -205,12 +207,12 @@ func fieldNames[T any]() []string {
 }
 
 // toolError is an isError result: text "TOOL: KIND: MESSAGE; recovery: RECOVERY" and the
-// structured content {"error": ErrorInfo}.
-func toolError(tool, kind, msg, recovery string) *mcp.CallToolResult {
-	return errorResult(tool, ErrorInfo{Kind: kind, Message: msg, Recovery: recovery})
+// structured content {"error": mcpwire.ErrorInfo}.
+func toolError(tool string, kind mcpwire.Kind, msg, recovery string) *mcp.CallToolResult {
+	return errorResult(tool, mcpwire.ErrorInfo{Kind: kind, Message: msg, Recovery: recovery})
 }
 
-func errorResult(tool string, info ErrorInfo) *mcp.CallToolResult {
+func errorResult(tool string, info mcpwire.ErrorInfo) *mcp.CallToolResult {
 	text := fmt.Sprintf("%s: %s: %s", tool, info.Kind, info.Message)
 	if info.Recovery != "" {
 		text += "; recovery: " + info.Recovery
@@ -221,14 +223,14 @@ func errorResult(tool string, info ErrorInfo) *mcp.CallToolResult {
 }
 
 func invalid(tool string, err error) *mcp.CallToolResult {
-	return toolError(tool, KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
+	return toolError(tool, mcpwire.KindInvalidInput, err.Error(), "fix the arguments and call again; nothing was written")
 }
 
 // okResult is a structured result with a text fallback: a one-line summary and the JSON.
 func okResult(structured any, summary string) *mcp.CallToolResult {
 	b, err := json.Marshal(structured)
 	if err != nil {
-		return toolError("toolfence", KindInternal, "result cannot be encoded: "+err.Error(), "")
+		return toolError("toolfence", mcpwire.KindInternal, "result cannot be encoded: "+err.Error(), "")
 	}
 	return mcp.NewToolResultStructured(structured, summary+"\n"+string(b))
 }

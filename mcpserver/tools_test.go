@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -168,7 +169,7 @@ func exercise(t *testing.T, c *client.Client, probes bool) {
 	a := ok[mcpserver.BeginResult](t, c, "begin_call", m{"task": task, "operation": "export", "target": "report:9", "args": m{}})
 	require.Equal(t, mcpserver.DecisionProceed, a.Decision)
 	e := fails(t, c, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "succeeded", "upstream_status": 202, "handle": "/jobs/9"})
-	require.Equal(t, "refused", e.Kind)
+	require.Equal(t, mcpwire.KindRefused, e.Kind)
 	require.Contains(t, e.Recovery, "accepted")
 	acm := ok[mcpserver.CommitResult](t, c, "commit_call", m{"key": a.Key, "token": a.Token, "lease_secret": a.LeaseSecret, "outcome": "accepted", "upstream_status": 202, "handle": "/jobs/9"})
 	require.Equal(t, residual.Accepted, acm.State)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -175,28 +176,9 @@ type BeginResult struct {
 	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
 	LeaseMS        int64     `json:"lease_ms,omitempty"`
 	// Result is the cached result of a replay.
-	Result          json.RawMessage `json:"result,omitempty"`
-	ResultTruncated bool            `json:"result_truncated,omitempty"`
-	Violation       *Violation      `json:"violation,omitempty"`
-}
-
-// Violation says why begin_call is blocked, or why a commit or renewal was fenced out.
-type Violation struct {
-	// Kind is the interceptor's violation kind: in_progress, unknown_outcome,
-	// awaiting_upstream, payload_mismatch, margin_too_small or lease_lost.
-	Kind     interceptor.Kind `json:"kind"`
-	Message  string           `json:"message"`
-	Recovery string           `json:"recovery"`
-	State    residual.State   `json:"state,omitempty"`
-	Attempt  int              `json:"attempt,omitempty"`
-	Holder   string           `json:"holder,omitempty"`
-	Token    uint64           `json:"token,omitempty"`
-	Since    time.Time        `json:"since,omitzero"`
-	// RetryAfterMS is how long until the live lease expires (in_progress).
-	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
-	Handle       string `json:"handle,omitempty"`
-	// Result is what the key's first success returned (payload_mismatch).
-	Result json.RawMessage `json:"result,omitempty"`
+	Result          json.RawMessage    `json:"result,omitempty"`
+	ResultTruncated bool               `json:"result_truncated,omitempty"`
+	Violation       *mcpwire.Violation `json:"violation,omitempty"`
 }
 
 // CommitResult is the output of commit_call.
@@ -232,37 +214,6 @@ type ResolveResult struct {
 type ReconcileResult struct {
 	interceptor.ReconcileReport
 	NextCursor string `json:"next_cursor,omitempty"`
-}
-
-// Kinds of isError results (ErrorInfo.Kind): stable tokens clients can compare. A kind that
-// is also a violation kind has the interceptor's name for it.
-const (
-	// KindInvalidInput: the arguments are malformed; nothing was written.
-	KindInvalidInput = "invalid_input"
-	// KindNotFound: no residual with the key in this namespace.
-	KindNotFound = "not_found"
-	// KindLeaseLost: the fence was lost or the caller is not the attempt's holder
-	// (interceptor.LeaseLost).
-	KindLeaseLost = string(interceptor.LeaseLost)
-	// KindRefused: a reported outcome contradicts what upstream answered; nothing written.
-	KindRefused = "refused"
-	// KindInProgress: a live lease covers the key (interceptor.InProgress).
-	KindInProgress = string(interceptor.InProgress)
-	// KindInvalidTransition: the residual is already settled.
-	KindInvalidTransition = "invalid_transition"
-	// KindUnavailable: the ledger failed; try again later.
-	KindUnavailable = "unavailable"
-	// KindInternal: a bug on the server's side.
-	KindInternal = "internal"
-)
-
-// ErrorInfo is the structured content of an isError tool result: {"error": ErrorInfo}.
-type ErrorInfo struct {
-	// Kind is one of the Kind constants.
-	Kind      string     `json:"kind"`
-	Message   string     `json:"message"`
-	Recovery  string     `json:"recovery,omitempty"`
-	Violation *Violation `json:"violation,omitempty"`
 }
 
 // Millis is a duration in whole milliseconds. It accepts any JSON number with an integral

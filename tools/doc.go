@@ -1,7 +1,7 @@
 // Package tools guards langchaingo tools with toolfence: Guard wraps any tools.Tool, New builds
 // typed tools with reflected JSON schemas, and Transport forwards the key to HTTP APIs.
 //
-// It imports interceptor, ledger, residual, langchaingo, invopop/jsonschema (reflection) and
+// It imports interceptor, ledger, residual, jsonptr, langchaingo, invopop/jsonschema (reflection) and
 // santhosh-tekuri/jsonschema (validation); nothing in toolfence imports it.
 //
 // # What the agent sees
@@ -41,5 +41,5 @@
 // of its requests with side effects (GET, HEAD, OPTIONS and TRACE do not count); FromHTTP
 // does the same for code that calls interceptor.Interceptor.Do directly. A tool must build its
 // requests from the ctx it was given: a request with side effects whose context carries no
-// dispatch is not sent (ErrNoDispatch), and the attempt is recorded failed, not unknown.
+// dispatch is not sent (interceptor.ErrNoDispatch), and the attempt is recorded failed, not unknown.
 package tools

@@ -12,13 +12,18 @@ import (
 	lctools "github.com/tmc/langchaingo/tools"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// ErrConfig is wrapped by the errors of a guarded tool whose options are unusable (no target
+// configErr is the error of a guarded tool whose options are unusable (no target
 // declared, a malformed pointer, a nil interceptor). Such a tool runs nothing and returns
 // this error from every Call, in every mode: it is a programming error, not the model's.
-var ErrConfig = errors.New("tools: invalid guard configuration")
+// Its text is "tools: invalid guard configuration: " and the detail; it wraps
+// interceptor.ErrInvalidOptions.
+func configErr(format string, args ...any) error {
+	return interceptor.InvalidOptions("tools: invalid guard configuration", format, args...)
+}
 
 // Option configures Guard and New. The zero set of options is usable only with New on an
 // input type that tags its target fields.
@@ -59,7 +64,7 @@ func WithOpaqueInput() Option {
 }
 
 // WithErrors makes the guarded tool return Go errors (the *interceptor.Violation, errors
-// wrapping interceptor.ErrNoTask, ErrNoTarget, ErrInvalidInput or interceptor.ErrCallFailed)
+// wrapping interceptor.ErrNoTask, jsonptr.ErrNoTarget, ErrInvalidInput or interceptor.ErrCallFailed)
 // instead of plain-language observations. Note that langchaingo's executor ends the run on a
 // tool error.
 func WithErrors() Option {
@@ -89,7 +94,7 @@ type Guarded struct {
 	inner lctools.Tool
 	ic    *interceptor.Interceptor
 	opts  options
-	ptrs  []pointer
+	ptrs  []jsonptr.Pointer
 	// cfgErr is returned by every Call when the configuration is unusable.
 	cfgErr error
 }
@@ -112,18 +117,18 @@ func Guard(t lctools.Tool, ic *interceptor.Interceptor, opts ...Option) *Guarded
 
 func (g *Guarded) configure() error {
 	if g.inner == nil {
-		return fmt.Errorf("%w: nil tool", ErrConfig)
+		return configErr("nil tool")
 	}
 	if g.ic == nil {
-		return fmt.Errorf("%w: tool %q: nil interceptor", ErrConfig, g.inner.Name())
+		return configErr("tool %q: nil interceptor", g.inner.Name())
 	}
 	if len(g.opts.pointers) == 0 && g.opts.targetFunc == nil && !g.opts.opaque {
-		return fmt.Errorf("%w: tool %q declares no target: use WithTarget, WithTargetFunc or WithOpaqueInput", ErrConfig, g.inner.Name())
+		return configErr("tool %q declares no target: use WithTarget, WithTargetFunc or WithOpaqueInput", g.inner.Name())
 	}
 	for _, text := range g.opts.pointers {
-		p, err := parsePointer(text)
+		p, err := jsonptr.Parse(text)
 		if err != nil {
-			return fmt.Errorf("%w: tool %q: %w", ErrConfig, g.inner.Name(), err)
+			return configErr("tool %q: %w", g.inner.Name(), err)
 		}
 		g.ptrs = append(g.ptrs, p)
 	}
@@ -189,7 +194,7 @@ func (g *Guarded) Call(ctx context.Context, input string) (string, error) {
 // prepare checks the input and derives the call: target, operation and JSON args.
 func (g *Guarded) prepare(input string) (interceptor.Call, error) {
 	call := interceptor.Call{Operation: g.operation()}
-	doc, jerr := decodeJSON([]byte(input))
+	doc, jerr := jsonptr.Decode([]byte(input))
 	if jerr != nil {
 		if !g.opts.opaque {
 			return call, inputErr(ErrInvalidInput, g.Name(), "the input must be JSON: %v", jerr)
@@ -213,16 +218,16 @@ func (g *Guarded) prepare(input string) (interceptor.Call, error) {
 	case g.opts.targetFunc != nil:
 		t, err := g.opts.targetFunc(input)
 		if err != nil {
-			return call, inputErr(ErrNoTarget, g.Name(), "%v", err)
+			return call, inputErr(jsonptr.ErrNoTarget, g.Name(), "%v", err)
 		}
 		if t == "" {
-			return call, inputErr(ErrNoTarget, g.Name(), "the target function returned an empty target")
+			return call, inputErr(jsonptr.ErrNoTarget, g.Name(), "the target function returned an empty target")
 		}
 		call.Target = t
 	case len(g.ptrs) > 0:
-		t, err := extractTarget(g.Name(), g.ptrs, doc)
+		t, err := jsonptr.Extract(g.Name(), g.ptrs, doc)
 		if err != nil {
-			return call, err
+			return call, asInputErr(err)
 		}
 		call.Target = t
 	default: // opaque only

@@ -18,6 +18,7 @@ import (
 	lctools "github.com/tmc/langchaingo/tools"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
@@ -119,22 +120,22 @@ func TestGuardTargetErrors(t *testing.T) {
 	require.True(t, strings.HasPrefix(out, "invalid input for charge_invoice, nothing was sent"), out)
 
 	_, err = Guard(inner, b.ic, WithTarget("/invoice_id"), WithErrors()).Call(b.ctx, `{"invoice":"INV-1"}`)
-	require.ErrorIs(t, err, ErrNoTarget)
-	require.EqualError(t, err, `tools: target not found in input: tool "charge_invoice": JSON pointer "/invoice_id" is not in the input`)
+	require.ErrorIs(t, err, jsonptr.ErrNoTarget)
+	require.EqualError(t, err, `jsonptr: target not found in input: tool "charge_invoice": JSON pointer "/invoice_id" is not in the input`)
 	_, err = Guard(inner, b.ic, WithTarget("/invoice"), WithErrors()).Call(b.ctx, `charge INV-1`)
 	require.ErrorIs(t, err, ErrInvalidInput, "non-JSON input needs WithOpaqueInput")
 	require.Zero(t, inner.calls.Load())
 
 	// Configuration errors are Go errors in every mode.
 	for _, g := range []*Guarded{Guard(inner, b.ic), Guard(inner, b.ic, WithTarget("invoice")), Guard(inner, nil, WithTarget("/a")), Guard(nil, b.ic)} {
-		require.ErrorIs(t, g.Err(), ErrConfig)
+		require.ErrorIs(t, g.Err(), interceptor.ErrInvalidOptions)
 		_, err := g.Call(b.ctx, `{}`)
-		require.ErrorIs(t, err, ErrConfig)
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	}
 
 	fn := Guard(inner, b.ic, WithTargetFunc(func(string) (string, error) { return "", errors.New("no invoice named") }), WithErrors())
 	_, err = fn.Call(b.ctx, `{}`)
-	require.ErrorIs(t, err, ErrNoTarget)
+	require.ErrorIs(t, err, jsonptr.ErrNoTarget)
 	require.ErrorContains(t, err, "no invoice named")
 }
 
@@ -148,7 +149,7 @@ func TestGuardOpaqueInput(t *testing.T) {
 	require.Equal(t, "ran deploy web-1", out)
 	out, err = g.Call(b.ctx, "deploy web-1")
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(out, ReplayPrefix), out)
+	require.True(t, strings.HasPrefix(out, interceptor.ReplayPrefix), out)
 	out, err = g.Call(b.ctx, "deploy web-2")
 	require.NoError(t, err)
 	require.Equal(t, "ran deploy web-2", out)
@@ -310,7 +311,7 @@ func TestGuardClassifiesThroughTransport(t *testing.T) {
 	g2 := Guard(tool("notify", func(ctx context.Context, in string) (string, error) {
 		setStatus(503)
 		resp, err := (&http.Client{Transport: &Transport{}}).Post(srv.URL, "application/json", nil)
-		require.ErrorIs(t, err, ErrNoDispatch, "a client that drops the context sends nothing")
+		require.ErrorIs(t, err, interceptor.ErrNoDispatch, "a client that drops the context sends nothing")
 		require.Nil(t, resp)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
 		resp, err = (&http.Client{Transport: &Transport{}}).Do(req)
@@ -347,7 +348,7 @@ func TestReconcilerTool(t *testing.T) {
 	out, err = g.Call(b.ctx, `{"invoice":"INV-42"}`)
 	require.NoError(t, err)
 	require.True(t, strings.HasSuffix(out, `: {"charge":"ch_1"}`), out)
-	require.True(t, strings.HasPrefix(out, ReplayPrefix), out)
+	require.True(t, strings.HasPrefix(out, interceptor.ReplayPrefix), out)
 	require.Equal(t, int32(1), inner.calls.Load())
 
 	out, _ = rec.Call(b.ctx, key)
@@ -468,7 +469,7 @@ func TestRequestWithoutToolContextIsNotDispatched(t *testing.T) {
 
 	_, err = Guard(send, b.ic, WithTarget("/invoice"), WithErrors()).Call(b.ctx, `{"invoice":"INV-1"}`)
 	require.ErrorIs(t, err, interceptor.ErrCallFailed)
-	require.ErrorIs(t, err, ErrNoDispatch)
+	require.ErrorIs(t, err, interceptor.ErrNoDispatch)
 
 	useCtx.Store(true)
 	out, err = Guard(send, b.ic, WithTarget("/invoice")).Call(b.ctx, `{"invoice":"INV-1"}`)

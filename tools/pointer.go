@@ -1,31 +1,20 @@
 package tools
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
+	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// Errors of target extraction and input checks. Every error the package returns for a bad
-// input wraps one of them.
-var (
-	// ErrNoTarget: a declared target pointer is missing from the input, or its value is
-	// null or empty.
-	ErrNoTarget = errors.New("tools: target not found in input")
-	// ErrInvalidInput: the input is not JSON (and WithOpaqueInput was not given) or does not
-	// match the tool's schema.
-	ErrInvalidInput = errors.New("tools: invalid input")
-	// ErrInvalidPointer: a declared target is not a valid RFC 6901 JSON pointer.
-	ErrInvalidPointer = errors.New("tools: invalid JSON pointer")
-)
+// ErrInvalidInput: the input is not JSON (and WithOpaqueInput was not given) or does not
+// match the tool's schema. Every error the package returns for a bad input wraps it or
+// jsonptr.ErrNoTarget.
+var ErrInvalidInput = errors.New("tools: invalid input")
 
 // InputError is the error of an input refused before anything was reserved. It wraps Kind
-// (ErrNoTarget or ErrInvalidInput) for errors.Is; Detail is what a model needs to correct
+// (jsonptr.ErrNoTarget or ErrInvalidInput) for errors.Is; Detail is what a model needs to correct
 // the input, and is what observations show.
 type InputError struct {
 	Kind   error
@@ -51,168 +40,16 @@ func inputErr(kind error, tool, format string, args ...any) error {
 	return &InputError{Kind: kind, Tool: tool, Detail: fmt.Sprintf(format, args...)}
 }
 
-// pointer is a parsed RFC 6901 JSON pointer: its reference tokens, unescaped.
-type pointer struct {
-	text   string
-	tokens []string
-}
-
-// parsePointer parses an RFC 6901 JSON pointer: "" (the whole document) or a sequence of
-// "/"-prefixed reference tokens in which "~1" stands for "/" and "~0" for "~". Any other
-// use of "~" is an error wrapping ErrInvalidPointer.
-func parsePointer(text string) (pointer, error) {
-	p := pointer{text: text}
-	if text == "" {
-		return p, nil
+// asInputErr returns a jsonptr.Error of Extract as an *InputError (the kind of an input
+// that is not JSON becomes ErrInvalidInput), and any other error as it is.
+func asInputErr(err error) error {
+	var pe *jsonptr.Error
+	if !errors.As(err, &pe) {
+		return err
 	}
-	if text[0] != '/' {
-		return p, fmt.Errorf("%w: %q does not start with \"/\"", ErrInvalidPointer, text)
+	kind := pe.Kind
+	if errors.Is(kind, residual.ErrInvalidJSON) {
+		kind = ErrInvalidInput
 	}
-	for _, raw := range strings.Split(text[1:], "/") {
-		var b strings.Builder
-		for i := 0; i < len(raw); i++ {
-			if raw[i] != '~' {
-				b.WriteByte(raw[i])
-				continue
-			}
-			if i+1 == len(raw) || raw[i+1] != '0' && raw[i+1] != '1' {
-				return p, fmt.Errorf("%w: %q: \"~\" must be followed by 0 or 1", ErrInvalidPointer, text)
-			}
-			if raw[i+1] == '0' {
-				b.WriteByte('~')
-			} else {
-				b.WriteByte('/')
-			}
-			i++
-		}
-		p.tokens = append(p.tokens, b.String())
-	}
-	return p, nil
-}
-
-// eval returns the value doc holds at p (doc decoded with UseNumber), or ok false when a
-// token names a missing member, an index out of range, "-" or a token that is not an index.
-func (p pointer) eval(doc any) (v any, ok bool) {
-	v = doc
-	for _, tok := range p.tokens {
-		switch cur := v.(type) {
-		case map[string]any:
-			if v, ok = cur[tok]; !ok {
-				return nil, false
-			}
-		case []any:
-			i, valid := arrayIndex(tok)
-			if !valid || i >= len(cur) {
-				return nil, false
-			}
-			v = cur[i]
-		default:
-			return nil, false
-		}
-	}
-	return v, true
-}
-
-// arrayIndex parses an RFC 6901 array index: "0" or digits without a leading zero.
-func arrayIndex(tok string) (int, bool) {
-	if tok == "" || len(tok) > 1 && tok[0] == '0' {
-		return 0, false
-	}
-	for i := 0; i < len(tok); i++ {
-		if tok[i] < '0' || tok[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.Atoi(tok)
-	return n, err == nil
-}
-
-// decodeJSON decodes exactly one JSON value, keeping numbers as json.Number.
-func decodeJSON(input []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(input))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	if _, err := dec.Token(); err == nil {
-		return nil, errors.New("trailing data after the JSON value")
-	}
-	return v, nil
-}
-
-// targetPart renders one target value: a string as itself, anything else as its canonical
-// JSON (so 1.0 and 1 give the same target). Null and "" are refused.
-func targetPart(v any) (string, bool) {
-	switch t := v.(type) {
-	case nil:
-		return "", false
-	case string:
-		return t, t != ""
-	}
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return "", false
-	}
-	c, err := residual.Canonical(raw)
-	if err != nil {
-		return "", false
-	}
-	return string(c), true
-}
-
-// extractTarget evaluates the pointers on doc and joins their values into one target: a
-// single pointer gives its value (see targetPart); several give the JSON array of their
-// values as strings, which no choice of values can make ambiguous. A missing, null or empty
-// value gives an error wrapping ErrNoTarget that names the pointer and the tool.
-func extractTarget(tool string, ptrs []pointer, doc any) (string, error) {
-	parts := make([]string, 0, len(ptrs))
-	for _, p := range ptrs {
-		v, ok := p.eval(doc)
-		if !ok {
-			return "", inputErr(ErrNoTarget, tool, "JSON pointer %q is not in the input", p.text)
-		}
-		s, ok := targetPart(v)
-		if !ok {
-			return "", inputErr(ErrNoTarget, tool, "JSON pointer %q is null or empty", p.text)
-		}
-		parts = append(parts, s)
-	}
-	if len(parts) == 1 {
-		return parts[0], nil
-	}
-	joined, err := json.Marshal(parts)
-	if err != nil {
-		return "", inputErr(ErrNoTarget, tool, "%v", err)
-	}
-	return string(joined), nil
-}
-
-// CheckPointer returns nil when text is a valid RFC 6901 JSON pointer ("" or "/a/b~1c"), and
-// otherwise an error wrapping ErrInvalidPointer that quotes it.
-func CheckPointer(text string) error {
-	_, err := parsePointer(text)
-	return err
-}
-
-// Target extracts the target of a call of tool from its JSON input with the given RFC 6901
-// pointers, by the rules of WithTarget: one pointer gives its value (a string as itself,
-// anything else as canonical JSON); several give the JSON array of their values. It returns
-// an error wrapping ErrInvalidPointer for a bad pointer, ErrInvalidInput for input that is not
-// one JSON value, or ErrNoTarget (an *InputError naming the pointer) for a missing, null or
-// empty value.
-func Target(tool string, pointers []string, input []byte) (string, error) {
-	ptrs := make([]pointer, 0, len(pointers))
-	for _, text := range pointers {
-		p, err := parsePointer(text)
-		if err != nil {
-			return "", err
-		}
-		ptrs = append(ptrs, p)
-	}
-	doc, err := decodeJSON(input)
-	if err != nil {
-		return "", inputErr(ErrInvalidInput, tool, "%v", err)
-	}
-	return extractTarget(tool, ptrs, doc)
+	return &InputError{Kind: kind, Tool: pe.Tool, Detail: pe.Detail}
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
+
+	"github.com/toolfence/toolfence/jsonptr"
 )
 
 // schemaURL is where a typed tool's input schema is registered with its compiler; every
@@ -232,11 +234,11 @@ func (s *inputSchema) knownFields(at string) []string {
 	}
 	node := s.doc
 	if frag != "" {
-		p, err := parsePointer(frag)
+		p, err := jsonptr.Parse(frag)
 		if err != nil {
 			return nil
 		}
-		for _, tok := range p.tokens {
+		for _, tok := range p.Tokens() {
 			m, ok := node.(map[string]any)
 			if !ok {
 				return nil

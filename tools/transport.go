@@ -33,14 +33,6 @@ const (
 	HeaderFencingToken = "Toolfence-Fencing-Token"
 )
 
-// ErrNoDispatch is wrapped by Transport's error for a request with a side effect (any method
-// but GET, HEAD, OPTIONS and TRACE) whose context carries no dispatch: it was made outside a
-// guarded call, or inside one but built from another context than the one the tool was given
-// (http.NewRequest, context.Background()). Nothing was sent, so the error also wraps
-// interceptor.ErrNoEffect: a guarded call that returns it is recorded as failed (not
-// dispatched), never as an unknown outcome that would lock the key.
-var ErrNoDispatch = errors.New("tools: no toolfence dispatch in the request context: the request was not sent")
-
 // Exchange is what Transport observed of one request made during a guarded call.
 type Exchange struct {
 	Method string
@@ -134,7 +126,7 @@ type Transport struct {
 	// Succeeded, Accepted, Failed or Unknown; a 202 is never recorded as Succeeded.
 	Overrides map[int]residual.State
 	// AllowUnguarded lets requests with side effects through without a dispatch in their
-	// context (they carry no key). By default such requests fail with ErrNoDispatch.
+	// context (they carry no key). By default such requests fail with interceptor.ErrNoDispatch.
 	AllowUnguarded bool
 	// Observe, when set, is called with every exchange (for logs and audits).
 	Observe func(Exchange)
@@ -155,7 +147,7 @@ type Transport struct {
 // (see Propagator), and records the exchange; req itself is never modified. It returns
 // the response with its body fully read and replaced by an in-memory copy, or the base
 // transport's error (recorded as an unknown outcome), or, without sending anything, an error
-// wrapping both ErrNoDispatch and interceptor.ErrNoEffect.
+// wrapping both interceptor.ErrNoDispatch and interceptor.ErrNoEffect.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st := stateFrom(req.Context())
 	d, guarded := interceptor.DispatchFrom(req.Context())
@@ -165,7 +157,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, interceptor.NoEffect(fmt.Errorf("%w: %s %s: build the request from the context the tool was given "+
 			"(http.NewRequestWithContext(ctx, …) with the tool's ctx; Interceptor.Do gives every ToolFunc such a context)",
-			ErrNoDispatch, req.Method, req.URL.Redacted()))
+			interceptor.ErrNoDispatch, req.Method, req.URL.Redacted()))
 	}
 	cloned := false
 	if guarded {

@@ -172,7 +172,7 @@ func TestTransportRefusesUnguardedSideEffects(t *testing.T) {
 	t.Parallel()
 	u := newUpstream(t, 200, "ok", nil)
 	_, err := post(t, t.Context(), &Transport{}, u.URL)
-	require.ErrorIs(t, err, ErrNoDispatch)
+	require.ErrorIs(t, err, interceptor.ErrNoDispatch)
 	require.ErrorIs(t, err, interceptor.ErrNoEffect, "provably not sent")
 	require.Empty(t, u.headersSeen(), "nothing was sent")
 

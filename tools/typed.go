@@ -14,6 +14,7 @@ import (
 	"github.com/tmc/langchaingo/llms"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/jsonptr"
 )
 
 // TagTarget is the struct tag that marks a typed tool's target fields:
@@ -155,7 +156,7 @@ func (t *Typed[In, Out]) Check(input []byte) error {
 
 func (t *Typed[In, Out]) decode(input []byte) (In, error) {
 	var in In
-	doc, err := decodeJSON(input)
+	doc, err := jsonptr.Decode(input)
 	if err != nil {
 		return in, inputErr(ErrInvalidInput, t.name, "the input must be a JSON object: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -269,7 +270,7 @@ func TestTypedDescriptionCarriesTheInputShape(t *testing.T) {
 // Keywords without words of their own are still shown, so no constraint is left out.
 func TestDescribeInputShowsEveryKeyword(t *testing.T) {
 	t.Parallel()
-	schema, err := decodeJSON([]byte(`{"type":"object","properties":{
+	schema, err := jsonptr.Decode([]byte(`{"type":"object","properties":{
 		"a":{"type":["string","null"],"minLength":2,"not":{"const":"xx"}},
 		"b":{"anyOf":[{"type":"integer"},{"type":"string","format":"uuid"}],"description":"id"},
 		"c":{"type":"array","items":{"type":"number"},"minItems":1,"uniqueItems":true,"default":[1]}},

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolfence/toolfence/evals"
+	"github.com/toolfence/toolfence/interceptor"
 )
 
 func init() {
@@ -89,7 +90,7 @@ FABRICATED.`,
 			}
 			cfg.Progress = a.stderr
 			rep, err := evals.Run(cmd.Context(), cfg)
-			if errors.Is(err, evals.ErrInvalidOptions) {
+			if errors.Is(err, interceptor.ErrInvalidOptions) {
 				return usagef("%v", err)
 			}
 			if err != nil {

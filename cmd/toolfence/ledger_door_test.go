@@ -12,6 +12,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/remote"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -23,7 +24,7 @@ import (
 func TestLedgerProtocolIsNoWayAroundTheBarrier(t *testing.T) {
 	t.Parallel()
 	_, url, _ := teamServe(t)
-	base := strings.TrimSuffix(url, mcpserver.Path)
+	base := strings.TrimSuffix(url, mcpwire.Path)
 	ctx := t.Context()
 	agent1, err := mcpserver.Dial(ctx, url, serveToken)
 	require.NoError(t, err)
@@ -85,7 +86,7 @@ func TestLedgerProtocolIsNoWayAroundTheBarrier(t *testing.T) {
 func TestLedgerProtocolRedispatchesDeclaredOperations(t *testing.T) {
 	t.Parallel()
 	_, url, _ := teamServe(t, "--upstream-idempotent", "charge")
-	base := strings.TrimSuffix(url, mcpserver.Path)
+	base := strings.TrimSuffix(url, mcpwire.Path)
 	ctx := t.Context()
 	raw, err := remote.New(base, remote.Options{Token: ledgerToken})
 	require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpproxy"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 func init() { register(newProxyCmd) }
@@ -204,7 +205,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 			return usagef("--config: %v", err)
 		}
 	}
-	var tokens mcpserver.Tokens
+	var tokens mcpwire.Tokens
 	var limits httpserve.Limits
 	if f.http != "" {
 		var opts mcpserver.Options
@@ -219,7 +220,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		if tokens, err = loadServeTokens(f.tokenFile, a.namespace); err != nil {
 			return usagef("%v", err)
 		}
-		if err := mcpserver.CheckBind(f.http, tokens.Len()); err != nil {
+		if err := mcpwire.CheckBind(f.http, tokens.Len()); err != nil {
 			return usagef("%v", err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/ledger/remote"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 func init() { register(newServeCmd) }
@@ -68,12 +69,12 @@ func (n *netFlags) addShared(fl *pflag.FlagSet) {
 	fl.DurationVar(&n.idleTimeout, "idle-timeout", httpserve.DefaultIdleTimeout, "--http: close a keep-alive connection idle this long")
 	fl.DurationVar(&n.readTimeout, "read-timeout", httpserve.DefaultReadTimeout, "--http: time to read a request, headers and body (never cuts notification streams)")
 	fl.DurationVar(&n.headerTimeout, "header-timeout", httpserve.DefaultReadHeaderTimeout, "--http: time to read a request's headers")
-	fl.DurationVar(&n.sessionIdle, "session-idle", mcpserver.DefaultSessionIdle, "--http: end a session (for proxy: with its upstream session) without requests for this long")
-	fl.IntVar(&n.maxSessions, "max-sessions", mcpserver.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
-	fl.IntVar(&n.maxDepth, "max-depth", mcpserver.DefaultMaxDepth, "--http: deepest JSON nesting of a request")
-	fl.IntVar(&n.maxValues, "max-values", mcpserver.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
-	fl.IntVar(&n.maxInFlight, "max-inflight", mcpserver.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
-	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpserver.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
+	fl.DurationVar(&n.sessionIdle, "session-idle", mcpwire.DefaultSessionIdle, "--http: end a session (for proxy: with its upstream session) without requests for this long")
+	fl.IntVar(&n.maxSessions, "max-sessions", mcpwire.DefaultMaxSessions, "--http: sessions one token holds at once (the least recently used idle one ends)")
+	fl.IntVar(&n.maxDepth, "max-depth", mcpwire.DefaultMaxDepth, "--http: deepest JSON nesting of a request")
+	fl.IntVar(&n.maxValues, "max-values", mcpwire.DefaultMaxValues, "--http: most objects, arrays and elements in a request's JSON")
+	fl.IntVar(&n.maxInFlight, "max-inflight", mcpwire.DefaultMaxInFlight, "--http: requests one token has in progress at once (more get 429)")
+	fl.IntVar(&n.maxTotal, "max-inflight-total", mcpwire.DefaultMaxInFlightTotal, "--http: requests in progress at once over all tokens (more get 429)")
 }
 
 // add adds serve's limits: the shared ones, and the size of its pages.
@@ -151,7 +152,7 @@ toolfence://residuals/{key}, with change notifications. Prompt: reconcile_task.
 Over HTTP every request needs "Authorization: Bearer TOKEN". Tokens come from --token-file
 (lines "TOKEN NAMESPACE", or just "TOKEN" for --namespace; or JSON {"TOKEN": "NAMESPACE"};
 the file must not be readable by other users) or from $` + tokenEnv + ` (one token, for
---namespace). A token is at least ` + strconv.Itoa(mcpserver.MinTokenLen) + ` bytes long and holds no whitespace
+--namespace). A token is at least ` + strconv.Itoa(mcpwire.MinTokenLen) + ` bytes long and holds no whitespace
 (make one with: openssl rand -hex 32). Each token sees only its namespace. Without any
 token the server refuses to listen on anything but a loopback address.
 
@@ -194,7 +195,7 @@ Example:
 	fl := cmd.Flags()
 	fl.BoolVar(&f.stdio, "stdio", false, "serve one MCP client on stdin/stdout")
 	fl.StringVar(&f.http, "http", "", "serve streamable HTTP at ADDR (host:port), endpoint /mcp")
-	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE [ledger]]\" lines or JSON; each token at least %d bytes)", mcpserver.MinTokenLen))
+	fl.StringVar(&f.tokenFile, "token-file", "", fmt.Sprintf("bearer tokens for --http (\"TOKEN [NAMESPACE [ledger]]\" lines or JSON; each token at least %d bytes)", mcpwire.MinTokenLen))
 	fl.BoolVar(&f.stateless, "stateless", false, "serve HTTP clients of protocol versions up to 2025-11-25 without sessions")
 	fl.DurationVar(&f.lease, "lease", interceptor.DefaultLeaseTTL, "lease of a begin_call without lease_ms")
 	fl.IntVar(&f.maxArgs, "max-args", interceptor.DefaultMaxArgs, "largest begin_call args accepted, in bytes")
@@ -233,7 +234,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		if err != nil {
 			return usagef("%v", err)
 		}
-		if err := mcpserver.CheckBind(f.http, tokens.Len()); err != nil {
+		if err := mcpwire.CheckBind(f.http, tokens.Len()); err != nil {
 			return usagef("%v", err)
 		}
 		opts.Tokens = tokens
@@ -271,14 +272,14 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 }
 
 // loadServeTokens reads --token-file, or else $TOOLFENCE_TOKEN (one token for namespace).
-func loadServeTokens(file, namespace string) (mcpserver.Tokens, error) {
+func loadServeTokens(file, namespace string) (mcpwire.Tokens, error) {
 	if file != "" {
-		return mcpserver.LoadTokens(file, namespace)
+		return mcpwire.LoadTokens(file, namespace)
 	}
-	var t mcpserver.Tokens
+	var t mcpwire.Tokens
 	if tok := strings.TrimSpace(os.Getenv(tokenEnv)); tok != "" {
 		if err := t.Add(tok, namespace); err != nil {
-			return mcpserver.Tokens{}, fmt.Errorf("$%s: %w", tokenEnv, err)
+			return mcpwire.Tokens{}, fmt.Errorf("$%s: %w", tokenEnv, err)
 		}
 	}
 	return t, nil
@@ -288,7 +289,7 @@ func loadServeTokens(file, namespace string) (mcpserver.Tokens, error) {
 // tokens granted it (TOKEN NAMESPACE ledger), each bound to its namespace, or, without tokens
 // (a loopback address only, as for /mcp), bound to namespace. Reserves re-dispatch over an
 // unknown outcome only for the operations in idempotent (--upstream-idempotent).
-func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string, idempotent []string, limits remote.HandlerOptions) http.Handler {
+func ledgerHandler(l ledger.Ledger, tokens mcpwire.Tokens, namespace string, idempotent []string, limits remote.HandlerOptions) http.Handler {
 	declared := func(op string) bool { return slices.Contains(idempotent, op) }
 	auth := remote.GrantedTokens(tokens.Ledger, declared)
 	if tokens.Len() == 0 {
@@ -300,10 +301,10 @@ func ledgerHandler(l ledger.Ledger, tokens mcpserver.Tokens, namespace string, i
 	return remote.Handler(l, limits)
 }
 
-func serving(w io.Writer, addr net.Addr, tokens mcpserver.Tokens) {
+func serving(w io.Writer, addr net.Addr, tokens mcpwire.Tokens) {
 	auth := fmt.Sprintf("%d bearer token(s)", tokens.Len())
 	if tokens.Len() == 0 {
 		auth = "no bearer token: loopback only, unauthenticated"
 	}
-	fmt.Fprintf(w, "toolfence: serving MCP at http://%s%s (%s)\n", addr, mcpserver.Path, auth)
+	fmt.Fprintf(w, "toolfence: serving MCP at http://%s%s (%s)\n", addr, mcpwire.Path, auth)
 }

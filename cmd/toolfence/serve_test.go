@@ -17,7 +17,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 func TestServeUsage(t *testing.T) {
@@ -112,10 +114,10 @@ func TestServeHTTP(t *testing.T) {
 	require.Equal(t, "team", v.Namespace, "the token's namespace")
 	require.NoError(t, c.Close())
 	_, err = mcpserver.Dial(ctx, url, "wrong-token-0123456789abcdef")
-	require.ErrorIs(t, err, mcpserver.ErrUnauthorized)
+	require.ErrorIs(t, err, ledger.ErrUnauthorized)
 
 	// An unauthenticated keep-alive connection that idles is closed (--idle-timeout).
-	conn, err := net.DialTimeout("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), mcpserver.Path), 5*time.Second)
+	conn, err := net.DialTimeout("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), mcpwire.Path), 5*time.Second)
 	require.NoError(t, err)
 	defer conn.Close()
 	_, err = io.WriteString(conn, "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
@@ -155,7 +157,7 @@ func TestServeRefusesReservationsWhenLowOnSpace(t *testing.T) {
 	err = c.Call(ctx, "begin_call", map[string]any{"task": "t", "operation": "o", "target": "x", "args": map[string]any{}}, &b)
 	var te *mcpserver.ToolError
 	require.ErrorAs(t, err, &te)
-	require.Equal(t, mcpserver.KindUnavailable, te.Info.Kind)
+	require.Equal(t, mcpwire.KindUnavailable, te.Info.Kind)
 	require.Contains(t, te.Info.Recovery, "do NOT perform the call")
 	page, err := c.List(ctx, mcpserver.ListPendingInput{})
 	require.NoError(t, err, "reads still work")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -182,7 +183,7 @@ func TestLockedStoreWithoutOwner(t *testing.T) {
 func TestStoreHTTP(t *testing.T) {
 	t.Parallel()
 	_, url, _ := teamServe(t)
-	base := strings.TrimSuffix(url, mcpserver.Path)
+	base := strings.TrimSuffix(url, mcpwire.Path)
 	mcpc, err := mcpserver.Dial(t.Context(), url, serveToken)
 	require.NoError(t, err)
 	defer mcpc.Close()
@@ -232,7 +233,7 @@ func TestStoreHTTP(t *testing.T) {
 func TestServeStdioOnStoreHTTP(t *testing.T) {
 	t.Parallel()
 	_, url, _ := teamServe(t)
-	base := strings.TrimSuffix(url, mcpserver.Path)
+	base := strings.TrimSuffix(url, mcpwire.Path)
 	cmd := exec.Command(bin, "serve", "--stdio", "--store", base, "--namespace", "team")
 	cmd.Env = append(os.Environ(), tokenEnv+"="+ledgerToken)
 	cmd.Stderr = os.Stderr

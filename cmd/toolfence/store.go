@@ -164,20 +164,20 @@ func openServer(ctx context.Context, url string, o storeOptions) (ledger.Ledger,
 	c.Close()
 	where := c.Endpoint()
 	switch {
-	case errors.Is(err, remote.ErrUnauthorized) && o.token == "":
+	case errors.Is(err, ledger.ErrUnauthorized) && o.token == "":
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused the request (401 Unauthorized): it needs a bearer token: give --token, --token-file or $%s", where, tokenEnv)}
-	case errors.Is(err, remote.ErrUnauthorized):
+	case errors.Is(err, ledger.ErrUnauthorized):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", where, tokenEnv)}
 	case errors.Is(err, remote.ErrNotGranted):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s serves this bearer token MCP only (403): a token for --store http://… needs the ledger grant, "+
 				"a line \"TOKEN NAMESPACE ledger\" in the server's --token-file", where)}
-	case errors.Is(err, remote.ErrForbidden):
+	case errors.Is(err, ledger.ErrForbidden):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused namespace %q (403): %v; pass the namespace of your token with --namespace", where, ns, messageOf(err))}
-	case errors.Is(err, remote.ErrUnavailable), errors.Is(err, remote.ErrConnectionLost):
+	case errors.Is(err, ledger.ErrUnavailable), errors.Is(err, remote.ErrConnectionLost):
 		return nil, fmt.Errorf("cannot reach the toolfence server at %s (is `toolfence serve --http` running there?): %w", where, err)
 	case errors.Is(err, remote.ErrProtocol):
 		return nil, fmt.Errorf("%s does not serve the toolfence ledger at %s (is it `toolfence serve --http`, of this version or newer?): %w", where, remote.Path, err)
@@ -431,10 +431,10 @@ func (a *app) dial(ctx context.Context) (*mcpserver.Client, error) {
 	defer cancel()
 	c, err := mcpserver.Dial(dctx, a.server, token)
 	switch {
-	case errors.Is(err, mcpserver.ErrUnauthorized) && token == "":
+	case errors.Is(err, ledger.ErrUnauthorized) && token == "":
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused the request (401 Unauthorized): it needs a bearer token: give --token, --token-file or $%s", a.server, tokenEnv)}
-	case errors.Is(err, mcpserver.ErrUnauthorized):
+	case errors.Is(err, ledger.ErrUnauthorized):
 		return nil, &explained{err: err, msg: fmt.Sprintf(
 			"server %s refused the bearer token (401 Unauthorized): check --token, --token-file or $%s against the server's token file", a.server, tokenEnv)}
 	case err != nil:

@@ -38,6 +38,7 @@ import (
 
 	"github.com/toolfence/toolfence/httpguard"
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 )
 
@@ -134,11 +135,11 @@ func newHandler(ic *interceptor.Interceptor, principals map[string]string) (http
 		Principal: func(r *http.Request) (string, error) {
 			token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok {
-				return "", fmt.Errorf("%w: send Authorization: Bearer TOKEN", httpguard.ErrUnauthenticated)
+				return "", fmt.Errorf("%w: send Authorization: Bearer TOKEN", ledger.ErrUnauthorized)
 			}
 			p, ok := principals[token]
 			if !ok {
-				return "", fmt.Errorf("%w: unknown token", httpguard.ErrUnauthenticated)
+				return "", fmt.Errorf("%w: unknown token", ledger.ErrUnauthorized)
 			}
 			return p, nil
 		},

@@ -88,7 +88,7 @@ func indexResidual(t *tx, k []byte, r *residual.Residual) error {
 	if !known || !was.exists {
 		for _, p := range fixedPrefixes(r) {
 			if err := t.set(indexKey(p, r.Key), nil); err != nil {
-				return fmt.Errorf("ledger/badger: index residual %s: %w", r.Key, err)
+				return fmt.Errorf("badger: index residual %s: %w", r.Key, err)
 			}
 		}
 	}
@@ -105,7 +105,7 @@ func indexResidual(t *tx, k []byte, r *residual.Residual) error {
 			err = t.txn.Delete(openKey)
 		}
 		if err != nil {
-			return fmt.Errorf("ledger/badger: index residual %s: %w", r.Key, err)
+			return fmt.Errorf("badger: index residual %s: %w", r.Key, err)
 		}
 	}
 	t.noteStored(k, storedInfo{exists: true, open: open})
@@ -116,7 +116,7 @@ func indexResidual(t *tx, k []byte, r *residual.Residual) error {
 func unindexResidual(t *tx, r *residual.Residual) error {
 	for _, p := range append(fixedPrefixes(r), fieldPrefix(r.Namespace, fieldOpen, "")) {
 		if err := t.txn.Delete(indexKey(p, r.Key)); err != nil {
-			return fmt.Errorf("ledger/badger: unindex residual %s: %w", r.Key, err)
+			return fmt.Errorf("badger: unindex residual %s: %w", r.Key, err)
 		}
 	}
 	return nil
@@ -224,7 +224,7 @@ func (l *Ledger) buildIndex() error {
 	})
 	if err != nil || done {
 		if err != nil {
-			err = fmt.Errorf("ledger/badger: open %s: %w", l.dir, err)
+			err = fmt.Errorf("badger: open %s: %w", l.dir, err)
 		}
 		return err
 	}
@@ -242,10 +242,10 @@ func (l *Ledger) buildIndex() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("ledger/badger: open %s: clear the filter index: %w", l.dir, err)
+		return fmt.Errorf("badger: open %s: clear the filter index: %w", l.dir, err)
 	}
 	if err := wb.Flush(); err != nil {
-		return fmt.Errorf("ledger/badger: open %s: clear the filter index: %w", l.dir, err)
+		return fmt.Errorf("badger: open %s: clear the filter index: %w", l.dir, err)
 	}
 	wb = l.db.NewWriteBatch()
 	defer wb.Cancel()
@@ -280,7 +280,7 @@ func (l *Ledger) buildIndex() error {
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("ledger/badger: open %s: build the filter index: %w", l.dir, err)
+		return fmt.Errorf("badger: open %s: build the filter index: %w", l.dir, err)
 	}
 	return nil
 }

@@ -97,11 +97,11 @@ const (
 
 // ErrLocked is wrapped by Open when another process (or another Open in this process)
 // holds the store's directory lock.
-var ErrLocked = errors.New("ledger/badger: store is locked")
+var ErrLocked = errors.New("badger: store is locked")
 
 // ErrSyncFailed is wrapped by every step after a sync of the store failed: writes that
 // returned from commit may not be durable, so the ledger fails closed until reopened.
-var ErrSyncFailed = errors.New("ledger/badger: sync failed, ledger refuses further steps")
+var ErrSyncFailed = errors.New("badger: sync failed, ledger refuses further steps")
 
 type lockedError struct{ dir string }
 
@@ -177,7 +177,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	// createDir makes a new directory's entry durable (its parents fsynced); prepareDir then
 	// refuses one another user owns or can write, before anything in it is touched.
 	if err := createDir(dir); err != nil {
-		return nil, fmt.Errorf("ledger/badger: create %s: %w", dir, err)
+		return nil, fmt.Errorf("badger: create %s: %w", dir, err)
 	}
 	if err := prepareDir(dir); err != nil {
 		return nil, err
@@ -186,14 +186,14 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		return nil, err
 	}
 	if err := removeEmptyLogs(dir); err != nil {
-		return nil, fmt.Errorf("ledger/badger: remove empty log files in %s: %w", dir, err)
+		return nil, fmt.Errorf("badger: remove empty log files in %s: %w", dir, err)
 	}
 	db, err := openSettled(bo)
 	if err != nil {
 		if isLockErr(err) {
 			return nil, &lockedError{dir: dir}
 		}
-		return nil, fmt.Errorf("ledger/badger: open %s: %w", dir, err)
+		return nil, fmt.Errorf("badger: open %s: %w", dir, err)
 	}
 	cacheBytes := cmp.Or(opts.ReplayCacheBytes, defaultReplayCacheBytes)
 	l := &Ledger{
@@ -308,29 +308,29 @@ func isLockErr(err error) bool {
 func (l *Ledger) Dir() string { return l.dir }
 
 // Close waits for in-flight steps, ends every Watch channel and closes the store. A second
-// Close returns ledger.ErrClosed.
+// Close returns lease.ErrClosed.
 func (l *Ledger) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return ledger.ErrClosed
+		return lease.ErrClosed
 	}
 	l.closed = true
 	l.hub.close()
 	l.logs.close()
 	if err := l.db.Close(); err != nil {
-		return fmt.Errorf("ledger/badger: close %s: %w", l.dir, err)
+		return fmt.Errorf("badger: close %s: %w", l.dir, err)
 	}
 	return nil
 }
 
-// enter admits one step: it fails with ledger.ErrClosed after Close and with ErrSyncFailed
+// enter admits one step: it fails with lease.ErrClosed after Close and with ErrSyncFailed
 // once a sync failed. On success the caller must call the returned release.
 func (l *Ledger) enter() (release func(), err error) {
 	l.mu.RLock()
 	if l.closed {
 		l.mu.RUnlock()
-		return nil, ledger.ErrClosed
+		return nil, lease.ErrClosed
 	}
 	if err := l.gs.poisoned(); err != nil {
 		l.mu.RUnlock()
@@ -419,7 +419,7 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 		if !write {
 			t.txn.Discard()
 			if err := l.awaitDurable(t.read); err != nil {
-				return fmt.Errorf("ledger/badger: %s: %w", op, err)
+				return fmt.Errorf("badger: %s: %w", op, err)
 			}
 			return stepErr
 		}
@@ -438,19 +438,19 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 			if attempt < maxConflictRetries {
 				continue
 			}
-			return fmt.Errorf("ledger/badger: %s: gave up after %d conflicting transactions: %w", op, attempt+1, err)
+			return fmt.Errorf("badger: %s: gave up after %d conflicting transactions: %w", op, attempt+1, err)
 		}
 		// The new versions are visible now (or nothing was written): evict what they
 		// replace, before anyone can be told the write happened.
 		l.cache.evict(t.touched)
 		if err != nil {
-			return fmt.Errorf("ledger/badger: %s: commit: %w", op, err)
+			return fmt.Errorf("badger: %s: commit: %w", op, err)
 		}
 		l.open.note(t.puts)
 		if err := l.gs.wait(l.gs.committed()); err != nil {
 			// The write is committed but may not be durable: after a restart it may or
 			// may not be there.
-			return fmt.Errorf("%w: ledger/badger: %s: the write was committed but syncing it failed: %w", ledger.ErrOutcomeUnknown, op, err)
+			return fmt.Errorf("%w: badger: %s: the write was committed but syncing it failed: %w", ledger.ErrOutcomeUnknown, op, err)
 		}
 		return stepErr
 	}
@@ -499,7 +499,7 @@ func nsPrefix(namespace string) []byte { return storeKey(residualPrefix, namespa
 // the residual in errors.
 func decodeItem(t *tx, item *dbadger.Item, name string, r *residual.Residual) error {
 	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, r) }); err != nil {
-		return fmt.Errorf("ledger/badger: decode residual %s: %w", name, err)
+		return fmt.Errorf("badger: decode residual %s: %w", name, err)
 	}
 	r.AttemptCount = rules.AttemptCount(r) // records written before the count was stored
 	t.noteRead(item.Version())
@@ -516,7 +516,7 @@ func readResidual(t *tx, ns, key string) (*residual.Residual, int, error) {
 		return nil, 0, fmt.Errorf("%w: key %s in namespace %q", residual.ErrNotFound, key, ns)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("ledger/badger: read %s: %w", key, err)
+		return nil, 0, fmt.Errorf("badger: read %s: %w", key, err)
 	}
 	var r residual.Residual
 	if err := decodeItem(t, item, key, &r); err != nil {
@@ -545,14 +545,14 @@ func findResidual(t *tx, ns, key string) (*residual.Residual, error) {
 func putResidual(t *tx, r *residual.Residual) error {
 	v, err := json.Marshal(r)
 	if err != nil {
-		return fmt.Errorf("ledger/badger: encode residual %s: %w", r.Key, err)
+		return fmt.Errorf("badger: encode residual %s: %w", r.Key, err)
 	}
 	k := storeKey(residualPrefix, r.Namespace, r.Key)
 	if err := indexResidual(t, k, r); err != nil {
 		return err
 	}
 	if err := t.set(k, v); err != nil {
-		return fmt.Errorf("ledger/badger: write residual %s: %w", r.Key, err)
+		return fmt.Errorf("badger: write residual %s: %w", r.Key, err)
 	}
 	e := entryOf(r)
 	t.noteWrite(k, &e)
@@ -568,7 +568,7 @@ func nextToken(t *tx, ns, key string, r *residual.Residual) (uint64, error) {
 	switch {
 	case errors.Is(err, dbadger.ErrKeyNotFound):
 	case err != nil:
-		return 0, fmt.Errorf("ledger/badger: read token of %s: %w", key, err)
+		return 0, fmt.Errorf("badger: read token of %s: %w", key, err)
 	default:
 		if err := item.Value(func(v []byte) error {
 			if len(v) != 8 {
@@ -577,7 +577,7 @@ func nextToken(t *tx, ns, key string, r *residual.Residual) (uint64, error) {
 			last = binary.BigEndian.Uint64(v)
 			return nil
 		}); err != nil {
-			return 0, fmt.Errorf("ledger/badger: %w", err)
+			return 0, fmt.Errorf("badger: %w", err)
 		}
 	}
 	if r != nil {
@@ -585,7 +585,7 @@ func nextToken(t *tx, ns, key string, r *residual.Residual) (uint64, error) {
 	}
 	next := last + 1
 	if err := t.set(k, binary.BigEndian.AppendUint64(nil, next)); err != nil {
-		return 0, fmt.Errorf("ledger/badger: write token of %s: %w", key, err)
+		return 0, fmt.Errorf("badger: write token of %s: %w", key, err)
 	}
 	return next, nil
 }

@@ -49,7 +49,7 @@ func openTest(t *testing.T, dir string, opts Options) *Ledger {
 	l, err := Open(dir, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		if err := l.Close(); err != nil && !errors.Is(err, ledger.ErrClosed) {
+		if err := l.Close(); err != nil && !errors.Is(err, lease.ErrClosed) {
 			t.Errorf("close: %v", err)
 		}
 	})

@@ -131,7 +131,7 @@ func (l *Ledger) OpenResiduals(ctx context.Context) ([]ledger.OpenCount, error) 
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("ledger/badger: open residuals: %w", err)
+			return nil, fmt.Errorf("badger: open residuals: %w", err)
 		}
 		x.built = true
 	}

@@ -12,7 +12,7 @@ import (
 // ErrUnsafeDir is wrapped by Open's error when the store's directory is owned by another
 // user or writable by group or others: whoever can write it can delete the ledger, and a
 // retry would then repeat effects that already happened.
-var ErrUnsafeDir = errors.New("ledger/badger: the store's directory is not private to this user")
+var ErrUnsafeDir = errors.New("badger: the store's directory is not private to this user")
 
 // unsafeDirError says what is wrong with a store directory and what to do about it.
 type unsafeDirError struct {
@@ -22,7 +22,7 @@ type unsafeDirError struct {
 }
 
 func (e *unsafeDirError) Error() string {
-	return fmt.Sprintf("ledger/badger: store directory %s %s: other users could delete or replace the ledger "+
+	return fmt.Sprintf("badger: store directory %s %s: other users could delete or replace the ledger "+
 		"(a retry would then repeat effects that already happened); %s", e.dir, e.msg, e.hint)
 }
 
@@ -44,7 +44,7 @@ func prepareDir(dir string) error {
 	err := os.Mkdir(dir, 0o700)
 	if errors.Is(err, os.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-			return fmt.Errorf("ledger/badger: creating store directory %s: %w", dir, err)
+			return fmt.Errorf("badger: creating store directory %s: %w", dir, err)
 		}
 		err = os.Mkdir(dir, 0o700) // only a dir this call created counts as new
 	}
@@ -52,10 +52,10 @@ func prepareDir(dir string) error {
 	case err == nil:
 		// Ours and new: 0700 whatever the umask took (it only ever removes bits).
 		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("ledger/badger: store directory %s: %w", dir, err)
+			return fmt.Errorf("badger: store directory %s: %w", dir, err)
 		}
 	case !errors.Is(err, os.ErrExist):
-		return fmt.Errorf("ledger/badger: creating store directory %s: %w", dir, err)
+		return fmt.Errorf("badger: creating store directory %s: %w", dir, err)
 	}
 	return checkPrivateDir(dir)
 }

@@ -15,7 +15,7 @@ func checkPrivateDir(dir string) error {
 	euid := uint32(os.Geteuid())
 	li, err := os.Lstat(dir)
 	if err != nil {
-		return fmt.Errorf("ledger/badger: store directory %s: %w", dir, err)
+		return fmt.Errorf("badger: store directory %s: %w", dir, err)
 	}
 	if li.Mode()&os.ModeSymlink != 0 {
 		if uid := li.Sys().(*syscall.Stat_t).Uid; uid != euid && uid != 0 {
@@ -25,10 +25,10 @@ func checkPrivateDir(dir string) error {
 	}
 	fi, err := os.Stat(dir)
 	if err != nil {
-		return fmt.Errorf("ledger/badger: store directory %s: %w", dir, err)
+		return fmt.Errorf("badger: store directory %s: %w", dir, err)
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("ledger/badger: store directory %s is not a directory", dir)
+		return fmt.Errorf("badger: store directory %s is not a directory", dir)
 	}
 	uid := fi.Sys().(*syscall.Stat_t).Uid
 	if uid != euid {

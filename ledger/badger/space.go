@@ -10,7 +10,7 @@ import (
 // ErrLowSpace is wrapped by the error of a write refused because the store's filesystem is
 // low on free space (nothing of it was written; a refused Reserve dispatches nothing), and
 // by Open's error when the filesystem has too little space to open the store safely.
-var ErrLowSpace = errors.New("ledger/badger: the store's filesystem is low on free space")
+var ErrLowSpace = errors.New("badger: the store's filesystem is low on free space")
 
 // DefaultMinFree is the default of Options.MinFree: the free space below which new
 // reservations are refused.
@@ -69,11 +69,11 @@ func (g *spaceGuard) level(op string) (uint64, string) {
 func (g *spaceGuard) check(op string, n int) error {
 	avail, err := g.free(g.dir)
 	if err != nil {
-		return fmt.Errorf("ledger/badger: %s: reading the free space of %s: %w", op, g.dir, err)
+		return fmt.Errorf("badger: %s: reading the free space of %s: %w", op, g.dir, err)
 	}
 	need, what := g.level(op)
 	if avail < need+uint64(n) {
-		return fmt.Errorf("ledger/badger: %s: %w: %d MiB free on %s, below the %d MiB kept at this level: %s; free space on that filesystem (gc settled residuals, move other files away)",
+		return fmt.Errorf("badger: %s: %w: %d MiB free on %s, below the %d MiB kept at this level: %s; free space on that filesystem (gc settled residuals, move other files away)",
 			op, ErrLowSpace, avail>>20, g.dir, need>>20, what)
 	}
 	return nil
@@ -84,10 +84,10 @@ func (g *spaceGuard) check(op string, n int) error {
 func (g *spaceGuard) checkOpen() error {
 	avail, err := g.free(g.dir)
 	if err != nil {
-		return fmt.Errorf("ledger/badger: reading the free space of %s: %w", g.dir, err)
+		return fmt.Errorf("badger: reading the free space of %s: %w", g.dir, err)
 	}
 	if avail < g.floor {
-		return fmt.Errorf("ledger/badger: open %s: %w: %d MiB free, the store needs at least %d MiB to open (badger writes its logs and tables into preallocated files); free space on that filesystem and try again",
+		return fmt.Errorf("badger: open %s: %w: %d MiB free, the store needs at least %d MiB to open (badger writes its logs and tables into preallocated files); free space on that filesystem and try again",
 			g.dir, ErrLowSpace, avail>>20, g.floor>>20)
 	}
 	return nil

@@ -359,7 +359,7 @@ func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 			var r residual.Residual
 			item := it.Item()
 			if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
-				return fmt.Errorf("ledger/badger: decode %q: %w", item.Key(), err)
+				return fmt.Errorf("badger: decode %q: %w", item.Key(), err)
 			}
 			if collectable(&r) {
 				candidates = append(candidates, item.KeyCopy(nil))
@@ -383,17 +383,17 @@ func (l *Ledger) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 					continue
 				}
 				if err != nil {
-					return false, fmt.Errorf("ledger/badger: gc read %q: %w", k, err)
+					return false, fmt.Errorf("badger: gc read %q: %w", k, err)
 				}
 				var r residual.Residual
 				if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) }); err != nil {
-					return false, fmt.Errorf("ledger/badger: decode %q: %w", k, err)
+					return false, fmt.Errorf("badger: decode %q: %w", k, err)
 				}
 				if !collectable(&r) {
 					continue
 				}
 				if err := t.del(k); err != nil {
-					return false, fmt.Errorf("ledger/badger: gc delete %q: %w", k, err)
+					return false, fmt.Errorf("badger: gc delete %q: %w", k, err)
 				}
 				if err := unindexResidual(t, &r); err != nil {
 					return false, err

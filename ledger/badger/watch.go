@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 )
 
@@ -14,7 +15,7 @@ const watchBuffer = 256
 // makes to residuals of namespace (every namespace when empty), in the order the writes
 // were acknowledged for any one goroutine. A reader more than watchBuffer changes behind
 // misses changes (writers never block) and should re-list. The channel is closed when ctx
-// ends or the ledger is closed; Watch on a closed ledger returns ledger.ErrClosed. Writes
+// ends or the ledger is closed; Watch on a closed ledger returns lease.ErrClosed. Writes
 // by other processes are not seen (only one process can open the store anyway).
 func (l *Ledger) Watch(ctx context.Context, namespace string) (<-chan ledger.Change, error) {
 	release, err := l.enter()
@@ -48,7 +49,7 @@ func (h *hub) watch(ctx context.Context, namespace string) (<-chan ledger.Change
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return nil, ledger.ErrClosed
+		return nil, lease.ErrClosed
 	}
 	w := &watcher{namespace: namespace, ch: make(chan ledger.Change, watchBuffer)}
 	h.subs[w] = struct{}{}

@@ -82,9 +82,9 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	for _, ch := range chans {
 		waitClosed(t, ch)
 	}
-	require.ErrorIs(t, l.Close(), ledger.ErrClosed)
+	require.ErrorIs(t, l.Close(), lease.ErrClosed)
 	_, err = l.Watch(t.Context(), "")
-	require.ErrorIs(t, err, ledger.ErrClosed)
+	require.ErrorIs(t, err, lease.ErrClosed)
 }
 
 // Ending a watch's context closes its channel and ends its goroutine, while the ledger

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -212,31 +213,31 @@ func invalidNamespaceRefusedByEveryMethod(e *env) {
 	requireErr(e.t, err, residual.ErrInvalidState, "List with an unknown state")
 }
 
-// Every call after Close wraps ledger.ErrClosed.
+// Every call after Close wraps lease.ErrClosed.
 func closedLedgerRefuses(e *env) {
 	c := e.call("closed:1")
 	a := e.acquire(c.reserve("agent-a", "digest-1"))
 	require.NoError(e.t, e.l.Close())
 
 	_, err := e.l.Reserve(e.ctx, c.reserve("agent-b", "digest-1"))
-	requireErr(e.t, err, ledger.ErrClosed, "reserve")
+	requireErr(e.t, err, lease.ErrClosed, "reserve")
 	_, err = e.l.Commit(e.ctx, c.commit("agent-a", a.Lease.Token, residual.Succeeded))
-	requireErr(e.t, err, ledger.ErrClosed, "commit")
+	requireErr(e.t, err, lease.ErrClosed, "commit")
 	_, err = e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: "agent-a", Token: a.Lease.Token, TTL: ttl})
-	requireErr(e.t, err, ledger.ErrClosed, "renew")
+	requireErr(e.t, err, lease.ErrClosed, "renew")
 	_, err = e.l.Resolve(e.ctx, c.resolve(residual.Failed))
-	requireErr(e.t, err, ledger.ErrClosed, "resolve")
+	requireErr(e.t, err, lease.ErrClosed, "resolve")
 	_, err = e.l.AppendEvidence(e.ctx, ledger.EvidenceParams{Namespace: c.ns, Key: c.key()})
-	requireErr(e.t, err, ledger.ErrClosed, "append evidence")
+	requireErr(e.t, err, lease.ErrClosed, "append evidence")
 	_, err = e.l.Get(e.ctx, c.get())
-	requireErr(e.t, err, ledger.ErrClosed, "get")
+	requireErr(e.t, err, lease.ErrClosed, "get")
 	_, err = e.l.List(e.ctx, ledger.ListParams{Namespace: c.ns})
-	requireErr(e.t, err, ledger.ErrClosed, "list")
+	requireErr(e.t, err, lease.ErrClosed, "list")
 	_, err = e.l.GC(e.ctx, ledger.GCParams{Before: e.now()})
-	requireErr(e.t, err, ledger.ErrClosed, "gc")
+	requireErr(e.t, err, lease.ErrClosed, "gc")
 	if w, ok := e.l.(ledger.Watcher); ok {
 		_, err = w.Watch(e.ctx, c.ns)
-		requireErr(e.t, err, ledger.ErrClosed, "watch")
+		requireErr(e.t, err, lease.ErrClosed, "watch")
 	}
 }
 

@@ -1,8 +1,8 @@
 // Package postgres is the PostgreSQL ledger (pgx v5): many agents on many machines share one
 // fenced ledger, with expiry decided by the database server's clock.
 //
-// It imports residual, lease and ledger, and applies ledger's Decide and Apply* rules so it
-// agrees with every other backend; its schema comes from embedded, versioned migrations.
+// It imports residual, lease, ledger and ledger/rules, whose Decide and Apply* rules it applies
+// so it agrees with every other backend; its schema comes from embedded, versioned migrations.
 //
 // Storage: one row per (namespace, key) in toolfence_residuals, whose primary key is the
 // final safety net against a second reservation. The row carries the key's fencing token,

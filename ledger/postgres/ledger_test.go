@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -182,7 +183,7 @@ func TestClosedLedger(t *testing.T) {
 	require.NoError(t, l.Close())
 	require.NoError(t, l.Close())
 	_, err := l.Reserve(context.Background(), params("x", "h"))
-	require.True(t, errors.Is(err, ledger.ErrClosed))
+	require.True(t, errors.Is(err, lease.ErrClosed))
 }
 
 // Reserve rebuilds a new residual from what it sent instead of reading it back: what it

@@ -135,7 +135,7 @@ type Applied struct {
 
 // Status returns the migrations applied to the schema of the store at dsn (opts.Schema when
 // set, else the DSN's search_path), oldest first; none when toolfence has no tables there.
-// It writes nothing. It fails with an error wrapping ErrInvalidDSN or ErrUnavailable, or
+// It writes nothing. It fails with an error wrapping ErrInvalidDSN or ledger.ErrUnavailable, or
 // with the server's error naming the store.
 func Status(ctx context.Context, dsn string, opts Options) ([]Applied, error) {
 	cfg, err := poolConfig(dsn, opts)

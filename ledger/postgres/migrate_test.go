@@ -160,12 +160,12 @@ func TestBadDSNs(t *testing.T) {
 		mentions  []string
 	}{
 		{"unreachable", "postgres://alice:" + secret + "@127.0.0.1:1/test?sslmode=disable&connect_timeout=2",
-			postgres.ErrUnavailable, []string{"127.0.0.1:1", "test", "alice"}},
+			ledger.ErrUnavailable, []string{"127.0.0.1:1", "test", "alice"}},
 		// sslmode=prefer: pgx tries TLS, then plain, and reports both tries alike.
 		{"unreachable, two tries", "postgres://alice:" + secret + "@127.0.0.1:1/test",
-			postgres.ErrUnavailable, []string{"127.0.0.1:1", "connection refused"}},
+			ledger.ErrUnavailable, []string{"127.0.0.1:1", "connection refused"}},
 		{"wrong database", "postgres://" + cfg.User + ":" + secret + "@" + cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/toolfence_no_such_db?sslmode=disable",
-			postgres.ErrUnavailable, []string{"toolfence_no_such_db", cfg.Host}},
+			ledger.ErrUnavailable, []string{"toolfence_no_such_db", cfg.Host}},
 		{"malformed url", "postgres://bob:" + secret + "@127.0.0.1:notaport/test", postgres.ErrInvalidDSN, nil},
 		{"malformed kv", "host=127.0.0.1 password=" + secret + " port=notaport", postgres.ErrInvalidDSN, nil},
 		{"empty", "  ", postgres.ErrInvalidDSN, nil},
@@ -253,7 +253,7 @@ func TestNothingIsCreatedWhereNotAsked(t *testing.T) {
 	require.NoError(t, l.Close())
 
 	_, err = postgres.Status(ctx, "postgres://u@127.0.0.1:1/db?connect_timeout=2", postgres.Options{})
-	require.ErrorIs(t, err, postgres.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 }
 
 // Migration 2 moves the token counters of collected keys into tombstones and back: across

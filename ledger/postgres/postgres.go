@@ -76,13 +76,12 @@ type Options struct {
 }
 
 // Sentinel errors of this package; errors returned by Open, Migrate and the ledger's
-// methods wrap them where they apply.
+// methods wrap them where they apply. A server that could not be reached, refused the
+// login, or whose database does not exist gives an error wrapping ledger.ErrUnavailable,
+// whose message names host, port, database and user, never the password.
 var (
 	// ErrInvalidDSN: the connection string cannot be parsed. Nothing was contacted.
 	ErrInvalidDSN = errors.New("postgres: invalid connection string")
-	// ErrUnavailable: the server could not be reached, refused the login, or the database
-	// does not exist. The message names host, port, database and user, never the password.
-	ErrUnavailable = errors.New("postgres: server unavailable")
 	// ErrSchemaTooNew: the database was migrated by a newer toolfence than this binary
 	// knows; nothing was written. Upgrade the binary.
 	ErrSchemaTooNew = errors.New("postgres: database schema is newer than this binary")
@@ -126,7 +125,7 @@ var (
 
 // Open connects to the database at dsn (a postgres:// URL or key=value string), applies
 // pending migrations unless opts.DisableAutoMigrate is set, and returns the ledger. It fails
-// with an error wrapping ErrInvalidDSN, ErrUnavailable (naming the host, never the
+// with an error wrapping ErrInvalidDSN, ledger.ErrUnavailable (naming the host, never the
 // password), ErrSchemaTooNew, ErrSchemaOutdated, ErrNoStore, ErrNotDurable or
 // ErrAsyncReplicas; on failure nothing stays open.
 //
@@ -248,7 +247,7 @@ func (l *Ledger) Schema() string { return l.schema }
 func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
 
 // Close stops every watch, waits for their goroutines and closes the pool. Later calls
-// return ledger.ErrClosed. It is safe to call more than once.
+// return lease.ErrClosed. It is safe to call more than once.
 func (l *Ledger) Close() error {
 	if l.closed.Swap(true) {
 		return nil
@@ -269,7 +268,7 @@ func (l *Ledger) mode() int {
 
 func (l *Ledger) check() error {
 	if l.closed.Load() {
-		return ledger.ErrClosed
+		return lease.ErrClosed
 	}
 	return nil
 }
@@ -371,18 +370,18 @@ type scrubbedError struct {
 func (e *scrubbedError) Error() string   { return e.msg }
 func (e *scrubbedError) Unwrap() []error { return e.causes }
 
-// unavailable wraps a connection failure in ErrUnavailable, naming the server.
+// unavailable wraps a connection failure in ledger.ErrUnavailable, naming the server.
 func unavailable(cc *pgx.ConnConfig, err error) error {
 	cause := err
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && ce.Unwrap() != nil {
 		cause = ce.Unwrap()
 	}
-	msg := fmt.Sprintf("%v: cannot use %s: %s", ErrUnavailable, describe(cc), distinctLines(cause.Error()))
+	msg := fmt.Sprintf("postgres: cannot use %s: %v: %s", describe(cc), ledger.ErrUnavailable, distinctLines(cause.Error()))
 	if cc.Password != "" {
 		msg = strings.ReplaceAll(msg, cc.Password, "xxxxx")
 	}
-	return &scrubbedError{msg: msg, causes: []error{ErrUnavailable, err}}
+	return &scrubbedError{msg: msg, causes: []error{ledger.ErrUnavailable, err}}
 }
 
 // distinctLines drops the repeats of a line from s: pgx reports each try of a connection

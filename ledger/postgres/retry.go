@@ -198,7 +198,7 @@ var errOwnWriteUnseen = errors.New("the key moved on before the retry, and wheth
 
 // fail wraps an infrastructure failure of what (an operation and its subject):
 // ledger.ErrOutcomeUnknown when a write may have landed and could not be re-read or
-// recognised (errOwnWriteUnseen), ErrUnavailable
+// recognised (errOwnWriteUnseen), ledger.ErrUnavailable
 // when the server could not be reached, and the server's error otherwise.
 func (l *Ledger) fail(what string, mayHaveLanded bool, err error) error {
 	switch {
@@ -209,7 +209,7 @@ func (l *Ledger) fail(what string, mayHaveLanded bool, err error) error {
 		return fmt.Errorf("%w: %s on %s: the connection broke after the write was sent and what is stored could not be re-read: %w",
 			ledger.ErrOutcomeUnknown, what, l.target, err)
 	case isConnError(err):
-		return fmt.Errorf("%w: %s on %s: %w", ErrUnavailable, what, l.target, err)
+		return fmt.Errorf("postgres: %s on %s: %w: %w", what, l.target, ledger.ErrUnavailable, err)
 	}
 	return fmt.Errorf("postgres: %s on %s: %w", what, l.target, err)
 }

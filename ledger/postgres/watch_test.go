@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/postgres"
 	"github.com/toolfence/toolfence/residual"
@@ -104,7 +105,7 @@ func TestWatchReconnectsAndStops(t *testing.T) {
 	requireChannelClosed(t, onClose)
 	require.Empty(t, watcherPIDs(t, schema))
 	_, err = l.Watch(ctx, ns)
-	require.ErrorIs(t, err, ledger.ErrClosed)
+	require.ErrorIs(t, err, lease.ErrClosed)
 }
 
 // Writers notify only while a watch is registered: a listener that has not registered
@@ -146,5 +147,5 @@ func TestWatchOfAnEndedContext(t *testing.T) {
 	cancel()
 	_, err := l.Watch(ctx, "")
 	require.ErrorIs(t, err, context.Canceled)
-	require.NotErrorIs(t, err, postgres.ErrUnavailable)
+	require.NotErrorIs(t, err, ledger.ErrUnavailable)
 }

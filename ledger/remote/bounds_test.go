@@ -32,7 +32,7 @@ func twoTokens(r *http.Request) (remote.Access, error) {
 }
 
 // Past MaxInFlight steps of one principal, its next step gets 429 and ErrBusy (wrapping
-// ErrUnavailable: it did not run), while another principal is served; past
+// ledger.ErrUnavailable: it did not run), while another principal is served; past
 // MaxInFlightTotal every principal is refused. Released slots come back.
 func TestHandlerBoundsStepsInFlight(t *testing.T) {
 	b := &blockingReserve{Ledger: openBadger(t, t.TempDir(), lease.NewFake(start)), entered: make(chan struct{}, 4), release: make(chan struct{})}
@@ -47,7 +47,7 @@ func TestHandlerBoundsStepsInFlight(t *testing.T) {
 	<-b.entered
 	_, err := a.Get(ctx, ledger.GetParams{Namespace: "team", Key: reserveParams("team", "x").Key})
 	require.ErrorIs(t, err, remote.ErrBusy, "token a has its one step in flight")
-	require.ErrorIs(t, err, remote.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 	require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown, "a refused step did not run")
 	require.Contains(t, err.Error(), "this token has 1 requests in progress")
 

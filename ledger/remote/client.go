@@ -213,7 +213,7 @@ func (c *Client) GC(ctx context.Context, p ledger.GCParams) (ledger.GCResult, er
 }
 
 // OpenResiduals implements ledger.OpenCounter over the wire; it needs access to every
-// namespace (ErrForbidden otherwise).
+// namespace (ledger.ErrForbidden otherwise).
 func (c *Client) OpenResiduals(ctx context.Context) ([]ledger.OpenCount, error) {
 	var out []ledger.OpenCount
 	err := c.call(ctx, "open", false, openParams{}, &out)
@@ -221,7 +221,7 @@ func (c *Client) OpenResiduals(ctx context.Context) ([]ledger.OpenCount, error) 
 }
 
 // Close ends the client's watch streams and idle connections. Calls after Close return
-// errors wrapping ledger.ErrClosed; it closes nothing on the server.
+// errors wrapping lease.ErrClosed; it closes nothing on the server.
 func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
@@ -240,7 +240,7 @@ func (c *Client) Close() error {
 // call sends one step and decodes its answer into out.
 func (c *Client) call(ctx context.Context, method string, mutating bool, in, out any) error {
 	if c.closed.Load() {
-		return fmt.Errorf("%w: remote ledger %s: %s", ledger.ErrClosed, c.where, method)
+		return fmt.Errorf("%w: remote ledger %s: %s", lease.ErrClosed, c.where, method)
 	}
 	resp, sent, err := c.post(ctx, method, in, c.opts.Timeout)
 	if err != nil {
@@ -381,7 +381,7 @@ func (c *Client) transportErr(ctx context.Context, method string, mutating, sent
 	if ctx.Err() != nil {
 		return fmt.Errorf("remote ledger %s: %s not sent: %w", c.where, method, context.Cause(ctx))
 	}
-	return fmt.Errorf("%w: %s: %s not sent: %w", ErrUnavailable, c.where, method, err)
+	return fmt.Errorf("remote: %s: %s not sent: %w: %w", c.where, method, ledger.ErrUnavailable, err)
 }
 
 // lost is the error of a request that was sent but whose answer is missing or unreadable.
@@ -402,7 +402,7 @@ type watchStream struct{ cancel context.CancelFunc }
 // after any gap.
 func (c *Client) Watch(ctx context.Context, namespace string) (<-chan ledger.Change, error) {
 	if c.closed.Load() {
-		return nil, fmt.Errorf("%w: remote ledger %s: watch", ledger.ErrClosed, c.where)
+		return nil, fmt.Errorf("%w: remote ledger %s: watch", lease.ErrClosed, c.where)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	ws := &watchStream{cancel: cancel}
@@ -462,7 +462,7 @@ func (c *Client) Watch(ctx context.Context, namespace string) (<-chan ledger.Cha
 }
 
 // IsUnavailable reports whether err says the server could not be reached, or lost the
-// answer (ErrUnavailable, ErrConnectionLost): the server may be gone.
+// answer (ledger.ErrUnavailable, ErrConnectionLost): the server may be gone.
 func IsUnavailable(err error) bool {
-	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrConnectionLost)
+	return errors.Is(err, ledger.ErrUnavailable) || errors.Is(err, ErrConnectionLost)
 }

@@ -3,8 +3,8 @@
 // ledger.Ledger; Shared lets several processes use one embedded store that only one of them
 // can open (the owner serves the others on a unix socket inside the store's directory).
 //
-// It imports ledger, residual and lease only: it is a transport, with no ordering logic of
-// its own (every rule stays in the backend behind Handler).
+// It imports ledger, residual, lease and internal/httpserve only; it is a transport, with no
+// ordering logic of its own (every rule stays in the backend behind Handler).
 //
 // # Protocol
 //
@@ -31,7 +31,7 @@
 // protocol, as from a gateway in between; a 200 with neither a result nor an error) returns
 // an error wrapping ledger.ErrOutcomeUnknown and ErrConnectionLost: it may have happened. A
 // read in those cases returns ErrConnectionLost (a 200 without a result: ErrProtocol). A request that never left (the server could not be dialled) returns an
-// error wrapping ErrUnavailable: it did not happen and may be repeated.
+// error wrapping ledger.ErrUnavailable: it did not happen and may be repeated.
 //
 // # Access
 //
@@ -39,5 +39,5 @@
 // socket, which only the store's user can open: mode 0600) or one namespace (a bearer
 // token of `toolfence serve --http`). A request bound to one namespace that names another,
 // or every namespace (GC or Watch without a namespace, OpenResiduals), gets 403 and an
-// error wrapping ErrForbidden.
+// error wrapping ledger.ErrForbidden.
 package remote

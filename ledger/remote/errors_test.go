@@ -40,7 +40,7 @@ func TestTokenBoundToNamespace(t *testing.T) {
 	require.Equal(t, ledger.Acquired, res.Decision)
 
 	_, err = c.Reserve(ctx, reserveParams("team-b", "x"))
-	require.ErrorIs(t, err, remote.ErrForbidden)
+	require.ErrorIs(t, err, ledger.ErrForbidden)
 	require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown, "a refused step did not run")
 	require.Contains(t, err.Error(), `bound to namespace "team-a"`)
 	require.Contains(t, err.Error(), `"team-b"`)
@@ -48,18 +48,18 @@ func TestTokenBoundToNamespace(t *testing.T) {
 	require.ErrorIs(t, err, residual.ErrNotFound, "nothing was written in the other namespace")
 
 	_, err = c.Get(ctx, ledger.GetParams{Namespace: "team-b", Key: reserveParams("team-b", "x").Key})
-	require.ErrorIs(t, err, remote.ErrForbidden)
+	require.ErrorIs(t, err, ledger.ErrForbidden)
 	_, err = c.List(ctx, ledger.ListParams{Namespace: "team-b"})
-	require.ErrorIs(t, err, remote.ErrForbidden)
+	require.ErrorIs(t, err, ledger.ErrForbidden)
 	_, err = c.GC(ctx, ledger.GCParams{Before: start})
-	require.ErrorIs(t, err, remote.ErrForbidden, "GC of every namespace")
+	require.ErrorIs(t, err, ledger.ErrForbidden, "GC of every namespace")
 	require.Contains(t, err.Error(), "every namespace")
 	_, err = c.OpenResiduals(ctx)
-	require.ErrorIs(t, err, remote.ErrForbidden)
+	require.ErrorIs(t, err, ledger.ErrForbidden)
 	_, err = c.Watch(ctx, "")
-	require.ErrorIs(t, err, remote.ErrForbidden)
+	require.ErrorIs(t, err, ledger.ErrForbidden)
 	_, err = c.Watch(ctx, "team-b")
-	require.ErrorIs(t, err, remote.ErrForbidden)
+	require.ErrorIs(t, err, ledger.ErrForbidden)
 
 	page, err := c.List(ctx, ledger.ListParams{Namespace: "team-a"})
 	require.NoError(t, err)
@@ -68,7 +68,7 @@ func TestTokenBoundToNamespace(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// A wrong or missing token gets 401 and an error wrapping ErrUnauthorized that says so.
+// A wrong or missing token gets 401 and an error wrapping ledger.ErrUnauthorized that says so.
 func TestWrongToken(t *testing.T) {
 	b := openBadger(t, t.TempDir(), lease.NewFake(start))
 	endpoint := serve(t, remote.Handler(b, remote.HandlerOptions{Authorize: remote.StaticToken(token, "team-a")}), false)
@@ -76,7 +76,7 @@ func TestWrongToken(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := dial(t, endpoint, remote.Options{Token: tok})
 			_, err := c.Reserve(t.Context(), reserveParams("team-a", "x"))
-			require.ErrorIs(t, err, remote.ErrUnauthorized)
+			require.ErrorIs(t, err, ledger.ErrUnauthorized)
 			require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown)
 			require.Contains(t, err.Error(), "401 Unauthorized")
 			var re *remote.Error
@@ -140,14 +140,14 @@ func TestTimeoutIsOutcomeUnknown(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
-// A server that cannot be reached gets ErrUnavailable: the step did not happen.
+// A server that cannot be reached gets ledger.ErrUnavailable: the step did not happen.
 func TestUnreachableIsUnavailable(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	endpoint := srv.URL
 	srv.Close()
 	c := dial(t, endpoint, remote.Options{})
 	_, err := c.Reserve(t.Context(), reserveParams("ns", "x"))
-	require.ErrorIs(t, err, remote.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 	require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	require.True(t, remote.IsUnavailable(err))
 }
@@ -250,7 +250,7 @@ func TestAnswerWithoutResultIsLost(t *testing.T) {
 
 // A 5xx whose JSON body carries no code of this protocol (a gateway's error page in JSON)
 // is a lost answer: for a mutating step the step may have run (ErrOutcomeUnknown), never
-// "did not happen". The server's own 503 (ledger closed) stays ErrUnavailable.
+// "did not happen". The server's own 503 (ledger closed) stays ledger.ErrUnavailable.
 func TestGateway5xxIsOutcomeUnknown(t *testing.T) {
 	for _, answer := range []string{`{}`, `{"error":{"message":"bad gateway"}}`, `{"error":{"message":"x","codes":["gateway_timeout"]}}`} {
 		endpoint := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -270,6 +270,6 @@ func TestGateway5xxIsOutcomeUnknown(t *testing.T) {
 	c := dial(t, serve(t, remote.Handler(b, remote.HandlerOptions{Authorize: remote.AllNamespaces()}), false), remote.Options{})
 	require.NoError(t, b.Close())
 	_, err := c.Reserve(t.Context(), reserveParams("ns", "x"))
-	require.ErrorIs(t, err, remote.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 	require.NotErrorIs(t, err, ledger.ErrOutcomeUnknown, "the server refused before running the step")
 }

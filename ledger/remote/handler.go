@@ -206,7 +206,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 		return refuse(http.StatusMethodNotAllowed, ErrProtocol, "%s: use POST, not %s", method, r.Method)
 	}
 	if h.opts.Authorize == nil {
-		return refuse(http.StatusUnauthorized, ErrUnauthorized, "this server has no authorizer: it serves nobody")
+		return refuse(http.StatusUnauthorized, ledger.ErrUnauthorized, "this server has no authorizer: it serves nobody")
 	}
 	acc, err := h.opts.Authorize(r)
 	if errors.Is(err, ErrNotGranted) {
@@ -214,7 +214,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	}
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolfence"`)
-		return refuse(http.StatusUnauthorized, ErrUnauthorized, "%s: %v", method, err)
+		return refuse(http.StatusUnauthorized, ledger.ErrUnauthorized, "%s: %v", method, err)
 	}
 	if method == "watch" {
 		release, _ := take(&h.watches, acc.Principal, h.opts.MaxWatches, h.opts.MaxWatchesTotal)
@@ -233,7 +233,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	switch status, why := httpserve.CheckBrowser(r); status {
 	case 0:
 	case http.StatusForbidden:
-		return refuse(status, ErrForbidden, "%s: %v", method, why)
+		return refuse(status, ledger.ErrForbidden, "%s: %v", method, why)
 	default:
 		return refuse(status, ErrProtocol, "%s: %v", method, why)
 	}
@@ -265,8 +265,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, method string) *
 	ctx, cancel := context.WithTimeout(ctx, h.opts.StepTimeout)
 	defer cancel()
 	out, err := step.run(ctx, h.l, in)
-	if errors.Is(err, ledger.ErrClosed) {
-		return refuse(http.StatusServiceUnavailable, ErrUnavailable, "%s: the server's ledger is closed: %v", method, err)
+	if errors.Is(err, lease.ErrClosed) {
+		return refuse(http.StatusServiceUnavailable, ledger.ErrUnavailable, "%s: the server's ledger is closed: %v", method, err)
 	}
 	env := envelope{Result: out}
 	if err != nil {
@@ -282,11 +282,11 @@ func allowed(method string, acc Access, ns string, spans bool) *refusal {
 	case acc.All:
 		return nil
 	case ns == "" && spans:
-		return refuse(http.StatusForbidden, ErrForbidden, "%s of every namespace: this request is bound to namespace %q; name it", method, acc.Namespace)
+		return refuse(http.StatusForbidden, ledger.ErrForbidden, "%s of every namespace: this request is bound to namespace %q; name it", method, acc.Namespace)
 	case ns == "" && method == "open":
-		return refuse(http.StatusForbidden, ErrForbidden, "open: counting open residuals spans every namespace; this request is bound to namespace %q", acc.Namespace)
+		return refuse(http.StatusForbidden, ledger.ErrForbidden, "open: counting open residuals spans every namespace; this request is bound to namespace %q", acc.Namespace)
 	case ns != acc.Namespace:
-		return refuse(http.StatusForbidden, ErrForbidden, "%s: this request is bound to namespace %q and may not use namespace %q", method, acc.Namespace, ns)
+		return refuse(http.StatusForbidden, ledger.ErrForbidden, "%s: this request is bound to namespace %q and may not use namespace %q", method, acc.Namespace, ns)
 	}
 	return nil
 }
@@ -420,8 +420,8 @@ func (h *handler) watch(w http.ResponseWriter, r *http.Request, acc Access, body
 		return refuse(http.StatusNotImplemented, ErrProtocol, "watch: the server's ledger does not stream changes")
 	}
 	ch, err := wt.Watch(r.Context(), p.Namespace)
-	if errors.Is(err, ledger.ErrClosed) {
-		return refuse(http.StatusServiceUnavailable, ErrUnavailable, "watch: the server's ledger is closed: %v", err)
+	if errors.Is(err, lease.ErrClosed) {
+		return refuse(http.StatusServiceUnavailable, ledger.ErrUnavailable, "watch: the server's ledger is closed: %v", err)
 	}
 	if err != nil {
 		writeJSON(w, http.StatusOK, envelope{Error: toWire(err)})

@@ -31,7 +31,7 @@ type SharedOptions struct {
 	Locked func(error) bool
 	// Wait bounds how long a call waits for an owner that answers (the store is held, but
 	// its socket does not answer yet: an owner starting or going away) before it fails
-	// with an error wrapping ErrUnavailable and Open's error. Defaults to 10 seconds.
+	// with an error wrapping ledger.ErrUnavailable and Open's error. Defaults to 10 seconds.
 	Wait time.Duration
 	// Client configures the connection to the owner's socket (Token and Transport are
 	// ignored: a guest dials the socket itself, after checking it is this user's).
@@ -93,7 +93,7 @@ var (
 
 // OpenShared opens the store: as its owner when this process can open it, else as a guest
 // of the process that holds it. It returns Open's error when that error is not Locked,
-// and an error wrapping ErrUnavailable when the store stays held without an owner that
+// and an error wrapping ledger.ErrUnavailable when the store stays held without an owner that
 // answers on the socket for SharedOptions.Wait.
 func OpenShared(ctx context.Context, opts SharedOptions) (*Shared, error) {
 	switch {
@@ -152,7 +152,7 @@ func (s *Shared) get() (*link, error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("%w: shared store (socket %s)", ledger.ErrClosed, s.opts.Socket), nil
+		return nil, fmt.Errorf("%w: shared store (socket %s)", lease.ErrClosed, s.opts.Socket), nil
 	}
 	if s.cur != nil {
 		return s.cur, nil, nil
@@ -205,7 +205,7 @@ func (s *Shared) do(ctx context.Context, mutating bool, fn func(ledger.Ledger) e
 			return err
 		}
 		err = fn(lk.l)
-		if !lk.owner && errors.Is(err, ledger.ErrClosed) && s.stale(lk) {
+		if !lk.owner && errors.Is(err, lease.ErrClosed) && s.stale(lk) {
 			continue // another call dropped this link before the request left: not sent
 		}
 		if err == nil || lk.owner || ctx.Err() != nil {
@@ -226,8 +226,8 @@ func (s *Shared) do(ctx context.Context, mutating bool, fn func(ledger.Ledger) e
 			deadline = time.Now().Add(s.opts.Wait)
 		} else if time.Now().After(deadline) {
 			if locked != nil {
-				return fmt.Errorf("%w: %w: the store is held by another process, which did not answer on %s within %v: %v",
-					ErrUnavailable, locked, s.opts.Socket, s.opts.Wait, err)
+				return fmt.Errorf("remote: %w: %w: the store is held by another process, which did not answer on %s within %v: %v",
+					ledger.ErrUnavailable, locked, s.opts.Socket, s.opts.Wait, err)
 			}
 			return err
 		}
@@ -287,7 +287,7 @@ func (s *Shared) closeLink(lk *link) error {
 }
 
 // Close stops serving the socket (as owner) and closes the store or the connection to the
-// owner. Calls after Close return errors wrapping ledger.ErrClosed.
+// owner. Calls after Close return errors wrapping lease.ErrClosed.
 func (s *Shared) Close() error {
 	s.mu.Lock()
 	lk := s.cur

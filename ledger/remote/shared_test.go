@@ -154,7 +154,7 @@ func TestHeldWithoutOwnerFailsAfterWait(t *testing.T) {
 	opts := sharedOpts(dir, nil)
 	opts.Wait = 200 * time.Millisecond
 	_, err = remote.OpenShared(t.Context(), opts)
-	require.ErrorIs(t, err, remote.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 	require.ErrorIs(t, err, badger.ErrLocked)
 	require.Contains(t, err.Error(), "did not answer on "+opts.Socket)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -15,25 +16,22 @@ import (
 const Path = "/ledger/v1/"
 
 // Errors of the transport. Errors of the ledger behind Handler come back wrapping the same
-// sentinels of package ledger and residual as on the server.
+// sentinels of packages ledger, lease and residual as on the server. Besides these, a
+// server that could not be reached (nothing listens, the socket is gone) or whose ledger is
+// closed gives an error wrapping ledger.ErrUnavailable (the step did not happen; it may be
+// repeated), a refused bearer token ledger.ErrUnauthorized (401), and a namespace the
+// request's access does not cover, or a web page's request (an Origin header that is not
+// loopback), ledger.ErrForbidden (403).
 var (
-	// ErrUnavailable: the server could not be reached (nothing listens, the socket is
-	// gone) or its ledger is closed. The step did not happen; it may be repeated.
-	ErrUnavailable = errors.New("remote: ledger server unavailable")
 	// ErrConnectionLost: the request was sent but no answer came (the connection broke,
 	// the server died, the request timed out), or the answer was not this server's (a 5xx
 	// without an error code of this protocol, a 200 without a result). For a mutating step
 	// the error also wraps ledger.ErrOutcomeUnknown: the step may have happened.
 	ErrConnectionLost = errors.New("remote: connection lost before the answer")
-	// ErrUnauthorized: the server refused the request's bearer token (401).
-	ErrUnauthorized = errors.New("remote: unauthorized")
-	// ErrForbidden: the request names a namespace its access does not cover, or comes from
-	// a web page (an Origin header that is not loopback) (403).
-	ErrForbidden = errors.New("remote: namespace not allowed")
 	// ErrBusy: the server refused the step for its bounds on steps in progress or watch
 	// streams (429, with Retry-After). The step did not run; it may be repeated later. It
-	// also wraps ErrUnavailable.
-	ErrBusy = fmt.Errorf("%w: busy", ErrUnavailable)
+	// also wraps ledger.ErrUnavailable.
+	ErrBusy = fmt.Errorf("remote: busy: %w", ledger.ErrUnavailable)
 	// ErrNotGranted: the request's bearer token is known to the server but not granted the
 	// ledger protocol (403): it serves MCP only.
 	ErrNotGranted = errors.New("remote: token not granted the ledger protocol")
@@ -54,7 +52,7 @@ var codes = []struct {
 }{
 	{"invalid_params", ledger.ErrInvalidParams},
 	{"outcome_unknown", ledger.ErrOutcomeUnknown},
-	{"closed", ledger.ErrClosed},
+	{"closed", lease.ErrClosed},
 	{"not_found", residual.ErrNotFound},
 	{"in_progress", residual.ErrInProgress},
 	{"unknown_outcome", residual.ErrUnknownOutcome},
@@ -68,11 +66,11 @@ var codes = []struct {
 	{"invalid_key", residual.ErrInvalidKey},
 	{"invalid_json", residual.ErrInvalidJSON},
 	{"busy", ErrBusy},
-	{"unavailable", ErrUnavailable},
-	{"unauthorized", ErrUnauthorized},
+	{"unavailable", ledger.ErrUnavailable},
+	{"unauthorized", ledger.ErrUnauthorized},
 	{"not_holder", ErrNotHolder},
 	{"not_granted", ErrNotGranted},
-	{"forbidden", ErrForbidden},
+	{"forbidden", ledger.ErrForbidden},
 	{"protocol", ErrProtocol},
 }
 
@@ -101,7 +99,7 @@ func toWire(err error) *wireError {
 
 // Error is an error the server answered. Its text is the server's; errors.Is matches every
 // sentinel the server's error wrapped (of packages ledger and residual, and this package's
-// ErrUnavailable, ErrUnauthorized, ErrForbidden, ErrProtocol). Codes the client does not
+// ledger.ErrUnavailable, ErrUnauthorized, ErrForbidden, and ErrProtocol). Codes the client does not
 // know are kept in Codes and match nothing.
 type Error struct {
 	// Method is the step ("reserve", …).

@@ -137,7 +137,7 @@ func story() error {
 		{Expect: "blocked: a previous attempt may have reached the payment API; outcome unknown; do not retry — reconcile with toolfence",
 			Think: "A charge may already have gone through; I must not retry blindly. Reconciling.", Tool: tools.ReconcileToolName, Args: `{}`},
 		{Expect: "settled:", Think: "The probe found the charge. Asking again returns the recorded result.", Tool: "charge_invoice", Args: args},
-		{Expect: tools.ReplayPrefix + "already done, outcome recorded at ", Final: "Invoice INV-42 was charged once (charge ch_1); nothing was charged twice."},
+		{Expect: interceptor.ReplayPrefix + "already done, outcome recorded at ", Final: "Invoice INV-42 was charged once (charge ch_1); nothing was charged twice."},
 	}}
 	answer, err := scripted.Run(ctx, model, []lctools.Tool{charge.Tool(ic), tools.Reconciler(ic)}, input)
 	if err != nil {

@@ -151,7 +151,7 @@ func story() error {
 	fmt.Println("== run 2: the agent checks on the event")
 	model = &scripted.Model{Steps: []scripted.Step{
 		{Tool: "fire_webhook", Args: args},
-		{Expect: tools.ReplayPrefix + "already done, outcome recorded at ", Final: "Order 7731's shipping event was delivered once."},
+		{Expect: interceptor.ReplayPrefix + "already done, outcome recorded at ", Final: "Order 7731's shipping event was delivered once."},
 	}}
 	answer, err := scripted.Run(ctx, model, agentTools, input)
 	if err != nil {

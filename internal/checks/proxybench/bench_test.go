@@ -23,6 +23,7 @@ import (
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpwire"
 )
 
 // Targets of the proxy (docs/benchmarks.md), each within one run:
@@ -171,7 +172,7 @@ func charge(b *testing.B, s *mcp.ClientSession, order string) {
 		b.Fatal(err)
 	}
 	raw, _ := json.Marshal(res.StructuredContent)
-	if res.IsError || !strings.Contains(string(raw), `"charge_id":"ch_`) || res.Meta[mcpproxy.MetaReplayed] != nil {
+	if res.IsError || !strings.Contains(string(raw), `"charge_id":"ch_`) || res.Meta[mcpwire.MetaReplayed] != nil {
 		b.Fatalf("charge %s: %+v %s", order, res, raw)
 	}
 }

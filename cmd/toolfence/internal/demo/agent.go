@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolfence/toolfence/examples/scripted"
+	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/tools"
 )
 
@@ -45,7 +46,7 @@ func successorPolicy(printf func(string, ...any)) *scripted.Policy {
 		{When: seenUnknown, Think: "A charge may already have gone through; I must not retry blindly. Reconciling.",
 			Tool: tools.ReconcileToolName, Args: `{}`},
 		{When: seenSettled, Think: "The probe settled the charge; asking again returns the recorded result.", Tool: Operation, Args: ChargeArgs},
-		{When: tools.ReplayPrefix, Final: "Invoice " + Invoice + " was charged exactly once; the recorded charge was replayed, not repeated."},
+		{When: interceptor.ReplayPrefix, Final: "Invoice " + Invoice + " was charged exactly once; the recorded charge was replayed, not repeated."},
 	}}
 }
 

@@ -297,7 +297,7 @@ func TestGuardedChargeForwardsKeyAndTokenAndReplays(t *testing.T) {
 
 	again, err := charge.Call(ctx, ChargeArgs)
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(again, tools.ReplayPrefix), again)
+	require.True(t, strings.HasPrefix(again, interceptor.ReplayPrefix), again)
 	require.True(t, strings.HasSuffix(again, ": "+out), "the replay carries the first answer byte for byte: %s", again)
 	require.Len(t, headers, 1, "a replay does not reach the API")
 

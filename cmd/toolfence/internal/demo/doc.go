@@ -2,6 +2,6 @@
 // langchaingo agent killed after its guarded charge reached the API, and a successor agent
 // that reconciles through the probe and replays.
 //
-// It imports interceptor, ledger (badger, postgres), residual, tools and examples/scripted;
-// only cmd/toolfence imports it.
+// It imports interceptor, ledger, ledger/badger, ledger/postgres, residual, tools, httpguard
+// and examples/scripted; only cmd/toolfence imports it.
 package demo

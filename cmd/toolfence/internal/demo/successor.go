@@ -132,7 +132,7 @@ func (w watchCharge) Call(ctx context.Context, input string) (string, error) {
 		s.unknown = true
 		s.rep.step("unknown_outcome", "the agent's %s was refused: attempt %d by %s may have reached the API and nobody recorded the outcome; the agent is told to reconcile first",
 			Operation, a.N, a.Holder)
-	case strings.HasPrefix(answer, tools.ReplayPrefix):
+	case strings.HasPrefix(answer, interceptor.ReplayPrefix):
 		if n := s.api.Count(); n != before {
 			s.extra = fmt.Errorf("demo: the successor's replayed %s reached the API (charges %d → %d)", Operation, before, n)
 			return answer, nil

@@ -1,4 +1,4 @@
-package tools
+package jsonptr
 
 import (
 	"testing"
@@ -6,11 +6,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func mustPointers(t *testing.T, texts ...string) []pointer {
+func mustPointers(t *testing.T, texts ...string) []Pointer {
 	t.Helper()
-	var ps []pointer
+	var ps []Pointer
 	for _, s := range texts {
-		p, err := parsePointer(s)
+		p, err := Parse(s)
 		require.NoError(t, err, s)
 		ps = append(ps, p)
 	}
@@ -20,7 +20,7 @@ func mustPointers(t *testing.T, texts ...string) []pointer {
 // The examples of RFC 6901 section 5.
 func TestPointerRFC6901Examples(t *testing.T) {
 	t.Parallel()
-	doc, err := decodeJSON([]byte(`{
+	doc, err := Decode([]byte(`{
 	  "foo": ["bar", "baz"], "": 0, "a/b": 1, "c%d": 2, "e^f": 3, "g|h": 4,
 	  "i\\j": 5, "k\"l": 6, " ": 7, "m~n": 8}`))
 	require.NoError(t, err)
@@ -29,11 +29,11 @@ func TestPointerRFC6901Examples(t *testing.T) {
 		"/i\\j": "5", "/k\"l": "6", "/ ": "7", "/m~0n": "8", "/foo": `["bar","baz"]`,
 	}
 	for text, want := range cases {
-		got, err := extractTarget("t", mustPointers(t, text), doc)
+		got, err := Extract("t", mustPointers(t, text), doc)
 		require.NoError(t, err, text)
 		require.Equal(t, want, got, text)
 	}
-	whole, err := extractTarget("t", mustPointers(t, ""), doc)
+	whole, err := Extract("t", mustPointers(t, ""), doc)
 	require.NoError(t, err)
 	require.Contains(t, whole, `"m~n":8`)
 }
@@ -41,27 +41,27 @@ func TestPointerRFC6901Examples(t *testing.T) {
 func TestParsePointerRejectsMalformed(t *testing.T) {
 	t.Parallel()
 	for _, text := range []string{"foo", "/a~", "/a~2b", "#/a"} {
-		_, err := parsePointer(text)
+		_, err := Parse(text)
 		require.ErrorIs(t, err, ErrInvalidPointer, text)
 		require.ErrorContains(t, err, text)
 	}
-	p, err := parsePointer("/~01")
+	p, err := Parse("/~01")
 	require.NoError(t, err)
 	require.Equal(t, []string{"~1"}, p.tokens, "~01 decodes to ~1, not /")
 }
 
 func TestExtractTargetMissingNamesPointerAndTool(t *testing.T) {
 	t.Parallel()
-	doc, err := decodeJSON([]byte(`{"invoice":{"id":"INV-1","lines":[1]},"empty":"","nothing":null}`))
+	doc, err := Decode([]byte(`{"invoice":{"id":"INV-1","lines":[1]},"empty":"","nothing":null}`))
 	require.NoError(t, err)
 	for _, text := range []string{"/invoice_id", "/invoice/number", "/invoice/lines/1", "/invoice/lines/-", "/invoice/lines/01", "/invoice/id/x"} {
-		_, err := extractTarget("charge_invoice", mustPointers(t, "/invoice/id", text), doc)
+		_, err := Extract("charge_invoice", mustPointers(t, "/invoice/id", text), doc)
 		require.ErrorIs(t, err, ErrNoTarget, text)
 		require.ErrorContains(t, err, `JSON pointer "`+text+`" is not in the input`)
 		require.ErrorContains(t, err, `tool "charge_invoice"`)
 	}
 	for _, text := range []string{"/empty", "/nothing"} {
-		_, err := extractTarget("charge_invoice", mustPointers(t, text), doc)
+		_, err := Extract("charge_invoice", mustPointers(t, text), doc)
 		require.ErrorIs(t, err, ErrNoTarget)
 		require.ErrorContains(t, err, `JSON pointer "`+text+`" is null or empty`)
 	}
@@ -70,9 +70,9 @@ func TestExtractTargetMissingNamesPointerAndTool(t *testing.T) {
 func TestExtractTargetJoinsUnambiguously(t *testing.T) {
 	t.Parallel()
 	target := func(input string, ptrs ...string) string {
-		doc, err := decodeJSON([]byte(input))
+		doc, err := Decode([]byte(input))
 		require.NoError(t, err)
-		got, err := extractTarget("t", mustPointers(t, ptrs...), doc)
+		got, err := Extract("t", mustPointers(t, ptrs...), doc)
 		require.NoError(t, err)
 		return got
 	}
@@ -95,8 +95,8 @@ func TestExtractTargetJoinsUnambiguously(t *testing.T) {
 
 func TestDecodeJSONRejectsTrailingData(t *testing.T) {
 	t.Parallel()
-	_, err := decodeJSON([]byte(`{"a":1} {"b":2}`))
+	_, err := Decode([]byte(`{"a":1} {"b":2}`))
 	require.Error(t, err)
-	_, err = decodeJSON([]byte(`charge INV-42`))
+	_, err = Decode([]byte(`charge INV-42`))
 	require.Error(t, err)
 }

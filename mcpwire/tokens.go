@@ -1,4 +1,4 @@
-package mcpserver
+package mcpwire
 
 import (
 	"bufio"
@@ -14,13 +14,18 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+
+	"github.com/toolfence/toolfence/interceptor"
 )
 
 // MinTokenLen is the shortest bearer token accepted.
 const MinTokenLen = 16
 
-// ErrInvalidTokens is wrapped by errors for malformed token files or tokens.
-var ErrInvalidTokens = errors.New("mcpserver: invalid tokens")
+// tokensErr is the error of a malformed token file or token: "mcpwire: invalid tokens: "
+// and the detail, wrapping interceptor.ErrInvalidOptions.
+func tokensErr(format string, args ...any) error {
+	return interceptor.InvalidOptions("mcpwire: invalid tokens", format, args...)
+}
 
 // Tokens maps bearer tokens to namespaces, and says which tokens are also granted the raw
 // ledger protocol (ledger/remote at /ledger/v1/). Tokens are kept as SHA-256 digests, so a
@@ -31,24 +36,24 @@ type Tokens struct {
 	ledger map[[sha256.Size]byte]bool
 }
 
-// Add maps token to namespace. It returns an error wrapping ErrInvalidTokens for a token
+// Add maps token to namespace. It returns an error wrapping interceptor.ErrInvalidOptions for a token
 // shorter than MinTokenLen or containing whitespace, an empty namespace, or a token that
 // is already mapped to another namespace.
 func (t *Tokens) Add(token, namespace string) error {
 	switch {
 	case len(token) < MinTokenLen:
-		return fmt.Errorf("%w: a token is %d bytes long, want at least %d", ErrInvalidTokens, len(token), MinTokenLen)
+		return tokensErr("a token is %d bytes long, want at least %d", len(token), MinTokenLen)
 	case strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }):
-		return fmt.Errorf("%w: a token contains whitespace or control characters", ErrInvalidTokens)
+		return tokensErr("a token contains whitespace or control characters")
 	case namespace == "":
-		return fmt.Errorf("%w: a token maps to an empty namespace", ErrInvalidTokens)
+		return tokensErr("a token maps to an empty namespace")
 	}
 	if t.byHash == nil {
 		t.byHash = map[[sha256.Size]byte]string{}
 	}
 	h := sha256.Sum256([]byte(token))
 	if prev, ok := t.byHash[h]; ok && prev != namespace {
-		return fmt.Errorf("%w: one token maps to namespaces %q and %q", ErrInvalidTokens, prev, namespace)
+		return tokensErr("one token maps to namespaces %q and %q", prev, namespace)
 	}
 	t.byHash[h] = namespace
 	return nil
@@ -98,7 +103,7 @@ func (t Tokens) Namespace(token string) (string, bool) {
 // ledger protocol of its namespace (GrantLedger): give it only to toolfence processes that
 // use the store with --store http://…, never to an MCP agent.
 //
-// It returns an error wrapping ErrInvalidTokens naming the bad line or entry, for a token
+// It returns an error wrapping interceptor.ErrInvalidOptions naming the bad line or entry, for a token
 // given more than once (in either format), or for a file without any token.
 func ParseTokens(data []byte, defaultNamespace string) (Tokens, error) {
 	var t Tokens
@@ -123,23 +128,23 @@ func ParseTokens(data []byte, defaultNamespace string) (Tokens, error) {
 			case len(f) == 3 && f[2] == "ledger":
 				ns, add = f[1], t.GrantLedger
 			case len(f) == 3:
-				return Tokens{}, fmt.Errorf("%w: line %d: the third word is %q: the only grant is \"ledger\" (TOKEN NAMESPACE ledger)", ErrInvalidTokens, n, f[2])
+				return Tokens{}, tokensErr("line %d: the third word is %q: the only grant is \"ledger\" (TOKEN NAMESPACE ledger)", n, f[2])
 			default:
-				return Tokens{}, fmt.Errorf("%w: line %d: want \"TOKEN\", \"TOKEN NAMESPACE\" or \"TOKEN NAMESPACE ledger\", got %d fields", ErrInvalidTokens, n, len(f))
+				return Tokens{}, tokensErr("line %d: want \"TOKEN\", \"TOKEN NAMESPACE\" or \"TOKEN NAMESPACE ledger\", got %d fields", n, len(f))
 			}
 			if _, dup := t.Namespace(f[0]); dup {
-				return Tokens{}, fmt.Errorf("line %d: %w: a token appears more than once", n, ErrInvalidTokens)
+				return Tokens{}, fmt.Errorf("line %d: %w", n, tokensErr("a token appears more than once"))
 			}
 			if err := add(f[0], ns); err != nil {
 				return Tokens{}, fmt.Errorf("line %d: %w", n, err)
 			}
 		}
 		if err := sc.Err(); err != nil {
-			return Tokens{}, fmt.Errorf("%w: %w", ErrInvalidTokens, err)
+			return Tokens{}, tokensErr("%w", err)
 		}
 	}
 	if t.Len() == 0 {
-		return Tokens{}, fmt.Errorf("%w: no token found", ErrInvalidTokens)
+		return Tokens{}, tokensErr("no token found")
 	}
 	return t, nil
 }
@@ -148,11 +153,11 @@ func (t *Tokens) parseJSON(data []byte) error {
 	if data[0] == '{' {
 		var m map[string]string
 		if err := json.Unmarshal(data, &m); err != nil {
-			return fmt.Errorf("%w: want {\"TOKEN\": \"NAMESPACE\"}: %w", ErrInvalidTokens, err)
+			return tokensErr("want {\"TOKEN\": \"NAMESPACE\"}: %w", err)
 		}
 		// Unmarshal keeps the last of duplicated names: count them instead.
 		if n, err := objectNames(data); err != nil || n != len(m) {
-			return fmt.Errorf("%w: a token appears more than once", ErrInvalidTokens)
+			return tokensErr("a token appears more than once")
 		}
 		for tok, ns := range m {
 			if err := t.Add(tok, ns); err != nil {
@@ -169,14 +174,14 @@ func (t *Tokens) parseJSON(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&list); err != nil {
-		return fmt.Errorf("%w: want [{\"token\": ..., \"namespace\": ..., \"ledger\": false}]: %w", ErrInvalidTokens, err)
+		return tokensErr("want [{\"token\": ..., \"namespace\": ..., \"ledger\": false}]: %w", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: more than one JSON value in the token file", ErrInvalidTokens)
+		return tokensErr("more than one JSON value in the token file")
 	}
 	for i, e := range list {
 		if _, dup := t.Namespace(e.Token); dup {
-			return fmt.Errorf("entry %d: %w: a token appears more than once", i, ErrInvalidTokens)
+			return fmt.Errorf("entry %d: %w", i, tokensErr("a token appears more than once"))
 		}
 		add := t.Add
 		if e.Ledger {
@@ -214,15 +219,14 @@ func objectNames(data []byte) (int, error) {
 func LoadTokens(path, defaultNamespace string) (Tokens, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return Tokens{}, fmt.Errorf("mcpserver: token file: %w", err)
+		return Tokens{}, fmt.Errorf("mcpwire: token file: %w", err)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
-		return Tokens{}, fmt.Errorf("%w: token file %s has mode %v: other users may read it; chmod 600 it",
-			ErrInvalidTokens, path, fi.Mode().Perm())
+		return Tokens{}, tokensErr("token file %s has mode %v: other users may read it; chmod 600 it", path, fi.Mode().Perm())
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return Tokens{}, fmt.Errorf("mcpserver: token file: %w", err)
+		return Tokens{}, fmt.Errorf("mcpwire: token file: %w", err)
 	}
 	t, err := ParseTokens(data, defaultNamespace)
 	if err != nil {
@@ -233,7 +237,7 @@ func LoadTokens(path, defaultNamespace string) (Tokens, error) {
 
 // ErrUnsafeBind is returned when HTTP would be served on a non-loopback address without
 // any bearer token.
-var ErrUnsafeBind = errors.New("mcpserver: refusing to serve HTTP on a non-loopback address without a bearer token (use --token-file or TOOLFENCE_TOKEN)")
+var ErrUnsafeBind = errors.New("mcpwire: refusing to serve HTTP on a non-loopback address without a bearer token (use --token-file or TOOLFENCE_TOKEN)")
 
 // CheckBind returns nil when addr (host:port) may be served with the given number of
 // tokens: any address with tokens, only a loopback address (127.0.0.0/8, ::1, localhost)
@@ -245,7 +249,7 @@ func CheckBind(addr string, tokens int) error {
 	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("mcpserver: address %q: %w", addr, err)
+		return fmt.Errorf("mcpwire: address %q: %w", addr, err)
 	}
 	if strings.EqualFold(host, "localhost") {
 		return nil
