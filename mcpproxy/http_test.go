@@ -109,7 +109,7 @@ func (w *world) host(up mcp.Connection, opts *mcp.ClientOptions) *mcp.ClientSess
 // and sends its pid on pids.
 func (w *world) stdioDial(pids chan<- int) mcpproxy.Dialer {
 	return func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-		up, err := mcpproxy.StartUpstream(ctx, []string{"env", "TF_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode, os.Args[0]}, os.Stderr)
+		up, err := mcpproxy.StartUpstream(ctx, []string{"env", "TOOLFENCE_TEST_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode, os.Args[0]}, os.Stderr)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -190,7 +190,7 @@ func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
 	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: w.stdioDial(pids)}, map[string]string{tokenA: "default"})
 
 	direct, err := mcp.NewClient(&mcp.Implementation{Name: "direct", Version: "1"}, nil).Connect(context.Background(),
-		&mcp.CommandTransport{Command: commandWithEnv(os.Args[0], "TF_ROLE=upstream", "TF_EFFECTS="+w.effects, "TF_MODE="+w.mode)}, nil)
+		&mcp.CommandTransport{Command: commandWithEnv(os.Args[0], "TOOLFENCE_TEST_ROLE=upstream", "TF_EFFECTS="+w.effects, "TF_MODE="+w.mode)}, nil)
 	require.NoError(t, err)
 	want, err := direct.ListTools(context.Background(), nil)
 	require.NoError(t, err)
@@ -215,7 +215,7 @@ func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
 	defer cancel()
 	list, err := c.ListTools(ctx, mcpgomcp.ListToolsRequest{})
 	require.NoError(t, err)
-	mdirect, err := mcpgo.NewStdioMCPClient(os.Args[0], []string{"TF_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode})
+	mdirect, err := mcpgo.NewStdioMCPClient(os.Args[0], []string{"TOOLFENCE_TEST_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode})
 	require.NoError(t, err)
 	var init mcpgomcp.InitializeRequest
 	init.Params.ClientInfo = mcpgomcp.Implementation{Name: "direct", Version: "1"}
@@ -625,7 +625,7 @@ func TestHTTPDownstreamSessionEndKillsTheProcessGroup(t *testing.T) {
 	ended := make(chan string, 1)
 	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{
 		Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-			up, err := mcpproxy.StartUpstream(ctx, []string{"sh", "-c", `sleep 300 & echo $! > "$0"; exec env TF_ROLE=upstream TF_EFFECTS="$1" TF_MODE="$2" "$3"`,
+			up, err := mcpproxy.StartUpstream(ctx, []string{"sh", "-c", `sleep 300 & echo $! > "$0"; exec env TOOLFENCE_TEST_ROLE=upstream TF_EFFECTS="$1" TF_MODE="$2" "$3"`,
 				pidFile, w.effects, w.mode, os.Args[0]}, os.Stderr)
 			if err != nil {
 				return nil, nil, err

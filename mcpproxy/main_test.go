@@ -15,30 +15,20 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
 )
 
-// The test binary plays three roles, chosen by TF_ROLE: the tests (unset), the proxy
-// (a re-exec the host starts over stdio) and the upstream fixture (a re-exec the proxy starts).
+// The test binary plays these roles, chosen by testkit.RoleEnv (TOOLFENCE_TEST_ROLE): the
+// tests (unset), the proxy (a re-exec the host starts over stdio), the upstream fixture (a
+// re-exec the proxy starts) and the lock command; httpupstream is chosen in init.
 func TestMain(m *testing.M) {
-	switch os.Getenv("TF_ROLE") {
-	case "upstream":
-		runUpstream()
-		os.Exit(0)
-	case "proxy":
-		if err := runProxy(); err != nil {
-			fmt.Fprintln(os.Stderr, "proxy:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	case "lock":
-		if err := runLock(); err != nil {
-			fmt.Fprintln(os.Stderr, "lock:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testkit.RunRole(map[string]func() int{
+		"upstream": func() int { runUpstream(); return 0 },
+		"proxy":    testkit.RoleFunc("proxy", runProxy),
+		"lock":     testkit.RoleFunc("lock", runLock),
+	})
 	os.Exit(m.Run())
 }
 
@@ -224,7 +214,7 @@ func (c *taskConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 // runLock lists the fixture's tools as `toolfence proxy lock` does and writes the pins to
 // $TF_PINS.
 func runLock() error {
-	os.Setenv("TF_ROLE", "upstream")
+	os.Setenv(testkit.RoleEnv, "upstream")
 	up, err := mcpproxy.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
 	if err != nil {
 		return err
@@ -272,7 +262,7 @@ func runProxy() error {
 	if err != nil {
 		return err
 	}
-	os.Setenv("TF_ROLE", "upstream")
+	os.Setenv(testkit.RoleEnv, "upstream")
 	up, err := mcpproxy.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
 	if err != nil {
 		return err

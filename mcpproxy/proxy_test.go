@@ -49,7 +49,7 @@ func setup(t *testing.T, policy string) *bundle {
 func (b *bundle) setMode(m string) { require.NoError(b.t, os.WriteFile(b.mode, []byte(m), 0o600)) }
 
 func (b *bundle) env(role string) []string {
-	return append(os.Environ(), "TF_ROLE="+role, "TF_STORE="+b.store, "TF_EFFECTS="+b.effects, "TF_MODE="+b.mode, "TF_POLICY="+b.pol,
+	return append(os.Environ(), "TOOLFENCE_TEST_ROLE="+role, "TF_STORE="+b.store, "TF_EFFECTS="+b.effects, "TF_MODE="+b.mode, "TF_POLICY="+b.pol,
 		"TF_CATALOG="+b.catalog, "TF_TASK="+b.task, "TF_PINS="+b.pins)
 }
 

@@ -129,11 +129,11 @@ func (u *httpUpstream) handler(effects, modeFile string) http.Handler {
 	})
 }
 
-// The test binary is also an HTTP upstream process (TF_ROLE=httpupstream): it serves the
-// fixture's handler on a loopback port it prints on stdout, until it is killed. Chosen in
-// init, before TestMain.
+// The test binary is also an HTTP upstream process (TOOLFENCE_TEST_ROLE=httpupstream): it
+// serves the fixture's handler on a loopback port it prints on stdout, until it is killed.
+// Chosen in init, before TestMain.
 func init() {
-	if os.Getenv("TF_ROLE") != "httpupstream" {
+	if os.Getenv("TOOLFENCE_TEST_ROLE") != "httpupstream" {
 		return
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -153,7 +153,7 @@ func TestHTTPUpstreamProcessKilledMidCall(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "")
 	start := func() (*exec.Cmd, string) {
-		cmd := commandWithEnv(os.Args[0], "TF_ROLE=httpupstream", "TF_EFFECTS="+w.effects, "TF_MODE="+w.mode)
+		cmd := commandWithEnv(os.Args[0], "TOOLFENCE_TEST_ROLE=httpupstream", "TF_EFFECTS="+w.effects, "TF_MODE="+w.mode)
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		require.NoError(t, cmd.Start())

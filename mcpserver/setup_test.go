@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/internal/testkit/crashtest"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
@@ -48,11 +49,9 @@ const (
 var t0 = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
 func TestMain(m *testing.M) {
-	switch {
-	case crashtest.Role() != "":
+	testkit.RunRole(map[string]func() int{"serve": runServer})
+	if crashtest.Role() != "" {
 		os.Exit(m.Run()) // a crash child is killed: it cannot pass the leak check
-	case os.Getenv(serveEnv) != "":
-		os.Exit(runServer())
 	}
 	code := m.Run()
 	if code == 0 {

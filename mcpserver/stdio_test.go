@@ -15,13 +15,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpserver"
 )
 
-// serveEnv makes the test binary an MCP server on stdin/stdout, as `toolfence serve --stdio`
-// is: over the badger store and in the namespace named in the variable (JSON serveJob). The
-// stdio tests start it as their server process instead of building cmd/toolfence.
+// In the role "serve" (testkit.RoleEnv) the test binary is an MCP server on stdin/stdout, as
+// `toolfence serve --stdio` is: over the badger store and in the namespace that serveEnv
+// names (JSON serveJob). The stdio tests start it as their server process instead of
+// building cmd/toolfence.
 const serveEnv = "TOOLFENCE_MCPSERVER_TEST_SERVE"
 
 type serveJob struct {
@@ -67,14 +69,14 @@ func serveStdio(ctx context.Context, job serveJob) error {
 }
 
 // stdioServer returns the command line of a stdio MCP server over a badger store in dir:
-// this test binary, with the environment entry that makes it serve (see serveEnv).
+// this test binary, with the environment entries that make it serve (see serveEnv).
 func stdioServer(t *testing.T, dir, namespace string) (command string, args, env []string) {
 	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	job, err := json.Marshal(serveJob{Store: dir, Namespace: namespace})
 	require.NoError(t, err)
-	return exe, []string{"-test.run=^$"}, []string{serveEnv + "=" + string(job)}
+	return exe, []string{"-test.run=^$"}, []string{testkit.WithRole("serve"), serveEnv + "=" + string(job)}
 }
 
 // dialStdio starts a stdio MCP server over a store in dir (see stdioServer) and connects an
