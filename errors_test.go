@@ -2,16 +2,15 @@ package toolfence_test
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // sentinel is a package-level Err* variable of the module.
@@ -26,24 +25,7 @@ type sentinel struct {
 func sentinels(t *testing.T) []sentinel {
 	t.Helper()
 	var out []sentinel
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "node_modules") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
+	testkit.EachSourceFile(t, ".", nil, func(_ string, fset *token.FileSet, f *ast.File) {
 		for _, decl := range f.Decls {
 			gd, ok := decl.(*ast.GenDecl)
 			if !ok || gd.Tok != token.VAR {
@@ -75,9 +57,7 @@ func sentinels(t *testing.T) []sentinel {
 				}
 			}
 		}
-		return nil
 	})
-	require.NoError(t, err)
 	require.Greater(t, len(out), 40, "the walk found the module's sentinels")
 	return out
 }

@@ -2,15 +2,14 @@ package interceptor_test
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // TestViolationsAreBuiltHere: outside package interceptor no code builds an
@@ -24,28 +23,8 @@ func TestViolationsAreBuiltHere(t *testing.T) {
 	require.NoError(t, err)
 	self, err := filepath.Abs(".")
 	require.NoError(t, err)
-	fset := token.NewFileSet()
 	var found []string
-	checked := 0
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			name := d.Name()
-			if path == self || path != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "vendor") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
-		checked++
+	checked := testkit.EachSourceFile(t, root, []string{self}, func(_ string, fset *token.FileSet, f *ast.File) {
 		name := ""
 		for _, imp := range f.Imports {
 			if p, _ := strconv.Unquote(imp.Path.Value); p == pkg {
@@ -56,7 +35,7 @@ func TestViolationsAreBuiltHere(t *testing.T) {
 			}
 		}
 		if name == "" || name == "_" || name == "." {
-			return nil
+			return
 		}
 		isViolation := func(e ast.Expr) bool {
 			sel, ok := e.(*ast.SelectorExpr)
@@ -84,9 +63,7 @@ func TestViolationsAreBuiltHere(t *testing.T) {
 			}
 			return true
 		})
-		return nil
 	})
-	require.NoError(t, err)
 	require.Greater(t, checked, 50, "the walk must reach the module's packages")
 	require.Empty(t, found, "only package interceptor builds an interceptor.Violation; get it from Commit, Report, Begin, Resume or Renew")
 }

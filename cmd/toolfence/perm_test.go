@@ -4,12 +4,13 @@ package main
 
 import (
 	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // TestSquattedStoreDirRefused: user nobody creates the store directory first, mode 0777,
@@ -20,18 +21,7 @@ import (
 // under CI=true it fails: CI runs it as root.
 func TestSquattedStoreDirRefused(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root (to create a directory as user nobody); CI runs it as root")
-		}
-		t.Skip("needs root (to create a directory as user nobody)")
-	}
-	u, err := user.Lookup("nobody")
-	require.NoError(t, err)
-	uid, err := strconv.Atoi(u.Uid)
-	require.NoError(t, err)
-	gid, err := strconv.Atoi(u.Gid)
-	require.NoError(t, err)
+	uid, gid := testkit.Nobody(t, "to create a directory as user nobody")
 	tmp := filepath.Join(t.TempDir(), "tmp")
 	require.NoError(t, os.Mkdir(tmp, 0o700))
 	require.NoError(t, os.Chmod(tmp, 0o1777))
@@ -42,7 +32,7 @@ func TestSquattedStoreDirRefused(t *testing.T) {
 	require.NoError(t, os.Chown(squatted, uid, gid))
 	r := tf(t, nil, "serve", "--stdio", "--store", squatted)
 	require.Equal(t, 1, r.code, "%s", r)
-	require.Contains(t, r.stderr, "store directory "+squatted+" is owned by uid "+u.Uid+" (nobody) with mode 0777, not by you (uid 0")
+	require.Contains(t, r.stderr, "store directory "+squatted+" is owned by uid "+strconv.Itoa(uid)+" (nobody) with mode 0777, not by you (uid 0")
 	require.Contains(t, r.stderr, "chmod 0700")
 	entries, err := os.ReadDir(squatted)
 	require.NoError(t, err)

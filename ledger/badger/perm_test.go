@@ -4,40 +4,15 @@ package badger
 
 import (
 	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
-
-// needRoot skips a test that needs root (to mount, or to act as another user), except
-// under CI=true, where it fails: CI runs these as root.
-func needRoot(t *testing.T, why string) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("this test needs root (%s); CI runs it as root", why)
-	}
-	t.Skipf("needs root (%s)", why)
-}
-
-// nobody returns the uid and gid of user nobody, the other user of these tests.
-func nobody(t *testing.T) (uid, gid int) {
-	t.Helper()
-	needRoot(t, "create a directory as another user")
-	u, err := user.Lookup("nobody")
-	require.NoError(t, err)
-	uid, err = strconv.Atoi(u.Uid)
-	require.NoError(t, err)
-	gid, err = strconv.Atoi(u.Gid)
-	require.NoError(t, err)
-	return uid, gid
-}
 
 // worldWritable returns a new directory with mode 1777, like /tmp.
 func worldWritable(t *testing.T) string {
@@ -53,7 +28,7 @@ func worldWritable(t *testing.T) string {
 // nothing is written in it; so is a directory of ours that group or others can write.
 func TestOpenRefusesSquattedDir(t *testing.T) {
 	t.Parallel()
-	uid, gid := nobody(t)
+	uid, gid := testkit.Nobody(t, "create a directory as another user")
 	squatted := filepath.Join(worldWritable(t), "store")
 	require.NoError(t, os.Mkdir(squatted, 0o777))
 	require.NoError(t, os.Chmod(squatted, 0o777))
@@ -83,7 +58,7 @@ func TestOpenRefusesSquattedDir(t *testing.T) {
 // it points at a directory of ours (it could be swapped later).
 func TestOpenRefusesSymlinkOfOthers(t *testing.T) {
 	t.Parallel()
-	uid, gid := nobody(t)
+	uid, gid := testkit.Nobody(t, "create a directory as another user")
 	target := t.TempDir()
 	link := filepath.Join(worldWritable(t), "store")
 	require.NoError(t, os.Symlink(target, link))

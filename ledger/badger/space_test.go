@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/toolfence/toolfence/internal/testkit"
+
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/residual"
@@ -223,7 +225,7 @@ func runSpaceChild(t *testing.T, role, dir string, env ...string) string {
 // mountTmpfs mounts a tmpfs of size bytes on a new directory and unmounts it at cleanup.
 func mountTmpfs(t *testing.T, size int) string {
 	t.Helper()
-	needRoot(t, "mount a small tmpfs")
+	testkit.NeedRoot(t, "mount a small tmpfs")
 	mnt := filepath.Join(t.TempDir(), "fs")
 	require.NoError(t, os.Mkdir(mnt, 0o700))
 	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "tmpfs", mnt).CombinedOutput()

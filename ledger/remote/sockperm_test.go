@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/remote"
@@ -33,18 +34,7 @@ import (
 // nobodyUser returns the credential of user nobody.
 func nobodyUser(t *testing.T) *syscall.Credential {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root (to run a process as user nobody); CI runs it as root")
-		}
-		t.Skip("needs root (to run a process as user nobody)")
-	}
-	u, err := user.Lookup("nobody")
-	require.NoError(t, err)
-	uid, err := strconv.Atoi(u.Uid)
-	require.NoError(t, err)
-	gid, err := strconv.Atoi(u.Gid)
-	require.NoError(t, err)
+	uid, gid := testkit.Nobody(t, "to run a process as user nobody")
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 }
 
