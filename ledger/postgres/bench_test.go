@@ -81,8 +81,67 @@ func BenchmarkPostgresGuardedCall(b *testing.B) {
 	l := open(b, schema, postgres.Options{MaxConns: 1})
 	guardedCall(b, l, "warmup") // prepares the statements
 	settle(b, schema)
+	calls := 1
 	for i := 0; b.Loop(); i++ {
 		guardedCall(b, l, "seq:"+strconv.Itoa(i))
+		calls++
+	}
+	reportWrites(b, l, schema, calls)
+}
+
+// reportWrites closes l and reports what the guarded calls (calls of them, warm-up
+// included) wrote on schema, from PostgreSQL's statistics of the schema's tables
+// (pg_stat_user_tables) and its indexes (pg_index):
+//
+//   - index-entries/op: index entries written per call. An inserted row and an update that
+//     is not HOT add one entry to each full index of the table; a HOT update and a delete
+//     add none. A partial index takes only the row versions its predicate admits: here every
+//     insert is an open residual (admitted by the partial indexes of the open residuals) and
+//     every update settles one (not admitted), so a partial index counts the inserts alone.
+//   - heap-rows/op: row versions written per call (inserts and updates, every table).
+//   - HOT-%: the share of the residual table's updates that were HOT.
+//
+// Backends publish their counters when they go idle (at most once a second) and when they
+// exit, so the ledger's pool is closed first and the counters are read until the inserts
+// of every call show.
+func reportWrites(b *testing.B, l *postgres.Ledger, schema string, calls int) {
+	b.Helper()
+	b.StopTimer()
+	require.NoError(b, l.Close())
+	admin := adminConn(b, schema)
+	ctx := context.Background()
+	var entries, rows, upd, hot int64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var ins int64
+		entries, rows, upd, hot = 0, 0, 0, 0
+		r, err := admin.Query(ctx, `SELECT s.relname, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd,
+			(SELECT count(*) FROM pg_index i WHERE i.indrelid = s.relid AND i.indpred IS NULL),
+			(SELECT count(*) FROM pg_index i WHERE i.indrelid = s.relid AND i.indpred IS NOT NULL)
+		FROM pg_stat_user_tables s WHERE s.schemaname = $1`, schema)
+		require.NoError(b, err)
+		for r.Next() {
+			var name string
+			var ti, tu, th, full, partial int64
+			require.NoError(b, r.Scan(&name, &ti, &tu, &th, &full, &partial))
+			entries += (ti+tu-th)*full + ti*partial
+			rows += ti + tu
+			if name == "toolfence_residuals" {
+				ins, upd, hot = ti, tu, th
+			}
+		}
+		require.NoError(b, r.Err())
+		if ins >= int64(calls) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Logf("statistics show %d of %d reserves: no write figures", ins, calls)
+			return
+		}
+	}
+	b.ReportMetric(float64(entries)/float64(calls), "index-entries/op")
+	b.ReportMetric(float64(rows)/float64(calls), "heap-rows/op")
+	if upd > 0 {
+		b.ReportMetric(100*float64(hot)/float64(upd), "HOT-%")
 	}
 }
 
@@ -184,6 +243,7 @@ func BenchmarkPostgresGuardedCallParallel(b *testing.B) {
 					guardedCall(b, l, "par:"+strconv.FormatInt(n.Add(1), 10))
 				}
 			})
+			reportWrites(b, l, schema, 3*callers+int(n.Load()))
 		})
 	}
 }

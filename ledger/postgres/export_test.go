@@ -9,3 +9,6 @@ func ListQuery(p ledger.ListParams) (string, []any) {
 
 // BarrierSQL is the statement a retried write waits on before it answers.
 const BarrierSQL = barrierSQL
+
+// OpenSQL is the statement OpenResiduals runs ($1: offset µs).
+var OpenSQL = openSQL

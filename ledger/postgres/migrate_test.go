@@ -397,26 +397,33 @@ func indexes(t *testing.T, conn *pgx.Conn, schema string) []string {
 	return names(t, conn, `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'toolfence_residuals' ORDER BY 1`, schema)
 }
 
-// Migration 0005 adds the filter indexes and its down removes exactly them; the listing
-// works at either version.
+// Migration 0005 adds the filter indexes and its down removes exactly them; 0006 drops
+// 0004's index of the open residuals (0005's serves the gauges) and its down brings it
+// back; the listing works at every version.
 func TestMigrationFilterIndexesUpDown(t *testing.T) {
 	t.Parallel()
 	schema, opts := migrated(t)
 	ctx := context.Background()
 	admin := adminConn(t, schema)
+	latest := []string{"toolfence_residuals_open_key", "toolfence_residuals_operation", "toolfence_residuals_pkey",
+		"toolfence_residuals_target", "toolfence_residuals_task"}
+	require.Equal(t, latest, indexes(t, admin, schema))
 	before := []string{"toolfence_residuals_open", "toolfence_residuals_pkey"}
-	filters := []string{"toolfence_residuals_open_key", "toolfence_residuals_operation", "toolfence_residuals_target", "toolfence_residuals_task"}
-	require.ElementsMatch(t, append(append([]string{}, before...), filters...), indexes(t, admin, schema))
 
-	from, to, err := postgres.MigrateDown(ctx, testDSN(), 4, postgres.DownOptions{Options: opts})
+	from, to, err := postgres.MigrateDown(ctx, testDSN(), 5, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
-	require.Equal(t, [2]int{postgres.LatestVersion(), 4}, [2]int{from, to})
+	require.Equal(t, [2]int{postgres.LatestVersion(), 5}, [2]int{from, to})
+	require.ElementsMatch(t, append([]string{"toolfence_residuals_open"}, latest...), indexes(t, admin, schema),
+		"down to 5 brings 0004's index back")
+	from, to, err = postgres.MigrateDown(ctx, testDSN(), 4, postgres.DownOptions{Options: opts})
+	require.NoError(t, err)
+	require.Equal(t, [2]int{5, 4}, [2]int{from, to})
 	require.Equal(t, before, indexes(t, admin, schema), "down to 4 drops the filter indexes only")
 
 	from, to, err = postgres.Migrate(ctx, testDSN(), opts)
 	require.NoError(t, err)
 	require.Equal(t, [2]int{4, postgres.LatestVersion()}, [2]int{from, to})
-	require.ElementsMatch(t, append(append([]string{}, before...), filters...), indexes(t, admin, schema))
+	require.Equal(t, latest, indexes(t, admin, schema))
 
 	l := open(t, schema, postgres.Options{})
 	p := params("after-down-up", "h")

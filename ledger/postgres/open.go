@@ -21,15 +21,16 @@ func (l *Ledger) Describe() ledger.Description {
 	return ledger.Description{System: "postgresql", Namespace: l.conn.Database + "|" + l.schema, Collection: "toolfence_residuals", Remote: true}
 }
 
-// openSQL counts open residuals by effective state through the partial index of migration
-// 0004 ($1: offset µs).
+// openSQL counts open residuals by effective state through the partial index of the open
+// residuals (namespace, key) of migration 0005, which reads the open rows only, never the
+// settled ones ($1: offset µs).
 var openSQL = `SELECT s, count(*), min(att_started) FROM (
 	SELECT ` + effectiveSQL + ` AS s, r.att_started FROM toolfence_residuals r, (SELECT ` + now(1) + ` AS now) c
 	WHERE r.state IN ('pending', 'unknown', 'accepted')) o
 GROUP BY s`
 
 // OpenResiduals implements ledger.OpenCounter with one statement over the partial index of
-// open residuals (migration 0004), at the server's clock.
+// open residuals (migration 0005), at the server's clock.
 func (l *Ledger) OpenResiduals(ctx context.Context) ([]ledger.OpenCount, error) {
 	if err := l.check(); err != nil {
 		return nil, err

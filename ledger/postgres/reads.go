@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,15 +81,47 @@ WHERE r.namespace = $1 AND r.key > $2`)
 			b.WriteString("'" + string(s) + "'")
 		}
 		b.WriteString(")")
-		states := make([]string, 0, len(p.States))
-		for _, s := range p.States {
-			states = append(states, string(s))
+		// With every open state asked for, each stored state above reads as one that is
+		// asked for (a stored pending reads as pending or unknown): the effective state
+		// needs no check, and without one the planner estimates the open rows from the
+		// index alone, so it reads the open index in key order and stops at the page.
+		if !allOpen(p.States) {
+			b.WriteString(" AND " + effectiveIn(p.States))
 		}
-		args = append(args, states)
-		fmt.Fprintf(&b, " AND %s = ANY($%d::text[])", effectiveSQL, len(args))
 	}
 	b.WriteString(" ORDER BY r.key LIMIT $3")
 	return b.String(), args
+}
+
+// effectiveIn is the SQL condition that the effective state of row r at c.now is one of
+// want, as residual.EffectiveState and effectiveSQL decide it (a pending residual whose
+// attempt is over or whose lease ran out reads as unknown), written as conditions on the
+// columns rather than one CASE expression, so that the planner estimates how many rows
+// qualify from the columns' statistics (it cannot for a CASE, and guessing few, it would
+// rather scan and sort than read an index in key order up to the page).
+func effectiveIn(want []residual.State) string {
+	const live = `(r.att_outcome = '' AND NOT r.att_released AND r.att_lease_expires > c.now)`
+	var terms []string
+	switch p, u := slices.Contains(want, residual.Pending), slices.Contains(want, residual.Unknown); {
+	case p && u:
+		terms = append(terms, `r.state = 'pending'`)
+	case p:
+		terms = append(terms, `(r.state = 'pending' AND `+live+`)`)
+	case u:
+		terms = append(terms, `(r.state = 'pending' AND NOT `+live+`)`)
+	}
+	for _, s := range residual.States {
+		if s != residual.Pending && slices.Contains(want, s) {
+			terms = append(terms, `r.state = '`+string(s)+`'`)
+		}
+	}
+	return "(" + strings.Join(terms, " OR ") + ")"
+}
+
+// allOpen reports whether states holds every open state (pending, unknown, accepted).
+func allOpen(states []residual.State) bool {
+	return slices.Contains(states, residual.Pending) && slices.Contains(states, residual.Unknown) &&
+		slices.Contains(states, residual.Accepted)
 }
 
 // storedStates returns the stored states whose rows can have one of the effective states

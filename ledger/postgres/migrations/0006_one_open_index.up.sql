@@ -1,0 +1,14 @@
+-- 0006: one index of the open residuals instead of two. 0004's (state, att_started) and
+-- 0005's (namespace, key) are both partial over the open states; the gauges (OpenResiduals)
+-- read the open residuals through 0005's as well as through 0004's, so 0004's goes.
+--
+-- What it saves writers: a reservation inserts one index entry less (five instead of six),
+-- and every insert and every update that is not HOT evaluates one partial-index predicate
+-- less (PostgreSQL prepares each predicate anew in every statement). Commits that settle a
+-- residual stay non-HOT (the index left names the state): each still writes an entry in
+-- the primary key and the three filter indexes. docs/benchmarks.md has the figures, and the
+-- designs measured against this one (a table of open keys, all filter indexes partial, a
+-- full index on the state), which cost writers more.
+--
+-- Idempotent.
+DROP INDEX IF EXISTS toolfence_residuals_open;
