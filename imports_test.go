@@ -51,14 +51,18 @@ var allowed = map[string][]string{
 	"httpguard": {"interceptor", "ledger", "residual"},
 	"consumer":  {"interceptor"},
 	"mcpserver": {"interceptor", "internal/httpserve", "internal/mcptrace", "lease", "ledger", "mcpwire", "residual"},
-	"mcpproxy":  {"interceptor", "internal/httpserve", "internal/mcptrace", "jsonptr", "lease", "mcpwire", "residual"},
+	"mcpproxy":  {"interceptor", "internal/httpserve", "internal/mcptrace", "jsonptr", "lease", "mcpproxy/policy", "mcpproxy/transport", "mcpwire", "residual"},
+	// The proxy's pure policy language (interceptor only for ErrInvalidOptions) and its
+	// transports, which import nothing of the module.
+	"mcpproxy/policy":    {"interceptor", "jsonptr", "residual"},
+	"mcpproxy/transport": {},
 
 	"mcpproxy/interop":   {},
 	"docs/observability": {},
 	"evals/baselines":    {},
 	"evals":              {"evals/baselines", "interceptor", "examples/payments", "ledger", "ledger/badger", "ledger/postgres", "mcpwire", "residual"},
 	"cmd/toolfence": {"evals", "interceptor", "cmd/toolfence/internal/demo", "internal/httpserve", "evals/jepsen", "lease", "ledger",
-		"ledger/badger", "ledger/postgres", "ledger/remote", "mcpproxy", "mcpserver", "mcpwire", "residual"},
+		"ledger/badger", "ledger/postgres", "ledger/remote", "mcpproxy", "mcpproxy/policy", "mcpproxy/transport", "mcpserver", "mcpwire", "residual"},
 
 	"examples/agents":             {},
 	"examples/agents/email":       {"interceptor", "examples/scripted", "ledger/badger", "tools"},

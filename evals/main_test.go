@@ -13,6 +13,7 @@ import (
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 // roleEnv makes the test binary act as a worker or the sink when it re-executes itself.
@@ -76,12 +77,12 @@ func testProxyMain(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	up, err := mcpproxy.StartUpstream(context.Background(), fs.Args(), os.Stderr)
+	up, err := transport.StartUpstream(context.Background(), fs.Args(), os.Stderr)
 	if err != nil {
 		return fail(err)
 	}
 	defer up.Close()
-	if err := p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn()); err != nil {
+	if err := p.Serve(context.Background(), transport.Stdio(os.Stdin, os.Stdout), up.Conn()); err != nil {
 		return fail(err)
 	}
 	return 0

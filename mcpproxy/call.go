@@ -14,6 +14,8 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/jsonptr"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -70,7 +72,7 @@ func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
 	}
 	params := c.params
 	info := lookupTool(cat, params.Name)
-	if d := s.p.cfg.Policy.decide(params.Name, info); d.protect || s.pinRefusal(params.Name, info, d) != "" {
+	if d := s.p.cfg.Policy.Decide(params.Name, info); d.Protect || s.pinRefusal(params.Name, info, d) != "" {
 		return false
 	}
 	ctx, span := s.p.startCall(ctx, c.req.ID, params)
@@ -112,18 +114,18 @@ func (s *session) call(ctx context.Context, c hostCall) {
 		return
 	}
 	info := lookupTool(cat, params.Name)
-	d := s.p.cfg.Policy.decide(params.Name, info)
+	d := s.p.cfg.Policy.Decide(params.Name, info)
 	if st := s.pinRefusal(params.Name, info, d); st != "" {
 		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
 		answer(refusal(params.Name, mcpwire.KindPin, pinRefusal(params.Name, st)))
 		return
 	}
-	if !d.protect {
+	if !d.Protect {
 		resp = s.relay(ctx, req, params.Name, span)
 		return
 	}
 	if pins := s.p.cfg.Pins; pins != nil {
-		if st := pins.status(params.Name, info); st != "ok" {
+		if st := pins.Status(params.Name, info); st != "ok" {
 			s.p.log.Warn("toolfence proxy: call refused: the tool definition does not match its pin", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
 			answer(refusal(params.Name, mcpwire.KindPin, pinRefusal(params.Name, st)))
 			return
@@ -140,7 +142,7 @@ func (s *session) call(ctx context.Context, c hostCall) {
 		s.mu.Unlock()
 		cancel(nil)
 	}()
-	resp = s.guard(callCtx, req, params, d.rule)
+	resp = s.guard(callCtx, req, params, d.Rule)
 }
 
 // paramKeys are the keys of tools/call params the proxy reads.
@@ -184,7 +186,7 @@ func checkParamKeys(params json.RawMessage) error {
 }
 
 // lookupTool is the upstream's definition of the named tool; nil when the list lacks it.
-func lookupTool(cat map[string]toolInfo, name string) *toolInfo {
+func lookupTool(cat map[string]policy.ToolInfo, name string) *policy.ToolInfo {
 	if t, ok := cat[name]; ok {
 		return &t
 	}
@@ -196,15 +198,15 @@ func lookupTool(cat map[string]toolInfo, name string) *toolInfo {
 // changed since it was locked (say, annotated read-only now) must not turn a protected tool
 // into a relayed one. Only the policy file's explicit bypass skips the check. (A protected
 // call's pin is checked by call itself.)
-func (s *session) pinRefusal(name string, info *toolInfo, d decision) string {
+func (s *session) pinRefusal(name string, info *policy.ToolInfo, d policy.Decision) string {
 	pins := s.p.cfg.Pins
-	if pins == nil || d.protect || s.p.cfg.Policy.explicitBypass(name) {
+	if pins == nil || d.Protect || s.p.cfg.Policy.ExplicitBypass(name) {
 		return ""
 	}
-	if _, pinned := pins.pinned(name); !pinned {
+	if _, pinned := pins.Pinned(name); !pinned {
 		return ""
 	}
-	if st := pins.status(name, info); st != "ok" {
+	if st := pins.Status(name, info); st != "ok" {
 		return st
 	}
 	return ""
@@ -233,7 +235,7 @@ func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
 
 // guard runs one protected call through the barrier and returns the host's answer (with the
 // host's id): Begin, dispatch upstream once, classify, Report.
-func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule ToolPolicy) *jsonrpc.Response {
+func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule policy.Rule) *jsonrpc.Response {
 	p := s.p
 	refuse := func(kind mcpwire.Kind, text string) *jsonrpc.Response {
 		p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name) // text may quote arguments
@@ -325,7 +327,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, err)}
 }
 
-func cmpDur(a Duration, b time.Duration) time.Duration {
+func cmpDur(a policy.Duration, b time.Duration) time.Duration {
 	if a != 0 {
 		return time.Duration(a)
 	}
@@ -333,7 +335,7 @@ func cmpDur(a Duration, b time.Duration) time.Duration {
 }
 
 // target is the call's target: the policy's pointers into args, else the digest of args.
-func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (string, error) {
+func (p *Proxy) target(tool string, rule policy.Rule, args json.RawMessage) (string, error) {
 	if len(rule.Target) > 0 {
 		return jsonptr.Target(tool, rule.Target, args)
 	}
@@ -353,7 +355,7 @@ func (p *Proxy) target(tool string, rule ToolPolicy, args json.RawMessage) (stri
 // text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
 // task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a
 // no_effect code, or an HTTP upstream the proxy could not connect to (nothing sent) → failed; any other error, no answer, a timeout or a cancellation → unknown.
-func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
+func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
 	if resp == nil {
 		return interceptor.Report{Outcome: residual.Unknown, Error: fmt.Sprintf("no answer from upstream: %v", callErr)}
 	}
@@ -364,9 +366,9 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 		if errors.As(resp.Error, &we) {
 			rep.Error = fmt.Sprintf("JSON-RPC error %d: %s", we.Code, we.Message)
 			switch {
-			case we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.hasCode(we.Code):
+			case we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.HasCode(we.Code):
 				rep.Outcome = residual.Failed
-			case notSent(we):
+			case transport.NotSent(we):
 				rep.Outcome = residual.Failed
 				rep.Error = "the HTTP upstream could not be reached, nothing was sent: " + we.Message
 			}
@@ -402,7 +404,7 @@ func classify(rule NoEffect, resp *jsonrpc.Response, callErr error) interceptor.
 		}
 	}
 	joined := strings.Join(text, "\n")
-	if rule.matches(joined) {
+	if rule.Matches(joined) {
 		return interceptor.Report{Outcome: residual.Failed, Body: resp.Result, Error: "isError result matching a no_effect pattern: " + joined}
 	}
 	return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "isError result: " + joined}

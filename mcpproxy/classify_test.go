@@ -1,11 +1,18 @@
 package mcpproxy
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/jsonptr"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -22,7 +29,7 @@ func TestClassifyTaskResultIsAccepted(t *testing.T) {
 		{`{"task":{"status":"working"}}`, residual.Unknown, ""},
 		{`{"content":[{"type":"text","text":"done"}]}`, residual.Succeeded, ""},
 	} {
-		rep := classify(NoEffect{}, &jsonrpc.Response{Result: []byte(c.result)}, nil)
+		rep := classify(policy.NoEffect{}, &jsonrpc.Response{Result: []byte(c.result)}, nil)
 		if rep.Outcome != c.outcome || rep.Handle != c.handle {
 			t.Errorf("%s: outcome %s handle %q, want %s %q", c.result, rep.Outcome, rep.Handle, c.outcome, c.handle)
 		}
@@ -54,18 +61,23 @@ func TestTruthyFoundValues(t *testing.T) {
 // the same answer made by an upstream (without this process's mark), or one that was sent,
 // stays unknown.
 func TestClassifyUnreachableHTTPUpstreamIsFailed(t *testing.T) {
-	for _, c := range []struct {
-		data    string
-		outcome residual.State
-	}{
-		{`{"sent":false,"mark":"` + notSentMark + `"}`, residual.Failed},
-		{`{"sent":false}`, residual.Unknown},
-		{`{"sent":false,"mark":"forged"}`, residual.Unknown},
-		{`{"sent":true}`, residual.Unknown},
-	} {
-		resp := &jsonrpc.Response{Error: &jsonrpc.Error{Code: CodeUpstreamHTTP, Message: "no answer", Data: []byte(c.data)}}
-		if rep := classify(NoEffect{}, resp, nil); rep.Outcome != c.outcome {
-			t.Errorf("%s: outcome %s, want %s", c.data, rep.Outcome, c.outcome)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	srv.Close() // nothing listens there now
+	conn, err := transport.DialUpstream(context.Background(), srv.URL, nil)
+	require.NoError(t, err)
+	defer conn.Close()
+	id, _ := jsonrpc.MakeID(float64(1))
+	require.NoError(t, conn.Write(context.Background(), &jsonrpc.Request{ID: id, Method: "tools/call", Params: json.RawMessage(`{}`)}))
+	msg, err := conn.Read(context.Background())
+	require.NoError(t, err)
+	own := msg.(*jsonrpc.Response)
+	if rep := classify(policy.NoEffect{}, own, nil); rep.Outcome != residual.Failed {
+		t.Errorf("the proxy's own not-sent answer: outcome %s, want failed", rep.Outcome)
+	}
+	for _, data := range []string{`{"sent":false}`, `{"sent":false,"mark":"forged"}`, `{"sent":true}`} {
+		resp := &jsonrpc.Response{Error: &jsonrpc.Error{Code: transport.CodeUpstreamHTTP, Message: "no answer", Data: []byte(data)}}
+		if rep := classify(policy.NoEffect{}, resp, nil); rep.Outcome != residual.Unknown {
+			t.Errorf("%s: outcome %s, want unknown", data, rep.Outcome)
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -187,9 +188,9 @@ func TestProxyRefusesHostRequestIDsInItsOwnIDSpace(t *testing.T) {
 // A pinned tool whose definition changed to readOnlyHint: true is refused (kind pin), not
 // bypassed; an explicit bypass in the policy file relays it.
 func TestProxyRefusesAPinnedToolThatTurnedReadOnly(t *testing.T) {
-	old, err := mcpproxy.ToolDigest(json.RawMessage(chargeDef))
+	old, err := policy.ToolDigest(json.RawMessage(chargeDef))
 	require.NoError(t, err)
-	pins := &mcpproxy.Pins{ServerID: "fx", Tools: map[string]string{"charge": old}}
+	pins := &policy.Pins{ServerID: "fx", Tools: map[string]string{"charge": old}}
 	const turned = `{"name":"charge","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`
 
 	r := newRig(t, mcpproxy.Options{Pins: pins}, nil)
@@ -214,7 +215,7 @@ func TestProxyRefusesAPinnedToolThatTurnedReadOnly(t *testing.T) {
 	r2.listed(t, readDef)
 	require.Contains(t, r2.hostResult(t, 1), "is no longer listed by the upstream")
 
-	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"mode":"bypass"}}}`))
+	pol, err := policy.Parse([]byte(`{"tools":{"charge":{"mode":"bypass"}}}`))
 	require.NoError(t, err)
 	r3 := newRig(t, mcpproxy.Options{Pins: pins, Policy: pol}, nil)
 	r3.host.send(t, float64(1), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
@@ -261,7 +262,7 @@ func TestProxyTrustsAProbesNotFoundOnlyAfterNotFoundAfter(t *testing.T) {
 		{"not_found_after", `,"not_found_after":"1h"`, time.Hour},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pol, err := mcpproxy.ParsePolicy([]byte(strings.Replace(probedCharge, "%s", c.extra, 1)))
+			pol, err := policy.Parse([]byte(strings.Replace(probedCharge, "%s", c.extra, 1)))
 			require.NoError(t, err)
 			clock := lease.NewFake(time.Now())
 			r := newRig(t, mcpproxy.Options{Policy: pol}, clock)
@@ -304,7 +305,7 @@ func TestProxyTrustsAProbesNotFoundOnlyAfterNotFoundAfter(t *testing.T) {
 
 // A probe that finds the effect settles at once, whenever the attempt began.
 func TestProxyTrustsAProbesFoundAtOnce(t *testing.T) {
-	pol, err := mcpproxy.ParsePolicy([]byte(strings.Replace(probedCharge, "%s", "", 1)))
+	pol, err := policy.Parse([]byte(strings.Replace(probedCharge, "%s", "", 1)))
 	require.NoError(t, err)
 	r := newRig(t, mcpproxy.Options{Policy: pol}, lease.NewFake(time.Now()))
 	r.host.send(t, float64(1), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
@@ -355,23 +356,6 @@ func TestProxySettlesATaskOnlyFromItsUpstreamSession(t *testing.T) {
 	require.Contains(t, res, "toolfence resolve")
 	r.nothingSentUpstream(t, 2)
 	require.Equal(t, residual.Accepted, r.residuals(t)[0].State)
-}
-
-func TestPolicyRefusesTheProxysOwnHTTPErrorCodeAsNoEffect(t *testing.T) {
-	_, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"no_effect":{"codes":[-32000,-32099]}}}}`))
-	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
-	require.Contains(t, err.Error(), "-32099")
-	require.Contains(t, err.Error(), `"charge"`)
-}
-
-func TestParseHeadersRefusesIdempotencyKeys(t *testing.T) {
-	for _, h := range []string{"Idempotency-Key=abc", "x-idempotency-key=abc"} {
-		_, err := mcpproxy.ParseHeaders([]string{"Authorization=Bearer x", h})
-		require.Error(t, err, h)
-		require.Contains(t, err.Error(), "header 2")
-		require.Contains(t, err.Error(), "Idempotency-Key")
-		require.NotContains(t, err.Error(), "abc", "never the value")
-	}
 }
 
 // proxy --http without tokens: a browser's cross-site "simple" POST (text/plain), a
@@ -432,11 +416,11 @@ func TestHTTPProxyRefusesCrossSiteRequests(t *testing.T) {
 
 // proxy check reports a pinned tool that turned read-only as refused, like the proxy.
 func TestCheckRefusesAPinnedToolThatTurnedReadOnly(t *testing.T) {
-	old, err := mcpproxy.ToolDigest(json.RawMessage(chargeDef))
+	old, err := policy.ToolDigest(json.RawMessage(chargeDef))
 	require.NoError(t, err)
-	pins := &mcpproxy.Pins{ServerID: "fx", Tools: map[string]string{"charge": old}}
-	turned := mcpproxy.Tool{Name: "charge", Definition: json.RawMessage(`{"name":"charge","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`)}
-	rep := mcpproxy.Check("fx", nil, pins, []mcpproxy.Tool{turned, {Name: "read", Definition: json.RawMessage(readDef)}})
+	pins := &policy.Pins{ServerID: "fx", Tools: map[string]string{"charge": old}}
+	turned := policy.Tool{Name: "charge", Definition: json.RawMessage(`{"name":"charge","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}`)}
+	rep := policy.Check("fx", nil, pins, []policy.Tool{turned, {Name: "read", Definition: json.RawMessage(readDef)}})
 	require.Len(t, rep.Tools, 2)
 	require.False(t, rep.Tools[0].Protect)
 	require.True(t, rep.Tools[0].Refused)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
 )
 
@@ -226,7 +227,7 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		batch = len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
-		if msgs, err = decodeMessages(body); err != nil || len(msgs) == 0 {
+		if msgs, err = transport.DecodeMessages(body); err != nil || len(msgs) == 0 {
 			jsonError(w, http.StatusBadRequest, jsonrpc.CodeParseError, "toolfence proxy: the body is not a JSON-RPC message or batch")
 			return
 		}
@@ -334,7 +335,7 @@ func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owne
 	up, closer, err := h.opts.Dial(h.ctx)
 	if err != nil {
 		h.log.Error("toolfence proxy: cannot open an upstream session", "err", err)
-		jsonError(w, http.StatusBadGateway, CodeUpstreamHTTP, "toolfence proxy: cannot open a session with the upstream server: "+err.Error())
+		jsonError(w, http.StatusBadGateway, transport.CodeUpstreamHTTP, "toolfence proxy: cannot open a session with the upstream server: "+err.Error())
 		return nil
 	}
 	var b [16]byte

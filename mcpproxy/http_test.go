@@ -30,6 +30,7 @@ import (
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -109,7 +110,7 @@ func (w *world) host(up mcp.Connection, opts *mcp.ClientOptions) *mcp.ClientSess
 // and sends its pid on pids.
 func (w *world) stdioDial(pids chan<- int) mcpproxy.Dialer {
 	return func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-		up, err := mcpproxy.StartUpstream(ctx, []string{"env", "TOOLFENCE_TEST_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode, os.Args[0]}, os.Stderr)
+		up, err := transport.StartUpstream(ctx, []string{"env", "TOOLFENCE_TEST_ROLE=upstream", "TF_EFFECTS=" + w.effects, "TF_MODE=" + w.mode, os.Args[0]}, os.Stderr)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -366,7 +367,7 @@ func TestHTTPEndToEndCancellation(t *testing.T) {
 	w := newWorld(t, "")
 	up := newHTTPUpstream(t, w.effects, w.mode)
 	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
+		c, err := transport.DialUpstream(ctx, up.srv.URL, nil)
 		return c, c, err
 	}}, map[string]string{tokenA: "default"})
 	progress := make(chan struct{}, 1)
@@ -415,7 +416,7 @@ func TestHTTPNotificationsReachHosts(t *testing.T) {
 	w := newWorld(t, "")
 	up := newHTTPUpstream(t, w.effects, w.mode)
 	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
+		c, err := transport.DialUpstream(ctx, up.srv.URL, nil)
 		return c, c, err
 	}}, map[string]string{tokenA: "default"})
 	// wait returns once ch has given want; what it gives meanwhile is kept for later waits
@@ -581,7 +582,7 @@ func TestHTTPServerCloseStopsEverything(t *testing.T) {
 	up := newHTTPUpstream(t, w.effects, w.mode)
 	ignore := goleak.IgnoreCurrent()
 	for _, dial := range []mcpproxy.Dialer{w.stdioDial(nil), func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-		c, err := mcpproxy.DialUpstream(ctx, up.srv.URL, nil)
+		c, err := transport.DialUpstream(ctx, up.srv.URL, nil)
 		return c, c, err
 	}} {
 		var tokens mcpwire.Tokens
@@ -625,7 +626,7 @@ func TestHTTPDownstreamSessionEndKillsTheProcessGroup(t *testing.T) {
 	ended := make(chan string, 1)
 	url, _ := w.serveHTTP(mcpproxy.HTTPOptions{
 		Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
-			up, err := mcpproxy.StartUpstream(ctx, []string{"sh", "-c", `sleep 300 & echo $! > "$0"; exec env TOOLFENCE_TEST_ROLE=upstream TF_EFFECTS="$1" TF_MODE="$2" "$3"`,
+			up, err := transport.StartUpstream(ctx, []string{"sh", "-c", `sleep 300 & echo $! > "$0"; exec env TOOLFENCE_TEST_ROLE=upstream TF_EFFECTS="$1" TF_MODE="$2" "$3"`,
 				pidFile, w.effects, w.mode, os.Args[0]}, os.Stderr)
 			if err != nil {
 				return nil, nil, err

@@ -18,6 +18,8 @@ import (
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 // The test binary plays these roles, chosen by testkit.RoleEnv (TOOLFENCE_TEST_ROLE): the
@@ -215,7 +217,7 @@ func (c *taskConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 // $TF_PINS.
 func runLock() error {
 	os.Setenv(testkit.RoleEnv, "upstream")
-	up, err := mcpproxy.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
+	up, err := transport.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -226,7 +228,7 @@ func runLock() error {
 	if err != nil {
 		return err
 	}
-	pins, err := mcpproxy.Lock("fixture", list)
+	pins, err := policy.Lock("fixture", list)
 	if err != nil {
 		return err
 	}
@@ -263,10 +265,10 @@ func runProxy() error {
 		return err
 	}
 	os.Setenv(testkit.RoleEnv, "upstream")
-	up, err := mcpproxy.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
+	up, err := transport.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
 	if err != nil {
 		return err
 	}
 	defer up.Close()
-	return p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn())
+	return p.Serve(context.Background(), transport.Stdio(os.Stdin, os.Stdout), up.Conn())
 }

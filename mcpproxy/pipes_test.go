@@ -13,6 +13,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 // pipeSession is one proxy session served over real pipes, as `toolfence proxy` serves a host
@@ -55,7 +56,7 @@ func newPipeSession(t *testing.T, iopts interceptor.Options, popts mcpproxy.Opti
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, mcpproxy.Stdio(hostIn, s.proxyOut), mcpproxy.Stdio(fromUp, s.toUp)) }()
+	go func() { served <- p.Serve(ctx, transport.Stdio(hostIn, s.proxyOut), transport.Stdio(fromUp, s.toUp)) }()
 	s.served = served
 	return s
 }

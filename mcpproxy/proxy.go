@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,21 +21,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 // DefaultTimeout is how long the proxy waits for upstream's answer to a protected call.
 const DefaultTimeout = 2 * time.Minute
-
-var serverIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
-// CheckServerID returns an error when id is not a valid server id (Options.ServerID): 1-64
-// letters, digits, '.', '_' or '-', starting with a letter or digit.
-func CheckServerID(id string) error {
-	if !serverIDPattern.MatchString(id) {
-		return fmt.Errorf("mcpproxy: server id %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
-	}
-	return nil
-}
 
 // Options configure a Proxy.
 type Options struct {
@@ -47,7 +37,7 @@ type Options struct {
 	// DefaultTask(ServerID): the same across host and proxy restarts.
 	Task string
 	// Policy decides which tools are protected and how. Defaults to the zero Policy.
-	Policy *Policy
+	Policy *policy.Policy
 	// Timeout bounds the wait for upstream's answer to a protected call (a tool's policy may
 	// set its own). Defaults to DefaultTimeout.
 	Timeout time.Duration
@@ -57,7 +47,7 @@ type Options struct {
 	// Pins, when set, are the catalog pins (LoadPins): a protected tool whose definition
 	// upstream differs from its pin, or has none, is refused (mcpwire.KindPin) and nothing is sent.
 	// Nil: definitions are not checked.
-	Pins *Pins
+	Pins *policy.Pins
 }
 
 // DefaultTask returns the task of calls through a proxy for serverID when neither the call's
@@ -82,7 +72,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if ic == nil {
 		return nil, errors.New("mcpproxy: nil interceptor")
 	}
-	if err := CheckServerID(cfg.ServerID); err != nil {
+	if err := policy.CheckServerID(cfg.ServerID); err != nil {
 		return nil, err
 	}
 	if cfg.Timeout < 0 {
@@ -91,17 +81,19 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	cfg.Task = cmp.Or(cfg.Task, DefaultTask(cfg.ServerID))
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	if cfg.Policy == nil {
-		cfg.Policy = &Policy{}
+		cfg.Policy = &policy.Policy{}
 	}
-	if cfg.Pins != nil && cfg.Pins.ServerID != cfg.ServerID {
-		return nil, pinsErr("the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", cfg.Pins.ServerID, cfg.ServerID, cfg.ServerID)
+	if cfg.Pins != nil {
+		if err := cfg.Pins.CheckServer(cfg.ServerID); err != nil {
+			return nil, err
+		}
 	}
 	if err := cfg.Policy.CheckLeases(ic.Settings().Margin); err != nil {
 		return nil, err
 	}
 	// A tool whose upstream deduplicates by our key may be dispatched again over an unknown
 	// outcome, under the same key: the interceptor's barrier decides that (Redispatch).
-	for _, name := range cfg.Policy.names() {
+	for _, name := range cfg.Policy.Names() {
 		if cfg.Policy.Tools[name].Key == nil {
 			continue
 		}
@@ -109,7 +101,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		reg := ic.Operation(op)
 		reg.UpstreamIdempotent = true
 		if err := ic.Register(op, reg); err != nil {
-			return nil, policyErr("tool %q: %w", name, err)
+			return nil, policy.Errorf("tool %q: %w", name, err)
 		}
 	}
 	log := cfg.Logger
@@ -186,7 +178,7 @@ type session struct {
 	calls   map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
 	relayed map[string]trace.Span              // host id of a bypassed call → its span, until upstream answers
 	late    map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
-	catalog map[string]toolInfo                // nil until fetched; reset on list_changed
+	catalog map[string]policy.ToolInfo         // nil until fetched; reset on list_changed
 	catErr  error
 	catGen  uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
 	ending  bool   // Serve is ending: no new call starts (wg.Add only while false, under mu)
@@ -195,11 +187,11 @@ type session struct {
 func (s *session) readDownstream(ctx context.Context) error {
 	for {
 		msg, err := s.down.Read(ctx)
-		var bad *badLineError
+		var bad *transport.BadLineError
 		if errors.As(err, &bad) {
 			// As the official SDKs' stdio servers do, the session ends: a request in that
 			// line could not be answered (no id can be read from it).
-			return fmt.Errorf("mcpproxy: the host sent a line that is not a JSON-RPC message: %w (line %q)", err, bad.head())
+			return fmt.Errorf("mcpproxy: the host sent a line that is not a JSON-RPC message: %w (line %q)", err, bad.Head())
 		}
 		if err != nil {
 			return err
@@ -243,13 +235,13 @@ func (s *session) readDownstream(ctx context.Context) error {
 func (s *session) readUpstream(ctx context.Context) error {
 	for {
 		msg, err := s.up.Read(ctx)
-		var bad *badLineError
+		var bad *transport.BadLineError
 		if errors.As(err, &bad) {
 			// A stdio server that prints something else on stdout (a banner, a log line):
 			// the line is dropped and the session goes on. Were it the answer to a call in
 			// flight, that call ends at its timeout as unknown, never as succeeded.
 			s.p.log.Warn("toolfence proxy: upstream wrote a line that is not a JSON-RPC message; it was dropped (a server must write only JSON-RPC on stdout)",
-				"err", err, "line", bad.head())
+				"err", err, "line", bad.Head())
 			continue
 		}
 		if err != nil {
@@ -280,7 +272,7 @@ func (s *session) readUpstream(ctx context.Context) error {
 				s.mu.Unlock()
 				attrs := []any{"id", id}
 				if key != "" {
-					rep := classify(NoEffect{}, m, nil)
+					rep := classify(policy.NoEffect{}, m, nil)
 					attrs = append(attrs, "key", key, "answer", string(rep.Outcome), "detail", rep.Error,
 						"recovery", "check upstream, then toolfence resolve "+key+" --as succeeded|failed")
 				}
@@ -325,15 +317,8 @@ func (s *session) starting() bool {
 // of an upstream message it relays, so the host may see upstream's own; a host's message is
 // always re-encoded, so that upstream sees exactly what the proxy judged.)
 func (s *session) relayUp(ctx context.Context, msg jsonrpc.Message) error {
-	if up, ok := s.up.(*lineConn); ok {
-		if down, ok := s.down.(*lineConn); ok {
-			if raw := up.lastRaw(); raw != nil {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				return down.writeRaw(raw)
-			}
-		}
+	if ok, err := transport.RelayRaw(ctx, s.down, s.up); ok {
+		return err
 	}
 	return s.down.Write(ctx, msg)
 }
@@ -465,14 +450,14 @@ func (s *session) roundTripFor(ctx context.Context, key, method string, params j
 
 // tools returns the upstream's tool list, fetched once per session (again after
 // list_changed), and the policy's verdict on it.
-func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
+func (s *session) tools(ctx context.Context) (map[string]policy.ToolInfo, error) {
 	s.mu.Lock()
 	cat, catErr, gen := s.catalog, s.catErr, s.catGen
 	s.mu.Unlock()
 	if cat != nil {
 		return cat, catErr
 	}
-	cat = map[string]toolInfo{}
+	cat = map[string]policy.ToolInfo{}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cursor := ""
@@ -496,7 +481,7 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
 		}
 		for _, def := range page.Tools {
-			t, err := parseTool(def)
+			t, err := policy.ParseTool(def)
 			if err != nil {
 				return nil, fmt.Errorf("listing the upstream's tools: %w", err)
 			}
@@ -507,13 +492,13 @@ func (s *session) tools(ctx context.Context) (map[string]toolInfo, error) {
 		}
 		cursor = page.NextCursor
 	}
-	catErr = s.p.cfg.Policy.checkCatalog(s.p.cfg.ServerID, cat)
+	catErr = s.p.cfg.Policy.CheckCatalog(s.p.cfg.ServerID, cat)
 	if catErr != nil {
 		s.p.log.Error("toolfence proxy: every tools/call is refused until the policy is fixed", "err", catErr)
 	}
-	for _, name := range s.p.cfg.Policy.names() {
+	for _, name := range s.p.cfg.Policy.Names() {
 		if t, ok := cat[name]; ok {
-			if miss := t.missingArguments(s.p.cfg.Policy.Tools[name]); len(miss) > 0 {
+			if miss := t.MissingArguments(s.p.cfg.Policy.Tools[name]); len(miss) > 0 {
 				s.p.log.Warn("toolfence proxy: the policy's JSON pointers name arguments the tool's inputSchema lacks; calls without them are refused",
 					"tool", name, "pointers", miss)
 			}

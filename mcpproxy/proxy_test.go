@@ -16,7 +16,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/ledger/badger"
-	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -300,13 +300,13 @@ func TestParsePolicyRefusesBadInput(t *testing.T) {
 		{"not JSON", `{tools: {}}`, `invalid character`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
+			_, err := policy.Parse([]byte(tc.doc))
 			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
-	p, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"a": {"mode": "protect", "target": ["/to", "/id"], "lease": "10s", "timeout": "1m",
+	p, err := policy.Parse([]byte(`{"tools": {"a": {"mode": "protect", "target": ["/to", "/id"], "lease": "10s", "timeout": "1m",
 		"no_effect": {"codes": [-32000], "patterns": ["^invalid"]}}, "b": {"mode": "bypass"}}}`))
 	require.NoError(t, err)
-	require.Equal(t, mcpproxy.Duration(10*time.Second), p.Tools["a"].Lease)
+	require.Equal(t, policy.Duration(10*time.Second), p.Tools["a"].Lease)
 }

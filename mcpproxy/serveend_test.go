@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 func newTestProxy(t *testing.T) *Proxy {
@@ -52,7 +54,7 @@ func awaitServe(t *testing.T, served <-chan error) error {
 
 // waitReading waits until a goroutine is blocked in Read of each of conns (found by the
 // receiver in the goroutines' stacks), so that a test acts on a pending Read.
-func waitReading(t *testing.T, conns ...*lineConn) {
+func waitReading(t *testing.T, conns ...mcp.Connection) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		buf := make([]byte, 1<<20)
@@ -81,7 +83,7 @@ func TestServeEndsWhenItsContextEnds(t *testing.T) {
 		proxyFromUp, _ := osPipe(t)
 		_ = upIn
 		ctx, cancel := context.WithCancel(context.Background())
-		down, up := Stdio(hostIn, proxyOut).(*lineConn), newLineConn(proxyFromUp, proxyToUp, proxyFromUp.Close)
+		down, up := transport.Stdio(hostIn, proxyOut), transport.Stdio(proxyFromUp, proxyToUp)
 		served := make(chan error, 1)
 		go func() { served <- p.Serve(ctx, down, up) }()
 		waitReading(t, down, up)
@@ -95,7 +97,7 @@ func TestServeEndsWhenItsContextEnds(t *testing.T) {
 		proxyFromUp, _ := osPipe(t)
 		_, proxyToUp := osPipe(t)
 		ctx, cancel := context.WithCancel(context.Background())
-		down, up := Stdio(hostIn, io.Discard).(*lineConn), newLineConn(proxyFromUp, proxyToUp, proxyFromUp.Close)
+		down, up := transport.Stdio(hostIn, io.Discard), transport.Stdio(proxyFromUp, proxyToUp)
 		served := make(chan error, 1)
 		go func() { served <- p.Serve(ctx, down, up) }()
 		waitReading(t, down, up)
@@ -108,7 +110,7 @@ func TestServeEndsWhenItsContextEnds(t *testing.T) {
 // upstream that never answers initialize must not hold it past that.
 func TestListToolsHonoursItsContext(t *testing.T) {
 	t.Parallel()
-	up, err := StartUpstream(context.Background(), []string{"sleep", "60"}, nil)
+	up, err := transport.StartUpstream(context.Background(), []string{"sleep", "60"}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = up.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -203,21 +205,4 @@ func TestServeEndingWhileACallIsRead(t *testing.T) {
 		go func() { served <- p.Serve(context.Background(), down, up) }()
 		require.ErrorIs(t, awaitServe(t, served), ErrUpstreamGone)
 	}
-}
-
-// TestStdioLeavesANonBlockingFileAsItIs: a pipe Go already polls (os.Pipe's, or a stdin
-// handed over non-blocking) is used as it is: no duplicate, and it is still non-blocking
-// and polled after Close.
-func TestStdioLeavesANonBlockingFileAsItIs(t *testing.T) {
-	t.Parallel()
-	r, w := osPipe(t)
-	require.True(t, nonblocking(t, r))
-	c := Stdio(r, w)
-	lc := c.(*lineConn)
-	require.Nil(t, lc.closer, "no duplicate to close")
-	require.Equal(t, io.Writer(w), lc.w)
-	require.NoError(t, c.Close())
-	require.True(t, nonblocking(t, r))
-	require.True(t, nonblocking(t, w))
-	require.NoError(t, r.SetReadDeadline(time.Now()), "still read through the poller")
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/jsonptr"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -34,7 +37,7 @@ type settlement struct {
 // The probe is only asked when the call's arguments are those of the earlier attempt (same
 // request digest): it looks the effect up by them. For an accepted residual only a probe that
 // finds the effect settles it: "not found" may mean the task has not acted yet.
-func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, tool string, rule ToolPolicy, args json.RawMessage) (string, bool) {
+func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, tool string, rule policy.Rule, args json.RawMessage) (string, bool) {
 	timeout := cmpDur(rule.Timeout, s.p.cfg.Timeout)
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no answer from upstream within %v", timeout))
 	defer cancel()
@@ -105,7 +108,7 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 // notFoundTooSoon says why a probe's "not found" cannot settle the earlier attempt of v yet
 // (empty when it can): the attempt began less than the probe's not_found_after (default:
 // the tool's timeout) ago on the interceptor's clock, or its start is not recorded.
-func (s *session) notFoundTooSoon(v *interceptor.Violation, pr *ProbeRule, timeout time.Duration) string {
+func (s *session) notFoundTooSoon(v *interceptor.Violation, pr *policy.ProbeRule, timeout time.Duration) string {
 	after := cmpDur(pr.NotFoundAfter, timeout)
 	if v.Since.IsZero() {
 		return "the earlier attempt's start is not recorded, so it may still be running upstream; check upstream, then toolfence resolve"
@@ -119,12 +122,12 @@ func (s *session) notFoundTooSoon(v *interceptor.Violation, pr *ProbeRule, timeo
 }
 
 // probe calls the probe tool with arguments taken from args and reads its found pointer.
-func (s *session) probe(ctx context.Context, pr *ProbeRule, args json.RawMessage) settlement {
+func (s *session) probe(ctx context.Context, pr *policy.ProbeRule, args json.RawMessage) settlement {
 	open := func(format string, a ...any) settlement {
 		return settlement{outcome: residual.Unknown, evidence: fmt.Sprintf("probe %s: ", pr.Tool) + fmt.Sprintf(format, a...)}
 	}
 	pargs := map[string]any{}
-	for _, name := range sortedKeys(pr.Arguments) {
+	for _, name := range slices.Sorted(maps.Keys(pr.Arguments)) {
 		v, ok, err := jsonptr.Lookup(pr.Arguments[name], args)
 		if err != nil || !ok {
 			return open("argument %q: JSON pointer %q is not in the call's arguments", name, pr.Arguments[name])
@@ -208,7 +211,7 @@ func truthy(v any) bool {
 // result that matches a no_effect pattern → failed; working or input_required → open;
 // failed or cancelled otherwise → open (nothing proves it had no effect: a person checks
 // upstream and resolves); a JSON-RPC error (such as an unknown or expired task id) → open.
-func (s *session) taskOutcome(ctx context.Context, taskID string, rule ToolPolicy) settlement {
+func (s *session) taskOutcome(ctx context.Context, taskID string, rule policy.Rule) settlement {
 	open := func(format string, a ...any) settlement {
 		return settlement{outcome: residual.Unknown, evidence: fmt.Sprintf("tasks/get %s: ", taskID) + fmt.Sprintf(format, a...)}
 	}
@@ -271,7 +274,7 @@ func taskHandle(upSess, taskID string) string { return upSess + "/" + taskID }
 
 // withKey returns the tools/call params to send upstream with toolfence's key in the place
 // the rule names: a top-level argument, or a params._meta field. A nil rule returns params.
-func withKey(params json.RawMessage, k *KeyRule, key string) (json.RawMessage, error) {
+func withKey(params json.RawMessage, k *policy.KeyRule, key string) (json.RawMessage, error) {
 	if k == nil {
 		return params, nil
 	}

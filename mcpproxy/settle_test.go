@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -262,34 +263,34 @@ func TestProxyRefusesEveryCallWhenTheProbeToolIsNotListed(t *testing.T) {
 
 func TestCheckReportsDecisionsTargetsPinsAndWarnings(t *testing.T) {
 	t.Parallel()
-	def := func(s string) mcpproxy.Tool {
+	def := func(s string) policy.Tool {
 		var head struct {
 			Name string `json:"name"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(s), &head))
-		return mcpproxy.Tool{Name: head.Name, Definition: json.RawMessage(s)}
+		return policy.Tool{Name: head.Name, Definition: json.RawMessage(s)}
 	}
-	list := []mcpproxy.Tool{
+	list := []policy.Tool{
 		def(`{"name":"charge","inputSchema":{"type":"object","properties":{"order_id":{"type":"string"}}}}`),
 		def(`{"name":"refund","inputSchema":{"type":"object","properties":{"order_id":{"type":"string"}}}}`),
 		def(`{"name":"find","annotations":{"readOnlyHint":true},"inputSchema":{"type":"object"}}`),
 		def(`{"name":"send","inputSchema":{"type":"object","properties":{"to":{"type":"string"}}}}`),
 	}
-	pol, err := mcpproxy.ParsePolicy([]byte(`
+	pol, err := policy.Parse([]byte(`
 tools:
   charge: {target: [/order_id], probe: {tool: find, arguments: {order_id: /order_id}, found: /found}}
   refund: {target: [/refund_id]}
 `))
 	require.NoError(t, err)
-	pins, err := mcpproxy.Lock("pay", list)
+	pins, err := policy.Lock("pay", list)
 	require.NoError(t, err)
 	pins.Tools["charge"] = "sha256:" + strings.Repeat("0", 64)
 	delete(pins.Tools, "send")
 
-	rep := mcpproxy.Check("pay", pol, pins, list)
+	rep := policy.Check("pay", pol, pins, list)
 	require.Empty(t, rep.Problems)
 	require.Len(t, rep.Tools, 4)
-	byName := map[string]mcpproxy.ToolReport{}
+	byName := map[string]policy.ToolReport{}
 	for _, tr := range rep.Tools {
 		byName[tr.Name] = tr
 	}
@@ -307,9 +308,9 @@ tools:
 	require.Contains(t, strings.Join(byName["send"].Warnings, "\n"), "a re-worded retry is not recognised as the same call")
 	require.True(t, rep.Refused())
 
-	bad, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"mail": {}, "charge": {"probe": {"tool": "lookup", "found": "/f"}}}}`))
+	bad, err := policy.Parse([]byte(`{"tools": {"mail": {}, "charge": {"probe": {"tool": "lookup", "found": "/f"}}}}`))
 	require.NoError(t, err)
-	rep = mcpproxy.Check("pay", bad, nil, list)
+	rep = policy.Check("pay", bad, nil, list)
 	require.Len(t, rep.Problems, 1, "the first unknown tool")
 	require.Contains(t, rep.Problems[0], `the policy names tool "mail", which server "pay" does not list`)
 	require.Equal(t, "no pins", rep.Tools[0].Pin)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -18,7 +19,7 @@ import (
 // attempt 1, so it must not resolve attempt 2 as failed: its call answers unknown_outcome
 // and nothing is dispatched a third time.
 func TestProxyStaleProbeAnswerNeverResolvesALaterAttempt(t *testing.T) {
-	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools":{"charge":{"mode":"protect","target":["/order"],"timeout":"5s",
+	pol, err := policy.Parse([]byte(`{"tools":{"charge":{"mode":"protect","target":["/order"],"timeout":"5s",
 		"probe":{"tool":"find","arguments":{"order":"/order"},"found":"/found","not_found_after":"1ns"}}}}`))
 	require.NoError(t, err)
 	r := newRig(t, mcpproxy.Options{Policy: pol}, nil)

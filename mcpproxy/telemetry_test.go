@@ -20,6 +20,7 @@ import (
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/mcpwire"
 )
 
@@ -66,7 +67,7 @@ func setupTraced(t *testing.T) *traced {
 	log := slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ic, err := interceptor.New(l, interceptor.Options{TracerProvider: tp, Logger: log})
 	require.NoError(t, err)
-	pol, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"append": {"target": ["/target"]}}}`))
+	pol, err := policy.Parse([]byte(`{"tools": {"append": {"target": ["/target"]}}}`))
 	require.NoError(t, err)
 	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "fixture", Policy: pol, Logger: log})
 	require.NoError(t, err)

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -19,12 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -163,7 +161,7 @@ func TestHTTPUpstreamProcessKilledMidCall(t *testing.T) {
 		return cmd, strings.TrimSpace(line)
 	}
 	proc, url := start()
-	conn, err := mcpproxy.DialUpstream(context.Background(), url, nil)
+	conn, err := transport.DialUpstream(context.Background(), url, nil)
 	require.NoError(t, err)
 	progress := make(chan struct{}, 1)
 	s := w.host(conn, &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
@@ -194,7 +192,7 @@ func TestHTTPUpstreamProcessKilledMidCall(t *testing.T) {
 	// new upstream process still refuses the key.
 	w.setMode("ok")
 	_, url = start()
-	conn, err = mcpproxy.DialUpstream(context.Background(), url, nil)
+	conn, err = transport.DialUpstream(context.Background(), url, nil)
 	require.NoError(t, err)
 	s = w.host(conn, nil)
 	second := call(t, s, "append", args, nil)
@@ -210,9 +208,9 @@ func TestHTTPUpstreamSameCallTwiceIsOneEffectAndHeadersReachIt(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "")
 	up := newHTTPUpstream(t, w.effects, w.mode)
-	hdr, err := mcpproxy.ParseHeaders([]string{"X-Api-Key=sk-secret-123"})
+	hdr, err := transport.ParseHeaders([]string{"X-Api-Key=sk-secret-123"})
 	require.NoError(t, err)
-	conn, err := mcpproxy.DialUpstream(context.Background(), up.srv.URL, hdr)
+	conn, err := transport.DialUpstream(context.Background(), up.srv.URL, hdr)
 	require.NoError(t, err)
 	progress := make(chan string, 4)
 	s := w.host(conn, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
@@ -252,7 +250,7 @@ func TestHTTPUpstreamFailureMidCallIsUnknown(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t, "")
 			up := newHTTPUpstream(t, w.effects, w.mode)
-			conn, err := mcpproxy.DialUpstream(context.Background(), up.srv.URL, nil)
+			conn, err := transport.DialUpstream(context.Background(), up.srv.URL, nil)
 			require.NoError(t, err)
 			s := w.host(conn, nil)
 			require.False(t, call(t, s, "read", nil, nil).IsError, "the session works")
@@ -273,77 +271,5 @@ func TestHTTPUpstreamFailureMidCallIsUnknown(t *testing.T) {
 			require.Equal(t, residual.Unknown, rs[0].State)
 			require.Equal(t, "1 lines", text(call(t, s, "read", nil, nil)), "the proxy still serves")
 		})
-	}
-}
-
-// TestHTTPUpstreamRefusesBadURLAndHeaders: malformed URLs and headers are clear errors
-// that never quote a header's value.
-func TestHTTPUpstreamRefusesBadURLAndHeaders(t *testing.T) {
-	t.Parallel()
-	for raw, want := range map[string]string{
-		"ftp://host/mcp":        `scheme "ftp": want http or https`,
-		"/mcp":                  `scheme "": want http or https`,
-		"http:///mcp":           "no host",
-		"http://host/mcp#frag":  "a fragment",
-		"http://h%zz/":          "not a valid URL",
-		"localhost:8080/mcp":    "want http or https",
-		"https://[::1/mcp":      "not a valid URL",
-		"http://user:pw@/x?k=v": "no host",
-	} {
-		_, err := mcpproxy.DialUpstream(context.Background(), raw, nil)
-		require.ErrorContains(t, err, want, raw)
-		require.NotContains(t, err.Error(), "pw", raw)
-	}
-	for _, tc := range []struct {
-		flag, want string
-	}{
-		{"X-Api-Key", "header 1: want NAME=VALUE"},
-		{"Bad Name=secret-value", `"Bad Name" is not a valid header name`},
-		{"X-Key=secret-value\nInjected: 1", "header 1 (X-Key): the value holds characters"},
-		{"mcp-session-id=secret-value", "Mcp-Session-Id is set by the proxy itself"},
-		{"Content-Type=secret-value", "Content-Type is set by the proxy itself"},
-	} {
-		_, err := mcpproxy.ParseHeaders([]string{tc.flag})
-		require.ErrorContains(t, err, tc.want, tc.flag)
-		require.NotContains(t, err.Error(), "secret-value")
-	}
-	h, err := mcpproxy.ParseHeaders([]string{"Authorization=Bearer abc=def", "X-A=1", "x-a=2"})
-	require.NoError(t, err)
-	require.Equal(t, "Bearer abc=def", h.Get("Authorization"), "only the first '=' separates")
-	require.Equal(t, []string{"1", "2"}, h.Values("X-A"))
-}
-
-// TestHTTPUpstreamNotThere: a request to an upstream that refuses connections gets a
-// made-up CodeUpstreamHTTP answer saying it was not sent, naming the URL without its
-// secrets; the connection stays usable.
-func TestHTTPUpstreamNotThere(t *testing.T) {
-	t.Parallel()
-	srv := httptest.NewServer(http.NotFoundHandler())
-	url := strings.Replace(srv.URL, "http://", "http://user:pw-secret@", 1) + "/mcp?key=q-secret"
-	srv.Close() // nothing listens there now
-	conn, err := mcpproxy.DialUpstream(context.Background(), url, nil)
-	require.NoError(t, err)
-	defer conn.Close()
-	for i := 1; i <= 2; i++ {
-		id, _ := jsonrpc.MakeID(float64(i))
-		require.NoError(t, conn.Write(context.Background(), &jsonrpc.Request{ID: id, Method: "tools/list", Params: json.RawMessage(`{}`)}))
-		msg, err := conn.Read(context.Background())
-		require.NoError(t, err)
-		resp, ok := msg.(*jsonrpc.Response)
-		require.True(t, ok)
-		require.Equal(t, id, resp.ID)
-		var we *jsonrpc.Error
-		require.ErrorAs(t, resp.Error, &we)
-		require.EqualValues(t, mcpproxy.CodeUpstreamHTTP, we.Code)
-		var data struct {
-			Sent *bool  `json:"sent"`
-			Mark string `json:"mark"`
-		}
-		require.NoError(t, json.Unmarshal(we.Data, &data))
-		require.NotNil(t, data.Sent)
-		require.False(t, *data.Sent)
-		require.NotEmpty(t, data.Mark)
-		require.Contains(t, we.Message, strings.TrimPrefix(srv.URL, "http://"))
-		require.NotContains(t, we.Message, "secret")
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/toolfence/toolfence/internal/httpserve"
 	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpserver"
 	"github.com/toolfence/toolfence/mcpwire"
 )
@@ -142,10 +144,10 @@ func (f *proxyFlags) check(cmd *cobra.Command, args []string) error {
 		return usagef("--header applies to --upstream URL only (a stdio child gets its settings from its command line and environment)")
 	}
 	if f.upstreamURL != "" {
-		if _, err := mcpproxy.CheckUpstreamURL(f.upstreamURL); err != nil {
+		if _, err := transport.CheckUpstreamURL(f.upstreamURL); err != nil {
 			return usagef("--upstream: %v", err)
 		}
-		h, err := mcpproxy.ParseHeaders(f.headers)
+		h, err := transport.ParseHeaders(f.headers)
 		if err != nil {
 			return usagef("--header: %v", err)
 		}
@@ -161,13 +163,13 @@ func (f *proxyFlags) check(cmd *cobra.Command, args []string) error {
 // opens it here.
 func (f *proxyFlags) upstream(ctx context.Context, args []string, stderr io.Writer, log *slog.Logger) (mcp.Connection, io.Closer, error) {
 	if f.upstreamURL != "" {
-		conn, err := mcpproxy.HTTPUpstream{URL: f.upstreamURL, Header: f.header, Logger: log}.Connect(ctx)
+		conn, err := transport.HTTPUpstream{URL: f.upstreamURL, Header: f.header, Logger: log}.Connect(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
 		return conn, conn, nil
 	}
-	up, err := mcpproxy.StartUpstream(ctx, args, stderr)
+	up, err := transport.StartUpstream(ctx, args, stderr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -184,7 +186,7 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	if f.tokenFile != "" && f.http == "" {
 		return usagef("--token-file applies to --http only")
 	}
-	if err := mcpproxy.CheckServerID(f.serverID); err != nil {
+	if err := policy.CheckServerID(f.serverID); err != nil {
 		return usagef("--server-id: %v", err)
 	}
 	switch {
@@ -260,8 +262,8 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 			return err
 		}
 		defer closer.Close()
-		err = p.Serve(ctx, mcpproxy.Stdio(cmd.InOrStdin(), a.stdout), up)
-		if u, ok := closer.(*mcpproxy.Upstream); ok && (errors.Is(err, mcpproxy.ErrUpstreamGone) || errors.Is(err, syscall.EPIPE)) && ctx.Err() == nil {
+		err = p.Serve(ctx, transport.Stdio(cmd.InOrStdin(), a.stdout), up)
+		if u, ok := closer.(*transport.Upstream); ok && (errors.Is(err, mcpproxy.ErrUpstreamGone) || errors.Is(err, syscall.EPIPE)) && ctx.Err() == nil {
 			// Not stopped by a signal: say how the upstream ended, if it did.
 			if state, ended := u.Exit(2 * time.Second); ended {
 				err = fmt.Errorf("%w: upstream %q ended (%s)", err, args[0], state)

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
 )
 
 // upstreamFlags name an upstream server for `proxy lock` and `proxy check`.
@@ -44,7 +45,7 @@ func (f *upstreamFlags) validate(cmd *cobra.Command, args []string) error {
 
 // listUpstream connects the upstream (--upstream URL or the command of args, through the
 // proxy's one upstream function) and lists its tools, within 30 s.
-func listUpstream(ctx context.Context, a *app, f *upstreamFlags, args []string) ([]mcpproxy.Tool, error) {
+func listUpstream(ctx context.Context, a *app, f *upstreamFlags, args []string) ([]policy.Tool, error) {
 	log, err := a.logger()
 	if err != nil {
 		return nil, err
@@ -70,8 +71,8 @@ func pinsPath(pins, config string) string {
 
 // loadPolicyAndPins loads the policy of --config (nil without one: the zero policy) and
 // the pins a proxy checks (loadProxyPins); a malformed file is a usage error naming it.
-func loadPolicyAndPins(config, pins, serverID string) (*mcpproxy.Policy, *mcpproxy.Pins, error) {
-	var pol *mcpproxy.Policy
+func loadPolicyAndPins(config, pins, serverID string) (*policy.Policy, *policy.Pins, error) {
+	var pol *policy.Policy
 	if config != "" {
 		var err error
 		if pol, err = mcpproxy.LoadPolicy(config); err != nil {
@@ -88,7 +89,7 @@ func loadPolicyAndPins(config, pins, serverID string) (*mcpproxy.Policy, *mcppro
 // loadProxyPins loads the pins a proxy checks: --pins (which must exist), else the default
 // beside --config when that file exists; nil when there are none. Pins of another server id
 // than serverID are a usage error.
-func loadProxyPins(pins, config, serverID string) (*mcpproxy.Pins, error) {
+func loadProxyPins(pins, config, serverID string) (*policy.Pins, error) {
 	path := pinsPath(pins, config)
 	if path == "" {
 		return nil, nil
@@ -138,7 +139,7 @@ Example:
 			if path == "" {
 				return usagef("give --pins FILE (or --config FILE: the pins then go beside it as .pins.json)")
 			}
-			var pol *mcpproxy.Policy
+			var pol *policy.Policy
 			if f.config != "" {
 				var err error
 				if pol, err = mcpproxy.LoadPolicy(f.config); err != nil {
@@ -152,7 +153,7 @@ Example:
 			if problems := policyProblems(f.serverID, pol, list); len(problems) > 0 {
 				return fmt.Errorf("proxy lock: nothing written: the policy %s does not fit the upstream: %s (see toolfence proxy check)", f.config, strings.Join(problems, "; "))
 			}
-			pins, err := mcpproxy.Lock(f.serverID, list)
+			pins, err := policy.Lock(f.serverID, list)
 			if err != nil {
 				return usagef("%v", err)
 			}
@@ -170,13 +171,13 @@ Example:
 // policyProblems are the problems proxy check reports for pol (nil: none) that it does not
 // report without a policy: a tool or probe tool the policy names that the upstream does not
 // list. (A tool definition that cannot be read is the upstream's problem, not the policy's.)
-func policyProblems(serverID string, pol *mcpproxy.Policy, list []mcpproxy.Tool) []string {
+func policyProblems(serverID string, pol *policy.Policy, list []policy.Tool) []string {
 	if pol == nil {
 		return nil
 	}
-	without := mcpproxy.Check(serverID, nil, nil, list).Problems
+	without := policy.Check(serverID, nil, nil, list).Problems
 	var out []string
-	for _, p := range mcpproxy.Check(serverID, pol, nil, list).Problems {
+	for _, p := range policy.Check(serverID, pol, nil, list).Problems {
 		if !slices.Contains(without, p) {
 			out = append(out, p)
 		}
@@ -214,7 +215,7 @@ Example:
 			if err != nil {
 				return err
 			}
-			rep := mcpproxy.Check(f.serverID, pol, pins, list)
+			rep := policy.Check(f.serverID, pol, pins, list)
 			printReport(a.stdout, rep)
 			if rep.Refused() {
 				return errors.New("proxy check: some calls would be refused (see above)")
@@ -227,7 +228,7 @@ Example:
 }
 
 // printReport prints a check report: a table, one line per tool, then the problems.
-func printReport(w io.Writer, rep *mcpproxy.Report) {
+func printReport(w io.Writer, rep *policy.Report) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TOOL\tDECISION\tTARGET\tPIN\tNOTES")
 	for _, t := range rep.Tools {

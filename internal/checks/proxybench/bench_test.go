@@ -23,6 +23,7 @@ import (
 	"github.com/toolfence/toolfence/internal/testkit"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
 )
 
@@ -79,12 +80,12 @@ func runProxy() error {
 		return err
 	}
 	os.Setenv(roleEnv, "payments")
-	up, err := mcpproxy.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
+	up, err := transport.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
 	if err != nil {
 		return err
 	}
 	defer up.Close()
-	err = p.Serve(context.Background(), mcpproxy.Stdio(os.Stdin, os.Stdout), up.Conn())
+	err = p.Serve(context.Background(), transport.Stdio(os.Stdin, os.Stdout), up.Conn())
 	if os.Getenv("TF_MEMSTATS") != "" {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
@@ -95,7 +96,7 @@ func runProxy() error {
 
 // runRelay is a byte relay between its stdio and the payments server (this binary): io.Copy
 // each way (copyPlain), no parsing, the least a process in the path can do. Its stdio is read and
-// written through the runtime poller, as the proxy's is (mcpproxy.Stdio).
+// written through the runtime poller, as the proxy's is (transport.Stdio).
 func runRelay() error {
 	for _, fd := range []int{0, 1} {
 		if err := syscall.SetNonblock(fd, true); err != nil {

@@ -1,4 +1,4 @@
-package mcpproxy
+package transport
 
 import (
 	"bufio"
@@ -32,16 +32,17 @@ import (
 const CodeUpstreamHTTP = -32099
 
 // notSentMark marks the CodeUpstreamHTTP answers this process made for requests that never
-// left it (the connection could not be made); see notSent.
+// left it (the connection could not be made); see NotSent.
 var notSentMark = func() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }()
 
-// notSent reports whether e is this process's own answer for a request to an HTTP upstream
-// that could not be sent at all (nothing reached the upstream).
-func notSent(e *jsonrpc.Error) bool {
+// NotSent reports whether e is this process's own answer for a request to an HTTP upstream
+// that could not be sent at all (nothing reached the upstream); false for any other error,
+// among them a CodeUpstreamHTTP answer made by another process.
+func NotSent(e *jsonrpc.Error) bool {
 	if e.Code != CodeUpstreamHTTP {
 		return false
 	}
@@ -58,7 +59,7 @@ const MaxUpstreamMessage = 32 << 20
 
 // ErrUpstreamSession is wrapped by the read error of an HTTP upstream connection whose
 // session the upstream no longer knows (404 to a request carrying its Mcp-Session-Id).
-var ErrUpstreamSession = errors.New("mcpproxy: the HTTP upstream ended the session")
+var ErrUpstreamSession = errors.New("transport: the HTTP upstream ended the session")
 
 // Header names the proxy sets itself on requests to an HTTP upstream; --header may not.
 var reservedHeaders = map[string]bool{
@@ -98,8 +99,8 @@ func ParseHeaders(flags []string) (http.Header, error) {
 	return h, nil
 }
 
-// CheckUpstreamURL returns nil for an absolute http or https URL with a host and no
-// fragment, else an error naming the problem. The error never quotes the URL's user
+// CheckUpstreamURL returns the parsed URL for an absolute http or https URL with a host and
+// no fragment, else nil and an error naming the problem. The error never quotes the URL's user
 // information or query, which may hold secrets.
 func CheckUpstreamURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
@@ -146,6 +147,7 @@ func DialUpstream(ctx context.Context, rawURL string, header http.Header) (mcp.C
 }
 
 // Connect returns a new connection (one upstream session) to the server; see DialUpstream.
+// It returns an error only for a URL that CheckUpstreamURL refuses.
 //
 // Why not go-sdk's StreamableClientTransport: used as a raw relay (no mcp.Client above it),
 // it never learns that the session is initialized, so it sends no Mcp-Protocol-Version and
@@ -199,7 +201,7 @@ type httpConn struct {
 	mu        sync.Mutex
 	sessionID string
 	protocol  string
-	initID    string // hostKey of the initialize request, until answered
+	initID    string // idKey of the initialize request, until answered
 	// listenReady is made when the GET stream starts and closed once its first request
 	// was answered.
 	listenReady chan struct{}
@@ -256,7 +258,7 @@ func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
 		if req.Method == "initialize" {
 			c.mu.Lock()
-			c.initID = hostKey(req.ID)
+			c.initID = idKey(req.ID)
 			c.mu.Unlock()
 		}
 		c.wg.Add(1)
@@ -379,14 +381,14 @@ func (c *httpConn) exchange(req *jsonrpc.Request, data []byte) (answered bool, e
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		return false, fmt.Errorf("HTTP status %d", resp.StatusCode)
 	}
-	want := hostKey(req.ID)
+	want := idKey(req.ID)
 	take := func(body []byte) error {
-		msgs, err := decodeMessages(body)
+		msgs, err := DecodeMessages(body)
 		if err != nil {
 			return err
 		}
 		for _, m := range msgs {
-			if r, ok := m.(*jsonrpc.Response); ok && hostKey(r.ID) == want {
+			if r, ok := m.(*jsonrpc.Response); ok && idKey(r.ID) == want {
 				answered = true
 			}
 			c.deliver(m)
@@ -428,8 +430,10 @@ func (c *httpConn) exchange(req *jsonrpc.Request, data []byte) (answered bool, e
 
 var errStop = errors.New("stop")
 
-// decodeMessages decodes a JSON-RPC message or a batch of them.
-func decodeMessages(body []byte) ([]jsonrpc.Message, error) {
+// DecodeMessages decodes a JSON-RPC message or a batch of them (a JSON array) as
+// jsonrpc.DecodeMessage does each. It returns an error saying the body is not JSON-RPC
+// when it is not JSON, or one of its messages is not a valid message.
+func DecodeMessages(body []byte) ([]jsonrpc.Message, error) {
 	body = bytes.TrimSpace(body)
 	var raws []json.RawMessage
 	if len(body) > 0 && body[0] == '[' {
@@ -494,7 +498,7 @@ func readEvents(r io.Reader, fn func(data []byte) error) error {
 func (c *httpConn) deliver(msg jsonrpc.Message) {
 	if r, ok := msg.(*jsonrpc.Response); ok {
 		c.mu.Lock()
-		if c.initID != "" && hostKey(r.ID) == c.initID {
+		if c.initID != "" && idKey(r.ID) == c.initID {
 			c.initID = ""
 			var res struct {
 				ProtocolVersion string `json:"protocolVersion"`
@@ -576,7 +580,7 @@ func (c *httpConn) listenOnce() (got, retry bool) {
 		return false, resp.StatusCode >= 500
 	}
 	err = readEvents(resp.Body, func(data []byte) error {
-		msgs, err := decodeMessages(data)
+		msgs, err := DecodeMessages(data)
 		if err != nil {
 			c.log.Warn("toolfence proxy: the HTTP upstream sent a message that is not JSON-RPC on its notification stream", "upstream", c.name)
 			return nil
@@ -618,3 +622,6 @@ func (c *httpConn) Close() error {
 	})
 	return nil
 }
+
+// idKey identifies a request id (numbers and strings apart).
+func idKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }

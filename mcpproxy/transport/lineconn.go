@@ -1,4 +1,4 @@
-package mcpproxy
+package transport
 
 import (
 	"bufio"
@@ -191,7 +191,7 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		line = bytes.TrimSpace(line)
 		msgs, err := decodeLine(line)
 		if err != nil {
-			return nil, &badLineError{err: err, line: line}
+			return nil, &BadLineError{err: err, line: line}
 		}
 		if len(msgs) == 0 {
 			continue // a blank line
@@ -204,18 +204,19 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	}
 }
 
-// badLineError is a line Read could not take as JSON-RPC messages (not JSON, not a
-// message). The line is consumed: the connection can be read on.
-type badLineError struct {
+// BadLineError is the error of a Read (of Stdio's or an Upstream's connection) whose line
+// could not be taken as JSON-RPC messages (not JSON, not a message). The line is consumed:
+// the connection can be read on. It wraps the decoding error.
+type BadLineError struct {
 	err  error
 	line []byte
 }
 
-func (e *badLineError) Error() string { return e.err.Error() }
-func (e *badLineError) Unwrap() error { return e.err }
+func (e *BadLineError) Error() string { return e.err.Error() }
+func (e *BadLineError) Unwrap() error { return e.err }
 
-// head is the start of the line, for a log.
-func (e *badLineError) head() string {
+// Head returns the start of the line (at most 120 bytes, then "…"), for a log.
+func (e *BadLineError) Head() string {
 	const n = 120
 	if len(e.line) > n {
 		return string(e.line[:n]) + "…"
@@ -267,3 +268,27 @@ func (c *lineConn) Close() error {
 
 // SessionID is "": a stdio connection has no session id.
 func (c *lineConn) SessionID() string { return "" }
+
+// RelayRaw writes to dst the line of the message src's last Read returned, as src read it,
+// when both are line connections of this package (Stdio, Upstream.Conn) and that message
+// came alone on its line: relayed that way a message is not encoded again. It reports
+// whether it took the message: false, nothing was written (the caller writes msg itself);
+// true, the error is the write's, or ctx's when it ended.
+func RelayRaw(ctx context.Context, dst, src mcp.Connection) (bool, error) {
+	s, ok := src.(*lineConn)
+	if !ok {
+		return false, nil
+	}
+	d, ok := dst.(*lineConn)
+	if !ok {
+		return false, nil
+	}
+	raw := s.lastRaw()
+	if raw == nil {
+		return false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return true, err
+	}
+	return true, d.writeRaw(raw)
+}

@@ -1,4 +1,4 @@
-package mcpproxy
+package policy
 
 import (
 	"bytes"
@@ -8,13 +8,13 @@ import (
 	"strings"
 )
 
-// checkPolicyKeys refuses a policy document (JSON) in which one object repeats a key, or a
+// checkKeys refuses a policy document (JSON) in which one object repeats a key, or a
 // key of a rule differs from the rule's own key only in case ("Mode"), or names none of
 // them: encoding/json keeps the last of repeated keys and matches keys regardless of case,
 // so {"mode": "protect", "Mode": "bypass"} or a tool listed twice would otherwise decide a
 // tool's protection by key order, and differently for a YAML file (whose keys are sorted
 // on the way to JSON). The error names where the key is: the tool, and the rule within it.
-func checkPolicyKeys(data []byte) error {
+func checkKeys(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	return walkKeys(dec, reflect.TypeFor[Policy](), "")
@@ -141,7 +141,7 @@ func unknownKey(where, key string, names map[string]reflect.Type) error {
 	return &keyError{fmt.Sprintf("%sunknown key %q (want one of: %s)", prefix(where), key, strings.Join(known, ", "))}
 }
 
-// keyError is a key that checkPolicyKeys refuses. Its other errors are the JSON syntax
+// keyError is a key that checkKeys refuses. Its other errors are the JSON syntax
 // errors, which the decoder then reports in its own words.
 type keyError struct{ msg string }
 

@@ -1,25 +1,32 @@
-package mcpproxy
+package policy
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
-	"strings"
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/residual"
 )
 
-// pinsErr is every error about a pins file: unreadable, malformed, an unknown
-// key, a bad digest, or pins of another server.
-// Its text is "mcpproxy: invalid pins: " and the detail; it wraps
+// pinsErr is every error about pins: malformed, an unknown key, a bad digest, or pins of
+// another server. Its text is "mcpproxy: invalid pins: " and the detail; it wraps
 // interceptor.ErrInvalidOptions.
 func pinsErr(format string, args ...any) error {
 	return interceptor.InvalidOptions("mcpproxy: invalid pins", format, args...)
+}
+
+var serverIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// CheckServerID returns an error when id is not a valid server id (mcpproxy.Options.ServerID,
+// Pins.ServerID): 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit.
+func CheckServerID(id string) error {
+	if !serverIDPattern.MatchString(id) {
+		return fmt.Errorf("mcpproxy: server id %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+	}
+	return nil
 }
 
 var pinPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
@@ -49,8 +56,8 @@ func ToolDigest(def json.RawMessage) (string, error) {
 // Lock returns the pins of tools for serverID. It returns an error for a malformed server
 // id, a tool without a name or listed twice, or a definition that is not JSON.
 func Lock(serverID string, tools []Tool) (*Pins, error) {
-	if !serverIDPattern.MatchString(serverID) {
-		return nil, fmt.Errorf("mcpproxy: server id %q: want 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", serverID)
+	if err := CheckServerID(serverID); err != nil {
+		return nil, err
 	}
 	p := &Pins{ServerID: serverID, Tools: map[string]string{}}
 	for _, t := range tools {
@@ -65,20 +72,6 @@ func Lock(serverID string, tools []Tool) (*Pins, error) {
 			return nil, fmt.Errorf("mcpproxy: tool %q: %w", t.Name, err)
 		}
 		p.Tools[t.Name] = d
-	}
-	return p, nil
-}
-
-// LoadPins reads the pins file at path (see ParsePins). Its errors wrap interceptor.ErrInvalidOptions and name the
-// file.
-func LoadPins(path string) (*Pins, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, pinsErr("%w", err)
-	}
-	p, err := ParsePins(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return p, nil
 }
@@ -110,54 +103,17 @@ func ParsePins(data []byte) (*Pins, error) {
 	return &p, nil
 }
 
-// WritePins writes p to path atomically: a temporary file in the same folder, fsynced, then
-// renamed over path (and the folder fsynced), so a reader sees the old pins or the new ones,
-// never a part. On error nothing is left at path that was not there before.
-func WritePins(path string, p *Pins) error {
-	data, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return err
-	}
-	data = append(data, '\n')
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("mcpproxy: writing pins: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("mcpproxy: writing pins %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
+// CheckServer returns nil when the pins were locked for serverID, else an error wrapping
+// interceptor.ErrInvalidOptions that names both ids and how to lock this server's own.
+func (p *Pins) CheckServer(serverID string) error {
+	if p.ServerID != serverID {
+		return pinsErr("the pins were locked for server %q, not %q: check --server-id, or give this server its own pins file (toolfence proxy lock --server-id %s --pins FILE)", p.ServerID, serverID, serverID)
 	}
 	return nil
 }
 
-// DefaultPinsPath returns the pins file that goes with a policy file: the policy's path with
-// its extension replaced by ".pins.json" (proxy.yaml → proxy.pins.json). It returns "" for
-// an empty path.
-func DefaultPinsPath(policyPath string) string {
-	if policyPath == "" {
-		return ""
-	}
-	return strings.TrimSuffix(policyPath, filepath.Ext(policyPath)) + ".pins.json"
-}
-
-// pinned returns the pin of a tool and whether it has one (false for nil pins).
-func (p *Pins) pinned(name string) (string, bool) {
+// Pinned returns the pin of a tool and whether it has one (false for nil Pins).
+func (p *Pins) Pinned(name string) (string, bool) {
 	if p == nil {
 		return "", false
 	}
@@ -165,9 +121,10 @@ func (p *Pins) pinned(name string) (string, bool) {
 	return pin, ok
 }
 
-// pinStatus says whether a tool's definition matches its pin: "ok", "missing" (no pin),
-// "changed" (another digest) or "unlisted" (pinned, but upstream no longer lists it).
-func (p *Pins) status(name string, info *toolInfo) string {
+// Status says whether a tool's definition (info nil: upstream does not list it) matches its
+// pin: "ok", "missing" (no pin), "changed" (another digest) or "unlisted" (pinned, but
+// upstream no longer lists it). p must not be nil.
+func (p *Pins) Status(name string, info *ToolInfo) string {
 	pin, ok := p.Tools[name]
 	switch {
 	case info == nil && ok:

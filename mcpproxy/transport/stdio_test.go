@@ -1,4 +1,4 @@
-package mcpproxy
+package transport
 
 import (
 	"bufio"
@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/stretchr/testify/require"
@@ -89,4 +90,23 @@ func TestStdioLeavesFilesAlone(t *testing.T) {
 	require.ErrorIs(t, err, io.EOF)
 	require.NoError(t, c.Close())
 	require.False(t, nonblocking(t, f))
+}
+
+// TestStdioLeavesANonBlockingFileAsItIs: a pipe Go already polls (os.Pipe's, or a stdin
+// handed over non-blocking) is used as it is: no duplicate, and it is still non-blocking
+// and polled after Close.
+func TestStdioLeavesANonBlockingFileAsItIs(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close(); w.Close() })
+	require.True(t, nonblocking(t, r))
+	c := Stdio(r, w)
+	lc := c.(*lineConn)
+	require.Nil(t, lc.closer, "no duplicate to close")
+	require.Equal(t, io.Writer(w), lc.w)
+	require.NoError(t, c.Close())
+	require.True(t, nonblocking(t, r))
+	require.True(t, nonblocking(t, w))
+	require.NoError(t, r.SetReadDeadline(time.Now()), "still read through the poller")
 }

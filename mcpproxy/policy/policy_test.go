@@ -1,15 +1,15 @@
-package mcpproxy_test
+package policy_test
 
 import (
-	"os"
-	"path/filepath"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/interceptor"
-	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 func TestParsePolicyYAMLMeetsTheSameRules(t *testing.T) {
@@ -36,12 +36,12 @@ func TestParsePolicyYAMLMeetsTheSameRules(t *testing.T) {
 		{"bypass with probe", "tools:\n  a:\n    mode: bypass\n    probe: {tool: b, found: /f}\n", `mode bypass takes no target, no_effect, probe or key`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
+			_, err := policy.Parse([]byte(tc.doc))
 			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
-	p, err := mcpproxy.ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 tools:
   charge:
     mode: protect
@@ -58,11 +58,11 @@ tools:
 `))
 	require.NoError(t, err)
 	c := p.Tools["charge"]
-	require.Equal(t, mcpproxy.Duration(10*time.Second), c.Lease)
+	require.Equal(t, policy.Duration(10*time.Second), c.Lease)
 	require.Equal(t, []int64{-32000}, c.NoEffect.Codes)
-	require.Equal(t, &mcpproxy.ProbeRule{Tool: "find_charge", Arguments: map[string]string{"order_id": "/order_id"}, Found: "/found"}, c.Probe)
-	require.Equal(t, &mcpproxy.KeyRule{Argument: "idempotency_key"}, c.Key)
-	require.Equal(t, mcpproxy.Bypass, p.Tools["search"].Mode)
+	require.Equal(t, &policy.ProbeRule{Tool: "find_charge", Arguments: map[string]string{"order_id": "/order_id"}, Found: "/found"}, c.Probe)
+	require.Equal(t, &policy.KeyRule{Argument: "idempotency_key"}, c.Key)
+	require.Equal(t, policy.Bypass, p.Tools["search"].Mode)
 }
 
 // TestParsePolicyRefusesAmbiguousKeys: encoding/json keeps the last of repeated keys and
@@ -81,59 +81,20 @@ func TestParsePolicyRefusesAmbiguousKeys(t *testing.T) {
 		{"unknown rule key", `{"tools": {"c": {"targets": ["/a"]}}}`, `tool "c": unknown key "targets" (want one of: key, lease, mode, no_effect, probe, target, timeout)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := mcpproxy.ParsePolicy([]byte(tc.doc))
+			_, err := policy.Parse([]byte(tc.doc))
 			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
 	// Tool names are the upstream's, and case-sensitive: two that differ in case are two tools.
-	p, err := mcpproxy.ParsePolicy([]byte(`{"tools": {"charge": {"mode": "protect"}, "Charge": {"mode": "bypass"}}}`))
+	p, err := policy.Parse([]byte(`{"tools": {"charge": {"mode": "protect"}, "Charge": {"mode": "bypass"}}}`))
 	require.NoError(t, err)
-	require.Equal(t, mcpproxy.Protect, p.Tools["charge"].Mode)
-	require.Equal(t, mcpproxy.Bypass, p.Tools["Charge"].Mode)
+	require.Equal(t, policy.Protect, p.Tools["charge"].Mode)
+	require.Equal(t, policy.Bypass, p.Tools["Charge"].Mode)
 	// Malformed JSON is still reported by the decoder, with its offset.
-	_, err = mcpproxy.ParsePolicy([]byte(`{"tools": {"c": {"mode": "protect"}}`))
+	_, err = policy.Parse([]byte(`{"tools": {"c": {"mode": "protect"}}`))
 	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 	require.ErrorContains(t, err, "unexpected EOF")
-}
-
-func TestLoadPolicyChoosesTheFormatByExtension(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	write := func(name, doc string) string {
-		path := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(path, []byte(doc), 0o600))
-		return path
-	}
-	_, err := mcpproxy.LoadPolicy(write("p.yml", "tools:\n  a: {target: [/to]}\n"))
-	require.NoError(t, err)
-	_, err = mcpproxy.LoadPolicy(write("p.json", "tools:\n  a: {target: [/to]}\n"))
-	require.ErrorContains(t, err, "p.json: mcpproxy: invalid policy: invalid character", ".json is JSON only")
-	_, err = mcpproxy.LoadPolicy(write("p.yaml", `{"tools": {"a": {"target": ["/to"]}}}`))
-	require.NoError(t, err, "JSON is YAML too")
-	_, err = mcpproxy.LoadPolicy(write("policy", "tools:\n  a: {mode: guard}\n"))
-	require.ErrorContains(t, err, `policy: mcpproxy: invalid policy: tool "a": mode "guard"`)
-	_, err = mcpproxy.LoadPolicy(filepath.Join(dir, "missing.yaml"))
-	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
-}
-
-// TestExamplePolicyParses: the commented example in docs/ is a valid policy.
-func TestExamplePolicyParses(t *testing.T) {
-	t.Parallel()
-	p, err := mcpproxy.LoadPolicy(filepath.Join("..", "docs", "proxy-policy.example.yaml"))
-	require.NoError(t, err)
-	require.NotEmpty(t, p.Tools)
-	var probes, keys int
-	for _, tp := range p.Tools {
-		if tp.Probe != nil {
-			probes++
-		}
-		if tp.Key != nil {
-			keys++
-		}
-	}
-	require.Positive(t, probes, "the example shows a probe")
-	require.Positive(t, keys, "the example shows key forwarding")
 }
 
 func TestParsePinsRefusesBadInput(t *testing.T) {
@@ -149,39 +110,24 @@ func TestParsePinsRefusesBadInput(t *testing.T) {
 		{"trailing data", `{"server_id": "pay", "tools": {"charge": ` + good + `}} {}`, `trailing data`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := mcpproxy.ParsePins([]byte(tc.doc))
+			_, err := policy.ParsePins([]byte(tc.doc))
 			require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
-	p, err := mcpproxy.ParsePins([]byte(`{"server_id": "pay", "tools": {"charge": ` + good + `}}`))
+	p, err := policy.ParsePins([]byte(`{"server_id": "pay", "tools": {"charge": ` + good + `}}`))
 	require.NoError(t, err)
 	require.Equal(t, "pay", p.ServerID)
 }
 
-func TestWritePinsIsAtomicAndRoundTrips(t *testing.T) {
+// TestParseRefusesTheProxysOwnHTTPErrorCodeAsNoEffect: the code transport makes up for an
+// HTTP upstream that gave no answer never proves no effect (policy keeps its own copy of
+// the code; this holds the two equal).
+func TestParseRefusesTheProxysOwnHTTPErrorCodeAsNoEffect(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "p.pins.json")
-	pins, err := mcpproxy.Lock("pay", []mcpproxy.Tool{{Name: "charge", Definition: []byte(`{"name":"charge","inputSchema":{"type":"object"}}`)}})
-	require.NoError(t, err)
-	require.NoError(t, mcpproxy.WritePins(path, pins))
-	got, err := mcpproxy.LoadPins(path)
-	require.NoError(t, err)
-	require.Equal(t, pins, got)
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	require.Len(t, entries, 1, "no temporary file left behind")
-
-	// Key order and number spelling do not change a pin; any other change does.
-	a, _ := mcpproxy.ToolDigest([]byte(`{"name":"x","inputSchema":{"type":"object","maxItems":1.0}}`))
-	b, _ := mcpproxy.ToolDigest([]byte(`{"inputSchema":{"maxItems":1,"type":"object"},"name":"x"}`))
-	c, _ := mcpproxy.ToolDigest([]byte(`{"name":"x","description":"new","inputSchema":{"type":"object","maxItems":1}}`))
-	require.Equal(t, a, b)
-	require.NotEqual(t, a, c)
-
-	require.Error(t, mcpproxy.WritePins(filepath.Join(dir, "no-such-dir", "p.json"), pins))
-	_, err = mcpproxy.Lock("pay", []mcpproxy.Tool{{Name: "a", Definition: []byte(`{"name":"a"}`)}, {Name: "a", Definition: []byte(`{"name":"a"}`)}})
-	require.ErrorContains(t, err, `lists tool "a" twice`)
-	require.Equal(t, "/etc/tf/proxy.pins.json", mcpproxy.DefaultPinsPath("/etc/tf/proxy.yaml"))
+	code := fmt.Sprint(transport.CodeUpstreamHTTP)
+	_, err := policy.Parse([]byte(`{"tools":{"charge":{"no_effect":{"codes":[-32000,` + code + `]}}}}`))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
+	require.Contains(t, err.Error(), code)
+	require.Contains(t, err.Error(), `"charge"`)
 }

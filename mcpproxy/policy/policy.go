@@ -1,4 +1,4 @@
-package mcpproxy
+package policy
 
 import (
 	"bytes"
@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -19,15 +17,21 @@ import (
 	"github.com/toolfence/toolfence/jsonptr"
 )
 
-// policyErr is every error about a policy file: unreadable, malformed, an unknown
-// key, a bad value, or a tool the upstream does not list.
-// Its text is errPolicy, ": " and the detail; it wraps interceptor.ErrInvalidOptions.
-func policyErr(format string, args ...any) error {
-	return interceptor.InvalidOptions(errPolicy, format, args...)
+// Errorf returns an error about a policy (malformed, an unknown key, a bad value, a tool
+// the upstream does not list, a policy file that cannot be read): its text is
+// "mcpproxy: invalid policy: " and the detail formatted as fmt.Errorf does; it wraps
+// interceptor.ErrInvalidOptions (the module's one sentinel of unusable settings) and every
+// %w operand. Every error of this package about a policy is one.
+func Errorf(format string, args ...any) error {
+	return interceptor.InvalidOptions(errPrefix, format, args...)
 }
 
-// errPolicy starts the text of every error about a policy.
-const errPolicy = "mcpproxy: invalid policy"
+// errPrefix starts the text of every error about a policy (then ": " and the detail).
+const errPrefix = "mcpproxy: invalid policy"
+
+// codeUpstreamHTTP is transport.CodeUpstreamHTTP (a test holds them equal): the proxy's
+// own answer when an HTTP upstream gave none, which never proves no effect.
+const codeUpstreamHTTP = -32099
 
 // Modes of a tool in the policy.
 const (
@@ -55,11 +59,11 @@ const (
 // every other tool is protected with the digest of its arguments as target.
 type Policy struct {
 	// Tools holds the rules per upstream tool name.
-	Tools map[string]ToolPolicy `json:"tools"`
+	Tools map[string]Rule `json:"tools"`
 }
 
-// ToolPolicy is the rule of one tool.
-type ToolPolicy struct {
+// Rule is the rule of one tool.
+type Rule struct {
 	// Mode is "protect" or "bypass". Empty: bypass when the tool is annotated
 	// readOnlyHint: true, else protect. A bypass is overridden (protect) when the tool is
 	// annotated destructiveHint: true: annotations only ever make a tool stricter.
@@ -71,7 +75,7 @@ type ToolPolicy struct {
 	// Lease is the lease of each attempt ("30s"). Defaults to the interceptor's.
 	Lease Duration `json:"lease"`
 	// Timeout bounds how long the proxy waits for upstream's answer; then the outcome is
-	// unknown. Defaults to Options.Timeout.
+	// unknown. Defaults to mcpproxy.Options.Timeout.
 	Timeout Duration `json:"timeout"`
 	// NoEffect lists the answers that prove upstream did nothing (recorded failed, so a
 	// retry dispatches again).
@@ -103,7 +107,7 @@ type ProbeRule struct {
 	// trusted to mean that attempt had no effect ("2m"). Sooner, the attempt may still be
 	// running upstream (it timed out, was cancelled, or the proxy was killed, but upstream
 	// may act later), so the call stays refused. Defaults to the tool's timeout (the
-	// policy's timeout, else Options.Timeout). "Found" settles at once.
+	// policy's timeout, else mcpproxy.Options.Timeout). "Found" settles at once.
 	NotFoundAfter Duration `json:"not_found_after"`
 }
 
@@ -150,86 +154,66 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// LoadPolicy reads and parses the policy file at path: YAML when its name ends in .yaml or
-// .yml, JSON when it ends in .json, else by its content (see ParsePolicy). Its errors wrap
-// interceptor.ErrInvalidOptions and name the file.
-func LoadPolicy(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, policyErr("cannot read the policy file: %w", err)
-	}
-	var p *Policy
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".yaml", ".yml":
-		p, err = parseYAML(data)
-	case ".json":
-		p, err = parseJSON(data)
-	default:
-		p, err = ParsePolicy(data)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return p, nil
-}
-
-// ParsePolicy parses a policy document, JSON when its first non-blank byte is '{' and YAML
-// otherwise. Both are held to the same rules: it refuses unknown keys at any level, trailing
+// Parse parses a policy document, JSON (ParseJSON) when its first non-blank byte is '{'
+// and YAML (ParseYAML) otherwise. Both are held to the same rules: it refuses unknown keys at any level, trailing
 // data (a second YAML document), a mode other than protect or bypass, a bad JSON pointer or
-// pattern, no_effect code -32099 (CodeUpstreamHTTP), a probe without tool or found (or naming the tool itself), a key with neither or
+// pattern, no_effect code -32099 (transport.CodeUpstreamHTTP), a probe without tool or found (or naming the tool itself), a key with neither or
 // both of argument and meta, and target, no_effect, probe or key on a bypassed tool (they
 // would never apply); every error wraps interceptor.ErrInvalidOptions and
 // names the tool.
-func ParsePolicy(data []byte) (*Policy, error) {
+func Parse(data []byte) (*Policy, error) {
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '{' {
-		return parseJSON(data)
+		return ParseJSON(data)
 	}
-	return parseYAML(data)
+	return ParseYAML(data)
 }
 
-// parseYAML turns a YAML policy into JSON and parses that, so both forms meet one decoder
-// and one set of rules.
-func parseYAML(data []byte) (*Policy, error) {
+// ParseYAML parses a YAML policy (JSON is YAML too) by turning it into JSON for ParseJSON,
+// so both forms meet one decoder and one set of rules. It refuses an empty document, a
+// second document and one that is not a mapping; its errors are those of Parse.
+func ParseYAML(data []byte) (*Policy, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, policyErr("the policy is empty (want a mapping with \"tools\")")
+			return nil, Errorf("the policy is empty (want a mapping with \"tools\")")
 		}
-		return nil, policyErr("YAML: %w", err)
+		return nil, Errorf("YAML: %w", err)
 	}
 	var more any
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, policyErr("trailing data after the policy (a second YAML document)")
+		return nil, Errorf("trailing data after the policy (a second YAML document)")
 	}
 	if _, ok := doc.(map[string]any); !ok {
-		return nil, policyErr("YAML: the policy must be a mapping with \"tools\", not %T", doc)
+		return nil, Errorf("YAML: the policy must be a mapping with \"tools\", not %T", doc)
 	}
 	js, err := json.Marshal(doc)
 	if err != nil {
-		return nil, policyErr("YAML: %w (keys must be strings)", err)
+		return nil, Errorf("YAML: %w (keys must be strings)", err)
 	}
-	return parseJSON(js)
+	return ParseJSON(js)
 }
 
-func parseJSON(data []byte) (*Policy, error) {
+// ParseJSON parses a JSON policy under the rules of Parse (a YAML document is refused). On
+// error it returns nil and an error wrapping interceptor.ErrInvalidOptions.
+func ParseJSON(data []byte) (*Policy, error) {
 	var ke *keyError
-	if err := checkPolicyKeys(data); errors.As(err, &ke) {
-		return nil, policyErr("%w", err)
+	if err := checkKeys(data); errors.As(err, &ke) {
+		return nil, Errorf("%w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p Policy
 	if err := dec.Decode(&p); err != nil {
-		return nil, policyErr("%w", err)
+		return nil, Errorf("%w", err)
 	}
 	if dec.More() {
-		return nil, policyErr("trailing data after the policy object")
+		return nil, Errorf("trailing data after the policy object")
 	}
-	for _, name := range p.names() {
+	for _, name := range p.Names() {
 		tp := p.Tools[name]
 		bad := func(format string, args ...any) error {
-			return policyErr("tool %q: %s", name, fmt.Sprintf(format, args...))
+			return Errorf("tool %q: %s", name, fmt.Sprintf(format, args...))
 		}
 		switch tp.Mode {
 		case "", Protect:
@@ -241,7 +225,7 @@ func parseJSON(data []byte) (*Policy, error) {
 			return nil, bad("mode %q: want %q or %q", tp.Mode, Protect, Bypass)
 		}
 		if name == "" {
-			return nil, policyErr("a tool has an empty name")
+			return nil, Errorf("a tool has an empty name")
 		}
 		for _, ptr := range tp.Target {
 			if err := jsonptr.Check(ptr); err != nil {
@@ -249,7 +233,7 @@ func parseJSON(data []byte) (*Policy, error) {
 			}
 		}
 		for _, code := range tp.NoEffect.Codes {
-			if code == CodeUpstreamHTTP {
+			if code == codeUpstreamHTTP {
 				return nil, bad("no_effect code %d is the proxy's own answer when an HTTP upstream gave none, so the call may have run: it never proves no effect (the proxy already records a request that was never sent as failed)", code)
 			}
 		}
@@ -289,13 +273,14 @@ func parseJSON(data []byte) (*Policy, error) {
 	return &p, nil
 }
 
-// CheckLeases returns an error wrapping interceptor.ErrInvalidOptions, naming the tool, when a tool's lease is not
-// longer than margin (the interceptor's safety margin: such an attempt could never be
-// dispatched). New checks it; a caller can check it before it opens a store.
+// CheckLeases returns an error wrapping interceptor.ErrInvalidOptions, naming the tool, when
+// a tool's lease is not longer than margin (the interceptor's safety margin: such an attempt
+// could never be dispatched), else nil. mcpproxy.New checks it; a caller can check it before
+// it opens a store.
 func (p *Policy) CheckLeases(margin time.Duration) error {
-	for _, name := range p.names() {
+	for _, name := range p.Names() {
 		if l := time.Duration(p.Tools[name].Lease); l != 0 && l <= margin {
-			return policyErr("tool %q: lease %v is not longer than the safety margin %v", name, l, margin)
+			return Errorf("tool %q: lease %v is not longer than the safety margin %v", name, l, margin)
 		}
 	}
 	return nil
@@ -310,38 +295,42 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// names returns the policy's tool names, sorted.
-func (p *Policy) names() []string { return sortedKeys(p.Tools) }
+// Names returns the names of the tools the policy has rules for, sorted.
+func (p *Policy) Names() []string { return sortedKeys(p.Tools) }
 
-// checkCatalog returns an error wrapping interceptor.ErrInvalidOptions naming the first tool of the policy, or
-// the first probe tool, that the upstream does not list.
-func (p *Policy) checkCatalog(serverID string, cat map[string]toolInfo) error {
+// CheckCatalog returns an error wrapping interceptor.ErrInvalidOptions naming the first
+// tool of the policy, or the first probe tool, that cat (the upstream's tools by name, of
+// server serverID) does not list; nil when it lists them all.
+func (p *Policy) CheckCatalog(serverID string, cat map[string]ToolInfo) error {
 	listed := func() string {
 		names := sortedKeys(cat)
 		return strings.Join(names, ", ")
 	}
-	for _, name := range p.names() {
+	for _, name := range p.Names() {
 		if _, ok := cat[name]; !ok {
-			return policyErr("the policy names tool %q, which server %q does not list (it lists: %s)", name, serverID, listed())
+			return Errorf("the policy names tool %q, which server %q does not list (it lists: %s)", name, serverID, listed())
 		}
 	}
-	for _, name := range p.names() {
+	for _, name := range p.Names() {
 		if pr := p.Tools[name].Probe; pr != nil {
 			if _, ok := cat[pr.Tool]; !ok {
-				return policyErr("tool %q: its probe tool %q is not listed by server %q (it lists: %s)", name, pr.Tool, serverID, listed())
+				return Errorf("tool %q: its probe tool %q is not listed by server %q (it lists: %s)", name, pr.Tool, serverID, listed())
 			}
 		}
 	}
 	return nil
 }
 
-// toolInfo is what the proxy needs of an upstream tool definition.
-type toolInfo struct {
-	Name        string `json:"name"`
+// ToolInfo is what the proxy needs of an upstream tool definition (ParseTool makes it).
+type ToolInfo struct {
+	// Name is the tool's name, never "" (ParseTool refuses that).
+	Name string `json:"name"`
+	// Annotations are the tool's hints; nil when it has none.
 	Annotations *struct {
 		ReadOnlyHint    *bool `json:"readOnlyHint"`
 		DestructiveHint *bool `json:"destructiveHint"`
 	} `json:"annotations"`
+	// InputSchema.Properties are the arguments the tool declares (none: it declares none).
 	InputSchema struct {
 		Properties map[string]json.RawMessage `json:"properties"`
 	} `json:"inputSchema"`
@@ -350,9 +339,14 @@ type toolInfo struct {
 	digest string
 }
 
-// parseTool reads one tool definition as upstream listed it.
-func parseTool(raw json.RawMessage) (toolInfo, error) {
-	var t toolInfo
+// Digest returns the pin of the definition as upstream listed it (ToolDigest); "" for a
+// ToolInfo that ParseTool did not make.
+func (t ToolInfo) Digest() string { return t.digest }
+
+// ParseTool reads one tool definition as upstream listed it. It returns an error for a
+// definition that is not a JSON object or has no name.
+func ParseTool(raw json.RawMessage) (ToolInfo, error) {
+	var t ToolInfo
 	if err := json.Unmarshal(raw, &t); err != nil {
 		return t, fmt.Errorf("a tool definition is not a JSON object: %w", err)
 	}
@@ -367,9 +361,10 @@ func parseTool(raw json.RawMessage) (toolInfo, error) {
 	return t, nil
 }
 
-// missingArguments returns the target and probe-argument pointers of rule whose first token
-// names no property of the tool's inputSchema (nil when the schema lists no properties).
-func (t toolInfo) missingArguments(rule ToolPolicy) []string {
+// MissingArguments returns the target and probe-argument pointers of rule whose first token
+// names no property of the tool's inputSchema; nil when all do, or the schema lists no
+// properties.
+func (t ToolInfo) MissingArguments(rule Rule) []string {
 	if len(t.InputSchema.Properties) == 0 {
 		return nil
 	}
@@ -392,17 +387,19 @@ func (t toolInfo) missingArguments(rule ToolPolicy) []string {
 	return missing
 }
 
-// decision is what the proxy does with calls of one tool.
-type decision struct {
-	protect bool
-	rule    ToolPolicy
-	// why explains the decision (for logs and `proxy check`).
-	why string
+// Decision is what the proxy does with calls of one tool.
+type Decision struct {
+	// Protect is true when the tool's calls go through the barrier, false when they bypass it.
+	Protect bool
+	// Rule is the policy's rule of the tool (the zero Rule when the policy names it not).
+	Rule Rule
+	// Why explains the decision (for logs and `proxy check`).
+	Why string
 }
 
-// decide applies the policy and the tool's annotations (info nil: the tool is not in the
-// catalog, which protects it).
-func (p *Policy) decide(name string, info *toolInfo) decision {
+// Decide applies the policy and the tool's annotations (info nil: the tool is not in the
+// catalog, which protects it). It always decides: annotations only ever make a tool stricter.
+func (p *Policy) Decide(name string, info *ToolInfo) Decision {
 	rule, inFile := p.Tools[name]
 	readOnly, destructive := false, false
 	if info != nil && info.Annotations != nil {
@@ -411,27 +408,29 @@ func (p *Policy) decide(name string, info *toolInfo) decision {
 	}
 	switch {
 	case info == nil:
-		return decision{protect: true, rule: rule, why: "not in the upstream's tool list"}
+		return Decision{Protect: true, Rule: rule, Why: "not in the upstream's tool list"}
 	case inFile && rule.Mode == Protect:
-		return decision{protect: true, rule: rule, why: "policy: protect"}
+		return Decision{Protect: true, Rule: rule, Why: "policy: protect"}
 	case inFile && rule.Mode == Bypass && destructive:
-		return decision{protect: true, rule: rule, why: "policy says bypass, but the tool is annotated destructiveHint: true (annotations only make a tool stricter)"}
+		return Decision{Protect: true, Rule: rule, Why: "policy says bypass, but the tool is annotated destructiveHint: true (annotations only make a tool stricter)"}
 	case inFile && rule.Mode == Bypass:
-		return decision{rule: rule, why: "policy: bypass"}
+		return Decision{Rule: rule, Why: "policy: bypass"}
 	case readOnly:
-		return decision{rule: rule, why: "annotated readOnlyHint: true"}
+		return Decision{Rule: rule, Why: "annotated readOnlyHint: true"}
 	}
-	return decision{protect: true, rule: rule, why: "default: not annotated read-only"}
+	return Decision{Protect: true, Rule: rule, Why: "default: not annotated read-only"}
 }
 
-// explicitBypass says whether the policy file itself names the tool with mode bypass.
-func (p *Policy) explicitBypass(name string) bool {
+// ExplicitBypass reports whether the policy itself names the tool with mode bypass (not
+// merely an annotation): such a tool is bypassed without a pin check.
+func (p *Policy) ExplicitBypass(name string) bool {
 	rule, ok := p.Tools[name]
 	return ok && rule.Mode == Bypass
 }
 
-// matchesNoEffect says whether an isError result's text matches one of the rule's patterns.
-func (n NoEffect) matches(text string) bool {
+// Matches reports whether an isError result's text matches one of the patterns; false for
+// a NoEffect that Parse did not make (its patterns are compiled there).
+func (n NoEffect) Matches(text string) bool {
 	for _, re := range n.res {
 		if re.MatchString(text) {
 			return true
@@ -440,8 +439,8 @@ func (n NoEffect) matches(text string) bool {
 	return false
 }
 
-// hasCode says whether code is one of the rule's no-effect codes.
-func (n NoEffect) hasCode(code int64) bool {
+// HasCode reports whether code is one of the no-effect codes.
+func (n NoEffect) HasCode(code int64) bool {
 	for _, c := range n.Codes {
 		if c == code {
 			return true
