@@ -146,3 +146,17 @@ func unknownKey(where, key string, names map[string]reflect.Type) error {
 type keyError struct{ msg string }
 
 func (e *keyError) Error() string { return e.msg }
+
+// decodeStrict decodes data, one JSON object, into v, refusing unknown fields and trailing
+// data; its errors are made by errf, what naming the object in them ("policy", "pins").
+func decodeStrict(data []byte, v any, what string, errf func(string, ...any) error) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errf("%w", err)
+	}
+	if dec.More() {
+		return errf("trailing data after the %s object", what)
+	}
+	return nil
+}

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,14 +79,9 @@ func Lock(serverID string, tools []Tool) (*Pins, error) {
 // missing or malformed server_id, a missing tools object, and a digest that is not
 // "sha256:" and 64 hex digits; every error wraps interceptor.ErrInvalidOptions.
 func ParsePins(data []byte) (*Pins, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var p Pins
-	if err := dec.Decode(&p); err != nil {
-		return nil, pinsErr("%w", err)
-	}
-	if dec.More() {
-		return nil, pinsErr("trailing data after the pins object")
+	if err := decodeStrict(data, &p, "pins", pinsErr); err != nil {
+		return nil, err
 	}
 	if !serverIDPattern.MatchString(p.ServerID) {
 		return nil, pinsErr("server_id %q: want the --server-id the pins were locked for", p.ServerID)

@@ -201,14 +201,9 @@ func ParseJSON(data []byte) (*Policy, error) {
 	if err := checkKeys(data); errors.As(err, &ke) {
 		return nil, Errorf("%w", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var p Policy
-	if err := dec.Decode(&p); err != nil {
-		return nil, Errorf("%w", err)
-	}
-	if dec.More() {
-		return nil, Errorf("trailing data after the policy object")
+	if err := decodeStrict(data, &p, "policy", Errorf); err != nil {
+		return nil, err
 	}
 	for _, name := range p.Names() {
 		tp := p.Tools[name]
