@@ -86,6 +86,7 @@ var allowed = map[string][]string{
 	"internal/mcptrace":                          {},
 	"internal/testkit":                           {},
 	"internal/testkit/npmci":                     {},
+	"internal/testkit/proxyrun":                  {"interceptor", "internal/testkit", "ledger/badger", "mcpproxy", "mcpproxy/transport"},
 	"examples/payments":                          {},
 	"internal/fixture/pgcluster":                 {},
 	"internal/checks/proxybench":                 {},

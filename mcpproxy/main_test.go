@@ -16,7 +16,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/testkit"
-	"github.com/toolfence/toolfence/ledger/badger"
+	"github.com/toolfence/toolfence/internal/testkit/proxyrun"
 	"github.com/toolfence/toolfence/mcpproxy"
 	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/mcpproxy/transport"
@@ -238,37 +238,19 @@ func runLock() error {
 // runProxy is what `toolfence proxy` does, configured by the environment: the store in
 // $TF_STORE, the policy in $TF_POLICY (optional), the upstream the fixture.
 func runProxy() error {
-	l, err := badger.Open(os.Getenv("TF_STORE"), badger.Options{})
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second})
-	if err != nil {
-		return err
-	}
-	cfg := mcpproxy.Options{ServerID: "fixture", Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	opts := mcpproxy.Options{ServerID: "fixture", Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	var err error
 	if path := os.Getenv("TF_POLICY"); path != "" {
-		if cfg.Policy, err = mcpproxy.LoadPolicy(path); err != nil {
+		if opts.Policy, err = mcpproxy.LoadPolicy(path); err != nil {
 			return err
 		}
 	}
 	if path := os.Getenv("TF_PINS"); path != "" {
 		if _, err := os.Stat(path); err == nil {
-			if cfg.Pins, err = mcpproxy.LoadPins(path); err != nil {
+			if opts.Pins, err = mcpproxy.LoadPins(path); err != nil {
 				return err
 			}
 		}
 	}
-	p, err := mcpproxy.New(ic, cfg)
-	if err != nil {
-		return err
-	}
-	os.Setenv(testkit.RoleEnv, "upstream")
-	up, err := transport.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
-	if err != nil {
-		return err
-	}
-	defer up.Close()
-	return p.Serve(context.Background(), transport.Stdio(os.Stdin, os.Stdout), up.Conn())
+	return proxyrun.Serve(os.Getenv("TF_STORE"), interceptor.Options{LeaseTTL: 5 * time.Second}, opts, "upstream")
 }

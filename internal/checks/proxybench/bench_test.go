@@ -21,9 +21,9 @@ import (
 	"github.com/toolfence/toolfence/examples/payments"
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/internal/testkit"
+	"github.com/toolfence/toolfence/internal/testkit/proxyrun"
 	"github.com/toolfence/toolfence/ledger/badger"
 	"github.com/toolfence/toolfence/mcpproxy"
-	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
 )
 
@@ -62,30 +62,11 @@ func runProxy() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	l, err := badger.Open(os.Getenv("TF_STORE"), badger.Options{})
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	ic, err := interceptor.New(l, interceptor.Options{})
-	if err != nil {
-		return err
-	}
 	pol, err := mcpproxy.LoadPolicy(os.Getenv("TF_POLICY"))
 	if err != nil {
 		return err
 	}
-	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: "payments", Policy: pol})
-	if err != nil {
-		return err
-	}
-	os.Setenv(roleEnv, "payments")
-	up, err := transport.StartUpstream(context.Background(), []string{os.Args[0]}, os.Stderr)
-	if err != nil {
-		return err
-	}
-	defer up.Close()
-	err = p.Serve(context.Background(), transport.Stdio(os.Stdin, os.Stdout), up.Conn())
+	err = proxyrun.Serve(os.Getenv("TF_STORE"), interceptor.Options{}, mcpproxy.Options{ServerID: "payments", Policy: pol}, "payments")
 	if os.Getenv("TF_MEMSTATS") != "" {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
