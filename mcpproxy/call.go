@@ -215,9 +215,7 @@ func (s *session) pinRefusal(name string, info *policy.ToolInfo, d policy.Decisi
 // relay sends a bypassed call upstream untouched; its span ends when readUpstream passes
 // upstream's answer on. It returns the host's answer only when the call could not be sent.
 func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, span trace.Span) *jsonrpc.Response {
-	s.mu.Lock()
-	s.relayed[hostKey(req.ID)] = span
-	s.mu.Unlock()
+	s.relaying(req.ID, span)
 	if err := s.up.Write(ctx, req); err != nil {
 		s.mu.Lock()
 		delete(s.relayed, hostKey(req.ID))

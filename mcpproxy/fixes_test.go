@@ -35,6 +35,11 @@ type rawEnd struct {
 func newRaw(t *testing.T, tr mcp.Transport) *rawEnd {
 	c, err := tr.Connect(context.Background())
 	require.NoError(t, err)
+	return rawOf(c)
+}
+
+// rawOf reads c continuously.
+func rawOf(c mcp.Connection) *rawEnd {
 	r := &rawEnd{conn: c, in: make(chan jsonrpc.Message, 100)}
 	go func() {
 		for {

@@ -119,7 +119,8 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
-		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, late: map[string]string{}, upDone: make(chan struct{})}
+		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, late: map[string]string{}, dropped: map[string]struct{}{},
+		upDone: make(chan struct{})}
 	s.upSess = newUpstreamSession()
 	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
@@ -147,7 +148,9 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	cancel()
 	s.mu.Lock()
 	for _, span := range s.relayed {
-		endCall(span, nil) // the session ended before upstream answered
+		if span != nil {
+			endCall(span, nil) // the session ended before upstream answered
+		}
 	}
 	s.relayed = nil
 	s.mu.Unlock()
@@ -176,7 +179,8 @@ type session struct {
 	mu      sync.Mutex
 	waiting map[string]chan *jsonrpc.Response  // our request id → its answer
 	calls   map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
-	relayed map[string]trace.Span              // host id of a bypassed call → its span, until upstream answers
+	relayed map[string]trace.Span              // host id of a request relayed upstream → its span (nil but for a bypassed call), until upstream answers
+	dropped map[string]struct{}                // host ids whose upstream answer was dropped and logged (at most maxDropped)
 	late    map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
 	catalog map[string]policy.ToolInfo         // nil until fetched; reset on list_changed
 	catErr  error
@@ -226,9 +230,48 @@ func (s *session) readDownstream(ctx context.Context) error {
 				continue
 			}
 		}
+		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+			s.relaying(req.ID, nil) // before it is sent: upstream may answer at once
+		}
 		if err := s.up.Write(ctx, msg); err != nil {
 			return err
 		}
+	}
+}
+
+// relaying records a host request relayed upstream as in flight, with the span of a
+// bypassed call (nil for any other request): upstream's answer to it is relayed once.
+func (s *session) relaying(id jsonrpc.ID, span trace.Span) {
+	k := hostKey(id)
+	s.mu.Lock()
+	s.relayed[k] = span
+	delete(s.dropped, k) // a new request: a forged answer to it is logged again
+	s.mu.Unlock()
+}
+
+// maxDropped bounds the host ids whose dropped answers a session remembers having logged.
+const maxDropped = 256
+
+// dropAnswer logs, once per id, an upstream answer that no relayed host request in flight
+// waits for: an id upstream made up, one of a protected call (the proxy sent that call under
+// its own id, so only the proxy's answer may reach the host), or a second or late answer.
+func (s *session) dropAnswer(id jsonrpc.ID) {
+	k := hostKey(id)
+	s.mu.Lock()
+	_, logged := s.dropped[k]
+	if !logged {
+		if len(s.dropped) >= maxDropped {
+			for k := range s.dropped { // any one: the bound only keeps a hostile upstream's session small
+				delete(s.dropped, k)
+				break
+			}
+		}
+		s.dropped[k] = struct{}{}
+	}
+	s.mu.Unlock()
+	if !logged {
+		s.p.log.Warn("toolfence proxy: an upstream answer was dropped: no relayed host request waits for it",
+			"server", s.p.cfg.ServerID, "id", id.Raw())
 	}
 }
 
@@ -280,9 +323,14 @@ func (s *session) readUpstream(ctx context.Context) error {
 				continue
 			}
 			s.mu.Lock()
-			answered = s.relayed[hostKey(m.ID)]
+			span, inFlight := s.relayed[hostKey(m.ID)]
 			delete(s.relayed, hostKey(m.ID))
 			s.mu.Unlock()
+			if !inFlight {
+				s.dropAnswer(m.ID)
+				continue
+			}
+			answered = span
 		case *jsonrpc.Request:
 			if m.Method == "notifications/tools/list_changed" {
 				s.mu.Lock()
