@@ -83,7 +83,9 @@ type HTTPOptions struct {
 // hosts need not open (mcp-go's client does not by default), and its Write fails when that
 // stream is missing, which would end the relay. Here a progress notification follows its
 // progressToken to the stream of its request; other messages go to the GET stream, else to
-// the most recent open request stream, else wait (at most 1024) for one.
+// the most recent open request stream, else wait (at most 1024) for one. Each stream queues
+// at most maxStreamMessages or maxStreamBytes the host has not read: past that a
+// notification is dropped, any other message ends the stream (the host reconnects).
 type HTTPServer struct {
 	p    *Proxy
 	opts HTTPOptions

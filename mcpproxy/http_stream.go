@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -18,6 +19,19 @@ import (
 
 // maxPending bounds the messages of a session waiting for a stream to carry them.
 const maxPending = 1024
+
+// maxStreamMessages and maxStreamBytes bound the queue of one stream (a POST's or the GET
+// stream): the messages the proxy took for the host that the host has not read yet. A
+// message that would pass either bound is not queued, but a queue that is empty takes one
+// message of any size (up to transport.MaxUpstreamMessage). When a stream is full, a
+// notification for it is dropped (counted, and logged once per stream); an answer to a
+// request, or a request of upstream (sampling, elicitation), ends the stream instead, so
+// the host sees it close and reconnects: the answer is lost (logged; a protected call's
+// outcome is in the ledger), the request waits for the next stream.
+const (
+	maxStreamMessages = 1024
+	maxStreamBytes    = 8 << 20
+)
 
 // downConn is the proxy's connection to one host session over HTTP: Read gives what the
 // host POSTs, Write routes each message to an HTTP response (see HTTPServer). Write never
@@ -93,26 +107,52 @@ func (c *downConn) Write(_ context.Context, msg jsonrpc.Message) error {
 		k := hostKey(r.ID)
 		st := c.byRequest[k]
 		delete(c.byRequest, k)
-		if st == nil || !st.push(data, k) {
+		switch {
+		case st == nil:
 			c.log.Warn("toolfence proxy: an answer for the host was dropped: the host no longer waits for it (its outcome is in the ledger)", "session", c.id)
+		default:
+			switch st.push(data, k, false) {
+			case refused:
+				c.log.Warn("toolfence proxy: an answer for the host was dropped: the host no longer waits for it (its outcome is in the ledger)", "session", c.id)
+			case overflowed:
+				c.log.Warn("toolfence proxy: an answer for the host was dropped and its stream ended: the host does not read the stream, whose queue is full (its outcome is in the ledger)",
+					"session", c.id, "queued", maxStreamMessages, "bytes", maxStreamBytes)
+			}
 		}
 		return nil
 	}
-	if r, ok := msg.(*jsonrpc.Request); ok && r.Method == "notifications/progress" {
+	req, _ := msg.(*jsonrpc.Request)
+	note := req != nil && !req.IsCall() // may be dropped when its stream is full
+	deliver := func(st *sseStream) bool {
+		switch st.push(data, "", note) {
+		case pushed:
+			return true
+		case dropped:
+			if st.droppedCount() == 1 {
+				c.log.Warn("toolfence proxy: notifications for the host are dropped: the host does not read its stream, whose queue is full", "session", c.id,
+					"queued", maxStreamMessages, "bytes", maxStreamBytes)
+			}
+			return true
+		case overflowed:
+			c.log.Warn("toolfence proxy: a stream to the host was ended: the host does not read it and its queue is full; the host must reconnect", "session", c.id)
+		}
+		return false
+	}
+	if req != nil && req.Method == "notifications/progress" {
 		var p struct {
 			Token any `json:"progressToken"`
 		}
-		if json.Unmarshal(r.Params, &p) == nil && p.Token != nil {
-			if st := c.byProgress[fmt.Sprint(p.Token)]; st != nil && st.push(data, "") {
+		if json.Unmarshal(req.Params, &p) == nil && p.Token != nil {
+			if st := c.byProgress[fmt.Sprint(p.Token)]; st != nil && deliver(st) {
 				return nil
 			}
 		}
 	}
-	if c.standalone != nil && c.standalone.push(data, "") {
+	if c.standalone != nil && deliver(c.standalone) {
 		return nil
 	}
 	for i := len(c.recent) - 1; i >= 0; i-- {
-		if c.recent[i].push(data, "") {
+		if deliver(c.recent[i]) {
 			return nil
 		}
 	}
@@ -128,6 +168,9 @@ func (c *downConn) Write(_ context.Context, msg jsonrpc.Message) error {
 type sseStream struct {
 	mu      sync.Mutex
 	queue   [][]byte
+	bytes   int             // of queue, at most maxStreamBytes (but for one message)
+	dropped int             // notifications dropped because queue was full
+	stop    chan struct{}   // closed when the stream overflowed: its writer stops at once
 	waiting map[string]bool // answers it still carries (none for GET)
 	ended   bool            // no more messages: it is done or its request is gone
 	// jsonOnly: the host takes one JSON body of answers; other messages go elsewhere.
@@ -136,18 +179,44 @@ type sseStream struct {
 }
 
 func newStream() *sseStream {
-	return &sseStream{waiting: map[string]bool{}, signal: make(chan struct{}, 1)}
+	return &sseStream{waiting: map[string]bool{}, signal: make(chan struct{}, 1), stop: make(chan struct{})}
 }
 
-// push queues data; answer is the hostKey data answers ("" for other messages). It reports
-// false when the stream has ended or is complete (its writer may be gone already).
-func (s *sseStream) push(data []byte, answer string) bool {
+// pushResult is what push did with a message.
+type pushResult int
+
+const (
+	pushed     pushResult = iota // queued
+	refused                      // the stream has ended or is complete: nothing done
+	dropped                      // the queue is full: the notification was dropped (counted)
+	overflowed                   // the queue is full: the stream is ended, its queue discarded
+)
+
+// push queues data; answer is the hostKey data answers ("" for other messages), note says
+// data is a notification, which is dropped when the queue is full (maxStreamMessages,
+// maxStreamBytes); any other message ends a full stream instead.
+func (s *sseStream) push(data []byte, answer string, note bool) pushResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended || (s.waiting != nil && len(s.waiting) == 0) || (s.jsonOnly && answer == "") {
-		return false
+		return refused
+	}
+	if len(s.queue) > 0 && (len(s.queue) >= maxStreamMessages || s.bytes+len(data) > maxStreamBytes) {
+		if note {
+			s.dropped++
+			return dropped
+		}
+		s.ended = true
+		s.queue, s.bytes = nil, 0
+		close(s.stop)
+		select {
+		case s.signal <- struct{}{}:
+		default:
+		}
+		return overflowed
 	}
 	s.queue = append(s.queue, data)
+	s.bytes += len(data)
 	if answer != "" {
 		delete(s.waiting, answer)
 	}
@@ -155,7 +224,14 @@ func (s *sseStream) push(data []byte, answer string) bool {
 	case s.signal <- struct{}{}:
 	default:
 	}
-	return true
+	return pushed
+}
+
+// droppedCount is the number of notifications dropped because the queue was full.
+func (s *sseStream) droppedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dropped
 }
 
 // take returns the queued messages and whether the stream is complete: every answer has
@@ -164,7 +240,7 @@ func (s *sseStream) take() ([][]byte, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queue
-	s.queue = nil
+	s.queue, s.bytes = nil, 0
 	return q, s.ended || (s.waiting != nil && len(s.waiting) == 0)
 }
 
@@ -185,7 +261,7 @@ func (s *sseStream) leftovers() [][]byte {
 	defer s.mu.Unlock()
 	s.ended = true
 	q := s.queue
-	s.queue = nil
+	s.queue, s.bytes = nil, 0
 	return q
 }
 
@@ -221,7 +297,7 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 	if st != nil && sse {
 		c.recent = append(c.recent, st)
 		for _, data := range c.pending {
-			st.push(data, "")
+			st.push(data, "", true) // at most maxPending: all fit
 		}
 		c.pending = nil
 	}
@@ -295,6 +371,17 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream,
 		}
 	}
 	flush()
+	// A stream that overflowed ends now, even while a write to a host that does not read
+	// blocks: its write deadline passes.
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-st.stop:
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now())
+		case <-finished:
+		}
+	}()
 	for {
 		q, complete := st.take()
 		if complete {
@@ -323,6 +410,9 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream,
 // unanswered requests' answers will be dropped.
 func (c *downConn) forget(st *sseStream) {
 	left := st.leftovers()
+	if n := st.droppedCount(); n > 0 {
+		c.log.Warn("toolfence proxy: a stream to the host ended; notifications were dropped from it while its queue was full", "session", c.id, "dropped", n)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// What the host never got but answers waits for the next stream (an answer has no
@@ -362,14 +452,14 @@ func (c *downConn) serveGET(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "toolfence proxy: a GET must accept text/event-stream", http.StatusNotAcceptable)
 		return
 	}
-	st := &sseStream{signal: make(chan struct{}, 1)} // waiting nil: never complete
+	st := &sseStream{signal: make(chan struct{}, 1), stop: make(chan struct{})} // waiting nil: never complete
 	c.mu.Lock()
 	if c.standalone != nil {
 		c.standalone.end()
 	}
 	c.standalone = st
 	for _, data := range c.pending {
-		st.push(data, "")
+		st.push(data, "", true) // at most maxPending: all fit, but for their bytes
 	}
 	c.pending = nil
 	c.mu.Unlock()

@@ -1,0 +1,178 @@
+package mcpproxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// streamRig is a host session over HTTP with a GET stream and one POST stream waiting for
+// the answer to request 1, neither of which has a writer: the host never reads them.
+type streamRig struct {
+	c         *downConn
+	get, post *sseStream
+	logs      *syncBuffer
+}
+
+func newStreamRig(t *testing.T, withGET bool) *streamRig {
+	t.Helper()
+	logs := &syncBuffer{}
+	c := newDownConn("s1", slog.New(slog.NewTextHandler(logs, nil)))
+	r := &streamRig{c: c, logs: logs}
+	if withGET {
+		r.get = newStream()
+		r.get.waiting = nil // a GET stream: never complete
+		c.standalone = r.get
+	}
+	r.post = newStream()
+	id, _ := jsonrpc.MakeID(float64(1))
+	k := hostKey(id)
+	r.post.waiting[k] = true
+	c.byRequest[k] = r.post
+	c.recent = append(c.recent, r.post)
+	return r
+}
+
+// notify writes n upstream notifications of about size bytes each to the host.
+func (r *streamRig) notify(t *testing.T, n, size int) {
+	t.Helper()
+	params, _ := json.Marshal(map[string]any{"level": "info", "data": strings.Repeat("x", size)})
+	for range n {
+		require.NoError(t, r.c.Write(t.Context(), &jsonrpc.Request{Method: "notifications/message", Params: params}))
+	}
+}
+
+func (r *streamRig) answer(t *testing.T) {
+	t.Helper()
+	id, _ := jsonrpc.MakeID(float64(1))
+	require.NoError(t, r.c.Write(t.Context(), &jsonrpc.Response{ID: id, Result: json.RawMessage(`{"content":[]}`)}))
+}
+
+// held is what st holds for the host: messages and bytes.
+func held(st *sseStream) (n, size int) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, d := range st.queue {
+		size += len(d)
+	}
+	return len(st.queue), size
+}
+
+// A GET stream the host never reads holds at most maxStreamMessages notifications and
+// maxStreamBytes; the rest are dropped, logged once, and counted when the stream ends. A
+// request still gets its answer on its own POST stream.
+func TestHTTPStreamQueueIsBounded(t *testing.T) {
+	t.Parallel()
+	t.Run("messages", func(t *testing.T) {
+		t.Parallel()
+		r := newStreamRig(t, true)
+		r.notify(t, 5000, 100)
+		n, size := held(r.get)
+		require.Equal(t, maxStreamMessages, n)
+		require.LessOrEqual(t, size, maxStreamBytes)
+		require.Equal(t, 1, strings.Count(r.logs.String(), "notifications for the host are dropped"), r.logs.String())
+
+		r.answer(t)
+		q, complete := r.post.take()
+		require.Len(t, q, 1, "the POST stream carries its answer, and nothing else")
+		require.Contains(t, string(q[0]), `"id":1`)
+		require.True(t, complete)
+
+		r.c.forget(r.get)
+		require.Contains(t, r.logs.String(), "dropped="+itoa(5000-maxStreamMessages))
+	})
+	t.Run("bytes", func(t *testing.T) {
+		t.Parallel()
+		r := newStreamRig(t, true)
+		r.notify(t, 200, 100<<10)
+		n, size := held(r.get)
+		require.LessOrEqual(t, size, maxStreamBytes)
+		require.Greater(t, size, maxStreamBytes-(101<<10), "filled up to the bound")
+		require.Less(t, n, 200)
+	})
+	t.Run("an answer that does not fit ends its stream", func(t *testing.T) {
+		t.Parallel()
+		r := newStreamRig(t, false) // no GET stream: notifications go to the POST stream
+		r.notify(t, 5000, 100)
+		n, _ := held(r.post)
+		require.Equal(t, maxStreamMessages, n)
+		r.answer(t)
+		q, complete := r.post.take()
+		require.Empty(t, q, "the ended stream's queue is discarded")
+		require.True(t, complete, "the stream ended: its writer returns and the host reconnects")
+		select {
+		case <-r.post.stop:
+		default:
+			t.Fatal("a writer blocked on the host is not told to stop")
+		}
+		require.Contains(t, r.logs.String(), "an answer for the host was dropped and its stream ended")
+	})
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// A GET stream over HTTP whose host never reads it ends when a message that may not be
+// dropped (a request of upstream) finds its queue full, even though its writer is blocked
+// writing to the host: the handler returns and the session forgets the stream.
+func TestHTTPStreamThatOverflowsCloses(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	c := newDownConn("s1", slog.New(slog.NewTextHandler(logs, nil)))
+	srv := httptest.NewServer(http.HandlerFunc(c.serveGET))
+	defer srv.Close()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close() // never read
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	open := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.standalone != nil
+	}
+	require.Eventually(t, open, 5*time.Second, time.Millisecond)
+	params, _ := json.Marshal(map[string]any{"level": "info", "data": strings.Repeat("x", 1<<20)})
+	for range 64 { // more than the socket buffers, the writer's batch and the queue hold
+		require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{Method: "notifications/message", Params: params}))
+	}
+	for range 2 * maxStreamMessages { // and small ones up to the bound on messages
+		require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{Method: "notifications/message", Params: json.RawMessage(`{}`)}))
+	}
+	id, _ := jsonrpc.MakeID("s1")
+	require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{ID: id, Method: "roots/list", Params: json.RawMessage(`{}`)}))
+	require.Eventually(t, func() bool { return !open() }, 10*time.Second, 10*time.Millisecond, "the stream's handler did not return: %s", logs)
+	require.Contains(t, logs.String(), "a stream to the host was ended")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Len(t, c.pending, 1, "the request waits for the next stream")
+}
