@@ -31,7 +31,12 @@ const errPrefix = "mcpproxy: invalid policy"
 
 // codeUpstreamHTTP is transport.CodeUpstreamHTTP (a test holds them equal): the proxy's
 // own answer when an HTTP upstream gave none, which never proves no effect.
-const codeUpstreamHTTP = -32099
+// oldCodeUpstreamHTTP is the code older proxies gave that answer (one may be the upstream of
+// this one): it never proves no effect either.
+const (
+	codeUpstreamHTTP    = -32010
+	oldCodeUpstreamHTTP = -32099
+)
 
 // Modes of a tool in the policy.
 const (
@@ -157,7 +162,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // Parse parses a policy document, JSON (ParseJSON) when its first non-blank byte is '{'
 // and YAML (ParseYAML) otherwise. Both are held to the same rules: it refuses unknown keys at any level, trailing
 // data (a second YAML document), a mode other than protect or bypass, a bad JSON pointer or
-// pattern, no_effect code -32099 (transport.CodeUpstreamHTTP), a probe without tool or found (or naming the tool itself), a key with neither or
+// pattern, no_effect code -32010 (transport.CodeUpstreamHTTP) or -32099 (its value in older proxies), a probe without tool or found (or naming the tool itself), a key with neither or
 // both of argument and meta, and target, no_effect, probe or key on a bypassed tool (they
 // would never apply); every error wraps interceptor.ErrInvalidOptions and
 // names the tool.
@@ -228,7 +233,7 @@ func ParseJSON(data []byte) (*Policy, error) {
 			}
 		}
 		for _, code := range tp.NoEffect.Codes {
-			if code == codeUpstreamHTTP {
+			if code == codeUpstreamHTTP || code == oldCodeUpstreamHTTP {
 				return nil, bad("no_effect code %d is the proxy's own answer when an HTTP upstream gave none, so the call may have run: it never proves no effect (the proxy already records a request that was never sent as failed)", code)
 			}
 		}

@@ -123,11 +123,14 @@ func TestParsePinsRefusesBadInput(t *testing.T) {
 // TestParseRefusesTheProxysOwnHTTPErrorCodeAsNoEffect: the code transport makes up for an
 // HTTP upstream that gave no answer never proves no effect (policy keeps its own copy of
 // the code; this holds the two equal).
+// -32099, the code of older proxies (one may be the upstream of this one), is refused too.
 func TestParseRefusesTheProxysOwnHTTPErrorCodeAsNoEffect(t *testing.T) {
 	t.Parallel()
-	code := fmt.Sprint(transport.CodeUpstreamHTTP)
-	_, err := policy.Parse([]byte(`{"tools":{"charge":{"no_effect":{"codes":[-32000,` + code + `]}}}}`))
-	require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
-	require.Contains(t, err.Error(), code)
-	require.Contains(t, err.Error(), `"charge"`)
+	require.EqualValues(t, -32010, transport.CodeUpstreamHTTP)
+	for _, code := range []string{fmt.Sprint(transport.CodeUpstreamHTTP), "-32099"} {
+		_, err := policy.Parse([]byte(`{"tools":{"charge":{"no_effect":{"codes":[-32000,` + code + `]}}}}`))
+		require.ErrorIs(t, err, interceptor.ErrInvalidOptions)
+		require.Contains(t, err.Error(), code)
+		require.Contains(t, err.Error(), `"charge"`)
+	}
 }

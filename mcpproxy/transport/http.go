@@ -28,8 +28,10 @@ import (
 // sent to an HTTP upstream that never answered it: the exchange failed (connection refused
 // or dropped, a non-2xx status, a body that is not JSON-RPC, the stream ended before the
 // answer). For a protected call it means an unknown outcome; do not list it in a policy's
-// no_effect codes.
-const CodeUpstreamHTTP = -32099
+// no_effect codes. It is in the implementation-defined server-error range that MCP leaves
+// to implementations (−32000…−32019; MCP reserves −32020…−32099); proxies before this
+// code was changed used −32099.
+const CodeUpstreamHTTP = -32010
 
 // notSentMark marks the CodeUpstreamHTTP answers this process made for requests that never
 // left it (the connection could not be made); see NotSent.
@@ -357,7 +359,7 @@ func (c *httpConn) call(req *jsonrpc.Request, body []byte) {
 	// data.sent is false when the connection could not even be made: the request never
 	// left, so a protected call is recorded failed (never ran) and may be retried. Such an
 	// answer carries this process's notSentMark, which an upstream cannot know: an upstream
-	// that answers -32099 {"sent": false} itself is not believed (unknown).
+	// that answers CodeUpstreamHTTP {"sent": false} itself is not believed (unknown).
 	var op *net.OpError
 	sent := !(errors.As(err, &op) && op.Op == "dial")
 	fields := map[string]any{"sent": sent}

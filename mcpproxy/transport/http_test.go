@@ -95,3 +95,12 @@ func TestParseHeadersRefusesIdempotencyKeys(t *testing.T) {
 		require.NotContains(t, err.Error(), "abc", "never the value")
 	}
 }
+
+// TestCodeUpstreamHTTPIsToolfences: the made-up answer's code is in the implementation-
+// defined server-error range JSON-RPC leaves (−32000…−32099) outside −32020…−32099, which
+// MCP 2026-07-28 reserves for itself.
+func TestCodeUpstreamHTTPIsToolfences(t *testing.T) {
+	t.Parallel()
+	require.GreaterOrEqual(t, transport.CodeUpstreamHTTP, -32019)
+	require.LessOrEqual(t, transport.CodeUpstreamHTTP, -32000)
+}
