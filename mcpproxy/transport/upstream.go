@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,14 +21,33 @@ import (
 // with everything it started. On Linux the child also dies with the proxy (a parent-death
 // signal), so a proxy killed outright leaves no server behind.
 type Upstream struct {
-	cmd    *exec.Cmd
-	conn   mcp.Connection
-	errR   *os.File // the read end of the child's stderr; nil when it is discarded
-	once   sync.Once
-	copied chan struct{} // closed when the copy of the child's stderr has ended
-	done   chan struct{}
-	err    error
+	// Stop bounds each step of Close; set it before Close.
+	Stop StopGrace
+
+	cmd     *exec.Cmd
+	conn    mcp.Connection
+	in      *os.File // the write end of the child's stdin
+	out     *os.File // the read end of the child's stdout
+	errR    *os.File // the read end of the child's stderr; nil when it is discarded
+	once    sync.Once
+	drain   sync.Once
+	drained chan struct{} // closed when the drain of out has ended
+	copied  chan struct{} // closed when the copy of the child's stderr has ended
+	done    chan struct{}
+	err     error
 }
+
+// StopGrace is how long Close waits for the child at each step of the MCP stdio shutdown.
+type StopGrace struct {
+	// Exit is how long the child has to exit once its stdin is closed, before SIGTERM.
+	// Defaults to 2 s.
+	Exit time.Duration
+	// Term is how long the child has to exit after SIGTERM, before SIGKILL. Defaults to 2 s.
+	Term time.Duration
+}
+
+// DefaultStopGrace is each step's wait of Close when Upstream.Stop leaves it zero.
+const DefaultStopGrace = 2 * time.Second
 
 // stderrGrace is how long Close waits, once the process group is gone, for the last of the
 // child's stderr to be copied (longer only if something outside the group still holds it),
@@ -76,7 +96,7 @@ func StartUpstream(ctx context.Context, argv []string, stderr io.Writer) (*Upstr
 		pipes = append(pipes, errR, errW)
 		cmd.Stderr = errW
 	}
-	u := &Upstream{cmd: cmd, errR: errR, copied: make(chan struct{}), done: make(chan struct{})}
+	u := &Upstream{cmd: cmd, in: in, out: out, errR: errR, drained: make(chan struct{}), copied: make(chan struct{}), done: make(chan struct{})}
 	// The parent-death signal (Linux) fires when the thread that started the child ends, not
 	// the process; the runtime ends a thread when a goroutine locked to it exits. So the
 	// child is started and waited for on a goroutine locked to its thread for the child's
@@ -105,8 +125,35 @@ func StartUpstream(ctx context.Context, argv []string, stderr io.Writer) (*Upstr
 	} else {
 		close(u.copied)
 	}
-	u.conn = newLineConn(out, in, func() error { return errors.Join(in.Close(), out.Close()) })
+	u.conn = newLineConn(out, in, u.closeInput)
 	return u, nil
+}
+
+// closeInput is the connection's closer: it closes the child's stdin, the MCP signal to
+// exit, ends a Read pending on the connection (a read deadline; the pipe's Reads take turns,
+// so the drain's first Read comes after it) and reads the child's stdout to its end from
+// then on, so that what the child writes while it finishes does not fail with EPIPE.
+func (u *Upstream) closeInput() error {
+	err := u.in.Close()
+	_ = u.out.SetReadDeadline(time.Unix(1, 0))
+	u.drain.Do(func() {
+		go func() {
+			defer close(u.drained)
+			buf := make([]byte, 32<<10)
+			for {
+				_, err := u.out.Read(buf)
+				switch {
+				case err == nil:
+				case errors.Is(err, os.ErrDeadlineExceeded):
+					// The deadline that ended the connection's Read (or its context's): read on.
+					_ = u.out.SetReadDeadline(time.Time{})
+				default:
+					return // EOF, or Close closed the pipe
+				}
+			}
+		}()
+	})
+	return err
 }
 
 // Exit waits up to d for the upstream's process to end and returns how it ended ("exit
@@ -129,18 +176,29 @@ func (u *Upstream) Conn() mcp.Connection { return u.conn }
 // Pid returns the upstream's process id (also its process group id).
 func (u *Upstream) Pid() int { return u.cmd.Process.Pid }
 
-// Close closes the upstream's stdin, gives it 2 s to exit, then kills its process group,
-// and kills what is left of the group once it has exited (processes it started and left
-// behind). It returns nil once the process has exited.
+// Close ends the upstream as the MCP stdio transport prescribes: it closes the child's
+// stdin (reading its stdout to the end meanwhile), gives it Stop.Exit to exit, then sends its
+// process group SIGTERM and gives it Stop.Term, then kills the group; once the child has
+// exited it kills what is left of the group (processes it started and left behind). It
+// returns nil once the process has exited.
 func (u *Upstream) Close() error {
 	u.once.Do(func() {
-		_ = u.conn.Close()
+		_ = u.conn.Close() // calls closeInput
+		pgid := u.cmd.Process.Pid
 		select {
 		case <-u.done:
-		case <-time.After(2 * time.Second):
+		case <-time.After(cmp.Or(u.Stop.Exit, DefaultStopGrace)):
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			select {
+			case <-u.done:
+			case <-time.After(cmp.Or(u.Stop.Term, DefaultStopGrace)):
+			}
 		}
-		_ = syscall.Kill(-u.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-u.done
+		// The group is gone; stop reading what something outside it may still hold open.
+		_ = u.out.Close()
+		<-u.drained
 		if u.errR != nil {
 			select {
 			case <-u.copied:
