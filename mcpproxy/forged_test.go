@@ -104,3 +104,25 @@ func TestProxyDropsUpstreamAnswersToNoRelayedRequest(t *testing.T) {
 		})
 	}
 }
+
+// A relayed request the host cancels is no longer in flight: the cancellation goes
+// upstream, and an answer upstream sends anyway does not reach the host (nor does the
+// session keep waiting for one).
+func TestProxyForgetsACancelledRelayedRequest(t *testing.T) {
+	t.Parallel()
+	r := newStdioRig(t, mcpproxy.Options{})
+	r.host.send(t, float64(7), "resources/read", `{"uri":"fx://a"}`)
+	relayed := r.up.nextReq(t)
+	require.EqualValues(t, 7, relayed.ID.Raw())
+	require.NoError(t, r.host.conn.Write(context.Background(), &jsonrpc.Request{Method: "notifications/cancelled",
+		Params: []byte(`{"requestId":7,"reason":"user gave up"}`)}))
+	cancel, ok := r.up.next(t).(*jsonrpc.Request)
+	require.True(t, ok)
+	require.Equal(t, "notifications/cancelled", cancel.Method, "the cancellation is relayed")
+	r.up.answer(t, relayed.ID, `{"contents":[]}`)
+	require.NoError(t, r.up.conn.Write(context.Background(), &jsonrpc.Request{Method: "notifications/message",
+		Params: []byte(`{"level":"info","data":"marker"}`)}))
+	m, ok := r.host.next(t).(*jsonrpc.Request)
+	require.True(t, ok, "the host's next message is the marker, not the cancelled request's answer")
+	require.Equal(t, "notifications/message", m.Method)
+}

@@ -25,9 +25,11 @@ const maxPending = 1024
 // message that would pass either bound is not queued, but a queue that is empty takes one
 // message of any size (up to transport.MaxUpstreamMessage). When a stream is full, a
 // notification for it is dropped (counted, and logged once per stream); an answer to a
-// request, or a request of upstream (sampling, elicitation), ends the stream instead, so
-// the host sees it close and reconnects: the answer is lost (logged; a protected call's
-// outcome is in the ledger), the request waits for the next stream.
+// request, or a request of upstream (sampling, elicitation), drops the queued
+// notifications, and when it still does not fit ends the stream, so the host sees it close
+// and reconnects: the answers it held are lost (logged; a protected call's outcome is in
+// the ledger), its requests wait for the next stream. A jsonOnly stream is not bounded: it
+// holds only the answers to its own POST.
 const (
 	maxStreamMessages = 1024
 	maxStreamBytes    = 8 << 20
@@ -168,6 +170,7 @@ func (c *downConn) Write(_ context.Context, msg jsonrpc.Message) error {
 type sseStream struct {
 	mu      sync.Mutex
 	queue   [][]byte
+	notes   []bool          // notes[i]: queue[i] is a notification (it may be dropped)
 	bytes   int             // of queue, at most maxStreamBytes (but for one message)
 	dropped int             // notifications dropped because queue was full
 	stop    chan struct{}   // closed when the stream overflowed: its writer stops at once
@@ -189,42 +192,70 @@ const (
 	pushed     pushResult = iota // queued
 	refused                      // the stream has ended or is complete: nothing done
 	dropped                      // the queue is full: the notification was dropped (counted)
-	overflowed                   // the queue is full: the stream is ended, its queue discarded
+	overflowed                   // the queue is full of what must be delivered: the stream is ended
 )
 
 // push queues data; answer is the hostKey data answers ("" for other messages), note says
-// data is a notification, which is dropped when the queue is full (maxStreamMessages,
-// maxStreamBytes); any other message ends a full stream instead.
+// data is a notification. When the queue is full (maxStreamMessages, maxStreamBytes) a
+// notification is dropped; any other message first drops the queued notifications, and
+// when it still does not fit, ends the stream: what it queued stays for leftovers (forget
+// sends its requests on the next stream) and data is not queued. A jsonOnly stream holds
+// only the answers to its own POST and is not bounded here.
 func (s *sseStream) push(data []byte, answer string, note bool) pushResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended || (s.waiting != nil && len(s.waiting) == 0) || (s.jsonOnly && answer == "") {
 		return refused
 	}
-	if len(s.queue) > 0 && (len(s.queue) >= maxStreamMessages || s.bytes+len(data) > maxStreamBytes) {
+	if !s.jsonOnly && s.full(len(data)) {
 		if note {
 			s.dropped++
 			return dropped
 		}
-		s.ended = true
-		s.queue, s.bytes = nil, 0
-		close(s.stop)
-		select {
-		case s.signal <- struct{}{}:
-		default:
+		s.dropNotes()
+		if s.full(len(data)) {
+			s.ended = true
+			close(s.stop)
+			s.wake()
+			return overflowed
 		}
-		return overflowed
 	}
 	s.queue = append(s.queue, data)
+	s.notes = append(s.notes, note)
 	s.bytes += len(data)
 	if answer != "" {
 		delete(s.waiting, answer)
 	}
+	s.wake()
+	return pushed
+}
+
+// full reports whether n more bytes do not fit the queue (an empty queue takes anything).
+func (s *sseStream) full(n int) bool {
+	return len(s.queue) > 0 && (len(s.queue) >= maxStreamMessages || s.bytes+n > maxStreamBytes)
+}
+
+// dropNotes drops the queued notifications, counting them.
+func (s *sseStream) dropNotes() {
+	q, notes := s.queue[:0], s.notes[:0]
+	for i, data := range s.queue {
+		if s.notes[i] {
+			s.dropped++
+			s.bytes -= len(data)
+			continue
+		}
+		q, notes = append(q, data), append(notes, false)
+	}
+	clear(s.queue[len(q):])
+	s.queue, s.notes = q, notes
+}
+
+// wake tells the writer there is something to do.
+func (s *sseStream) wake() {
 	select {
 	case s.signal <- struct{}{}:
 	default:
 	}
-	return pushed
 }
 
 // droppedCount is the number of notifications dropped because the queue was full.
@@ -240,7 +271,7 @@ func (s *sseStream) take() ([][]byte, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queue
-	s.queue, s.bytes = nil, 0
+	s.queue, s.notes, s.bytes = nil, nil, 0
 	return q, s.ended || (s.waiting != nil && len(s.waiting) == 0)
 }
 
@@ -249,10 +280,7 @@ func (s *sseStream) end() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ended = true
-	select {
-	case s.signal <- struct{}{}:
-	default:
-	}
+	s.wake()
 }
 
 // leftovers ends the stream and returns what its writer never took.
@@ -261,7 +289,7 @@ func (s *sseStream) leftovers() [][]byte {
 	defer s.mu.Unlock()
 	s.ended = true
 	q := s.queue
-	s.queue, s.bytes = nil, 0
+	s.queue, s.notes, s.bytes = nil, nil, 0
 	return q
 }
 
@@ -296,10 +324,7 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 	}
 	if st != nil && sse {
 		c.recent = append(c.recent, st)
-		for _, data := range c.pending {
-			st.push(data, "", true) // at most maxPending: all fit
-		}
-		c.pending = nil
+		c.flushPending(st)
 	}
 	c.mu.Unlock()
 	if st != nil {
@@ -417,12 +442,18 @@ func (c *downConn) forget(st *sseStream) {
 	defer c.mu.Unlock()
 	// What the host never got but answers waits for the next stream (an answer has no
 	// other stream to go to: its request's HTTP response is gone).
+	answers := 0
 	for _, data := range left {
 		if m, err := jsonrpc.DecodeMessage(data); err == nil {
-			if _, answer := m.(*jsonrpc.Response); !answer && len(c.pending) < maxPending {
+			if _, answer := m.(*jsonrpc.Response); answer {
+				answers++
+			} else if len(c.pending) < maxPending {
 				c.pending = append(c.pending, data)
 			}
 		}
+	}
+	if answers > 0 {
+		c.log.Warn("toolfence proxy: answers for the host were dropped: their stream ended before the host read them (their outcomes are in the ledger)", "session", c.id, "answers", answers)
 	}
 	for k, s := range c.byRequest {
 		if s == st {
@@ -445,6 +476,18 @@ func (c *downConn) forget(st *sseStream) {
 	}
 }
 
+// flushPending moves the messages that waited for a stream to st, under c.mu. What st
+// cannot take once it overflowed keeps waiting for the next stream.
+func (c *downConn) flushPending(st *sseStream) {
+	for i, data := range c.pending {
+		if st.push(data, "", isNote(data)) == overflowed {
+			c.pending = c.pending[i:]
+			return
+		}
+	}
+	c.pending = nil
+}
+
 // serveGET opens the session's notification stream (replacing an older one) and writes to
 // it until the host goes away or the session ends.
 func (c *downConn) serveGET(w http.ResponseWriter, r *http.Request) {
@@ -458,10 +501,7 @@ func (c *downConn) serveGET(w http.ResponseWriter, r *http.Request) {
 		c.standalone.end()
 	}
 	c.standalone = st
-	for _, data := range c.pending {
-		st.push(data, "", true) // at most maxPending: all fit, but for their bytes
-	}
-	c.pending = nil
+	c.flushPending(st)
 	c.mu.Unlock()
 	defer c.forget(st)
 	w.Header().Set("Mcp-Session-Id", c.id)
@@ -484,4 +524,15 @@ func accepts(r *http.Request, mediaType string) bool {
 		}
 	}
 	return false
+}
+
+// isNote reports whether data, a message for the host, is a notification (which a full
+// stream may drop) rather than an answer or a request of upstream.
+func isNote(data []byte) bool {
+	m, err := jsonrpc.DecodeMessage(data)
+	if err != nil {
+		return false
+	}
+	req, ok := m.(*jsonrpc.Request)
+	return ok && !req.IsCall()
 }

@@ -117,7 +117,7 @@ func TestHTTPStreamQueueIsBounded(t *testing.T) {
 		require.Greater(t, size, maxStreamBytes-(101<<10), "filled up to the bound")
 		require.Less(t, n, 200)
 	})
-	t.Run("an answer that does not fit ends its stream", func(t *testing.T) {
+	t.Run("an answer takes the place of queued notifications", func(t *testing.T) {
 		t.Parallel()
 		r := newStreamRig(t, false) // no GET stream: notifications go to the POST stream
 		r.notify(t, 5000, 100)
@@ -125,22 +125,41 @@ func TestHTTPStreamQueueIsBounded(t *testing.T) {
 		require.Equal(t, maxStreamMessages, n)
 		r.answer(t)
 		q, complete := r.post.take()
-		require.Empty(t, q, "the ended stream's queue is discarded")
-		require.True(t, complete, "the stream ended: its writer returns and the host reconnects")
+		require.Len(t, q, 1, "the queued notifications were dropped for the answer")
+		require.Contains(t, string(q[0]), `"id":1`)
+		require.True(t, complete)
+		require.Equal(t, 5000, r.post.droppedCount(), "every notification is counted, queued ones included")
+	})
+	t.Run("an answer that does not fit ends its stream, keeping what it queued", func(t *testing.T) {
+		t.Parallel()
+		r := newStreamRig(t, false)
+		for i := range maxStreamMessages { // requests of upstream (sampling, roots): never dropped
+			id, _ := jsonrpc.MakeID("up-" + itoa(i))
+			require.NoError(t, r.c.Write(t.Context(), &jsonrpc.Request{ID: id, Method: "roots/list", Params: json.RawMessage(`{}`)}))
+		}
+		n, _ := held(r.post)
+		require.Equal(t, maxStreamMessages, n)
+		r.answer(t)
 		select {
 		case <-r.post.stop:
 		default:
 			t.Fatal("a writer blocked on the host is not told to stop")
 		}
 		require.Contains(t, r.logs.String(), "an answer for the host was dropped and its stream ended")
+		r.c.forget(r.post)
+		r.c.mu.Lock()
+		pending := len(r.c.pending)
+		r.c.mu.Unlock()
+		require.Equal(t, maxStreamMessages, pending, "the requests it queued wait for the next stream")
 	})
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 // A GET stream over HTTP whose host never reads it ends when a message that may not be
-// dropped (a request of upstream) finds its queue full, even though its writer is blocked
-// writing to the host: the handler returns and the session forgets the stream.
+// dropped (a request of upstream) finds its queue full of such messages, even though its
+// writer is blocked writing to the host: the handler returns, the session forgets the
+// stream, and the requests it did not send wait for the next one.
 func TestHTTPStreamThatOverflowsCloses(t *testing.T) {
 	t.Parallel()
 	logs := &syncBuffer{}
@@ -161,18 +180,22 @@ func TestHTTPStreamThatOverflowsCloses(t *testing.T) {
 		return c.standalone != nil
 	}
 	require.Eventually(t, open, 5*time.Second, time.Millisecond)
-	params, _ := json.Marshal(map[string]any{"level": "info", "data": strings.Repeat("x", 1<<20)})
-	for range 64 { // more than the socket buffers, the writer's batch and the queue hold
-		require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{Method: "notifications/message", Params: params}))
+	params, _ := json.Marshal(map[string]any{"data": strings.Repeat("x", 1<<20)})
+	const n = 64 // more than the socket buffers, the writer's batch and the queue hold
+	for i := range n {
+		id, _ := jsonrpc.MakeID("s" + itoa(i))
+		require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{ID: id, Method: "sampling/createMessage", Params: params}))
 	}
-	for range 2 * maxStreamMessages { // and small ones up to the bound on messages
-		require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{Method: "notifications/message", Params: json.RawMessage(`{}`)}))
-	}
-	id, _ := jsonrpc.MakeID("s1")
-	require.NoError(t, c.Write(t.Context(), &jsonrpc.Request{ID: id, Method: "roots/list", Params: json.RawMessage(`{}`)}))
 	require.Eventually(t, func() bool { return !open() }, 10*time.Second, 10*time.Millisecond, "the stream's handler did not return: %s", logs)
 	require.Contains(t, logs.String(), "a stream to the host was ended")
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	require.Len(t, c.pending, 1, "the request waits for the next stream")
+	require.NotEmpty(t, c.pending, "the requests not sent wait for the next stream")
+	var ids []any
+	for _, data := range c.pending {
+		m, err := jsonrpc.DecodeMessage(data)
+		require.NoError(t, err)
+		ids = append(ids, m.(*jsonrpc.Request).ID.Raw())
+	}
+	require.Contains(t, ids, "s"+itoa(n-1), "the last request, sent after the stream ended, waits")
 }

@@ -244,9 +244,15 @@ func (s *session) readDownstream(ctx context.Context) error {
 func (s *session) relaying(id jsonrpc.ID, span trace.Span) {
 	k := hostKey(id)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.relayed == nil { // Serve has ended the session: nothing will answer it
+		if span != nil {
+			endCall(span, nil)
+		}
+		return
+	}
 	s.relayed[k] = span
 	delete(s.dropped, k) // a new request: a forged answer to it is logged again
-	s.mu.Unlock()
 }
 
 // maxDropped bounds the host ids whose dropped answers a session remembers having logged.
@@ -418,7 +424,9 @@ func newUpstreamSession() string {
 func hostKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
 
 // cancelled ends the guarded call a host's notifications/cancelled names, and reports
-// whether it named one (the proxy then sends its own cancellation upstream).
+// whether it named one (the proxy then sends its own cancellation upstream). A relayed
+// request it names is no longer in flight: its late answer, if upstream sends one, is
+// dropped, and the notification is relayed.
 func (s *session) cancelled(req *jsonrpc.Request) bool {
 	var params struct {
 		RequestID any    `json:"requestId"`
@@ -431,8 +439,17 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 	if err != nil {
 		return false
 	}
+	k := hostKey(id)
 	s.mu.Lock()
-	cancel := s.calls[hostKey(id)]
+	cancel := s.calls[k]
+	if span, ok := s.relayed[k]; ok && cancel == nil {
+		// A relayed request the host gave up on: upstream need not answer it (and a late
+		// answer is dropped), so it is no longer in flight; the cancellation goes upstream.
+		delete(s.relayed, k)
+		if span != nil {
+			endCall(span, nil)
+		}
+	}
 	s.mu.Unlock()
 	if cancel == nil {
 		return false
