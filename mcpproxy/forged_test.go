@@ -126,3 +126,25 @@ func TestProxyForgetsACancelledRelayedRequest(t *testing.T) {
 	require.True(t, ok, "the host's next message is the marker, not the cancelled request's answer")
 	require.Equal(t, "notifications/message", m.Method)
 }
+
+// An upstream that answers ever new ids gets one log line per id for the first 256, then
+// lines at powers of two of the count: its answers cannot flood the log.
+func TestProxyDroppedAnswersDoNotFloodTheLog(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	r := newRig(t, mcpproxy.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))}, nil)
+	const n = 2000
+	for i := range n {
+		id, _ := jsonrpc.MakeID(float64(1000 + i))
+		r.up.answer(t, id, `{}`)
+	}
+	require.NoError(t, r.up.conn.Write(context.Background(), &jsonrpc.Request{Method: "notifications/message",
+		Params: []byte(`{"level":"info","data":"marker"}`)}))
+	m, ok := r.host.next(t).(*jsonrpc.Request)
+	require.True(t, ok, "no dropped answer reached the host")
+	require.Equal(t, "notifications/message", m.Method)
+	out := logs.String()
+	require.Equal(t, 256, strings.Count(out, "an upstream answer was dropped"))
+	require.Equal(t, 11, strings.Count(out, "upstream answers were dropped"), "at 1, 2, 4 … 1024 more of 1744")
+	require.Contains(t, out, "more=1024")
+}

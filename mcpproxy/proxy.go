@@ -176,16 +176,17 @@ type session struct {
 	idSpace  string // prefix of the proxy's own upstream request ids: "toolfence-proxy:<upSess>:"
 	upDone   chan struct{}
 
-	mu      sync.Mutex
-	waiting map[string]chan *jsonrpc.Response  // our request id → its answer
-	calls   map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
-	relayed map[string]trace.Span              // host id of a request relayed upstream → its span (nil but for a bypassed call), until upstream answers
-	dropped map[string]struct{}                // host ids whose upstream answer was dropped and logged (at most maxDropped)
-	late    map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
-	catalog map[string]policy.ToolInfo         // nil until fetched; reset on list_changed
-	catErr  error
-	catGen  uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
-	ending  bool   // Serve is ending: no new call starts (wg.Add only while false, under mu)
+	mu          sync.Mutex
+	waiting     map[string]chan *jsonrpc.Response  // our request id → its answer
+	calls       map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
+	relayed     map[string]trace.Span              // host id of a request relayed upstream → its span (nil but for a bypassed call), until upstream answers
+	dropped     map[string]struct{}                // host ids whose upstream answer was dropped and logged (at most maxDropped)
+	droppedMore int                                // answers dropped once dropped was full (logged at powers of two)
+	late        map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
+	catalog     map[string]policy.ToolInfo         // nil until fetched; reset on list_changed
+	catErr      error
+	catGen      uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
+	ending      bool   // Serve is ending: no new call starts (wg.Add only while false, under mu)
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -265,20 +266,29 @@ func (s *session) dropAnswer(id jsonrpc.ID) {
 	k := hostKey(id)
 	s.mu.Lock()
 	_, logged := s.dropped[k]
-	if !logged {
-		if len(s.dropped) >= maxDropped {
-			for k := range s.dropped { // any one: the bound only keeps a hostile upstream's session small
-				delete(s.dropped, k)
-				break
-			}
-		}
+	full := len(s.dropped) >= maxDropped
+	if !logged && !full {
 		s.dropped[k] = struct{}{}
 	}
+	s.droppedMore += b2i(!logged && full)
+	more := s.droppedMore
 	s.mu.Unlock()
-	if !logged {
+	switch {
+	case !logged && !full:
 		s.p.log.Warn("toolfence proxy: an upstream answer was dropped: no relayed host request waits for it",
 			"server", s.p.cfg.ServerID, "id", id.Raw())
+	case !logged && more&(more-1) == 0: // past the ids logged one by one: at 1, 2, 4, 8… more
+		s.p.log.Warn("toolfence proxy: upstream answers were dropped: no relayed host request waits for them",
+			"server", s.p.cfg.ServerID, "more", more)
 	}
+}
+
+// b2i is 1 for true, 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (s *session) readUpstream(ctx context.Context) error {
