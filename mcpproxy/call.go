@@ -72,7 +72,7 @@ func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
 	}
 	params := c.params
 	info := lookupTool(cat, params.Name)
-	if d := s.p.cfg.Policy.Decide(params.Name, info); d.Protect || s.pinRefusal(params.Name, info, d) != "" {
+	if d := s.p.decide(params.Name, info); d.Protect || s.pinRefusal(params.Name, info, d) != "" {
 		return false
 	}
 	ctx, span := s.p.startCall(ctx, c.req.ID, params)
@@ -114,7 +114,7 @@ func (s *session) call(ctx context.Context, c hostCall) {
 		return
 	}
 	info := lookupTool(cat, params.Name)
-	d := s.p.cfg.Policy.Decide(params.Name, info)
+	d := s.p.decide(params.Name, info)
 	if st := s.pinRefusal(params.Name, info, d); st != "" {
 		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
 		answer(refusal(params.Name, mcpwire.KindPin, pinRefusal(params.Name, st)))
@@ -143,6 +143,29 @@ func (s *session) call(ctx context.Context, c hostCall) {
 		cancel(nil)
 	}()
 	resp = s.guard(callCtx, req, params, d.Rule)
+}
+
+// decide is the policy's decision on a tool (policy.Decide), but that a tool once decided
+// protected in this proxy's life is never bypassed because of its annotations: an upstream
+// that re-annotates it readOnlyHint: true (after list_changed, or in a later session) is
+// ignored, logged once per tool. Only the policy file's explicit bypass relays it.
+func (p *Proxy) decide(name string, info *policy.ToolInfo) policy.Decision {
+	d := p.cfg.Policy.Decide(name, info)
+	switch {
+	case d.Protect:
+		p.protected.Store(name, struct{}{})
+		return d
+	case p.cfg.Policy.ExplicitBypass(name):
+		return d
+	}
+	if _, was := p.protected.Load(name); !was {
+		return d
+	}
+	if _, logged := p.reannotated.LoadOrStore(name, struct{}{}); !logged {
+		p.log.Info("toolfence proxy: the upstream re-annotated a protected tool read-only; it stays protected (annotations only make a tool stricter)",
+			"server", p.cfg.ServerID, "tool", name)
+	}
+	return policy.Decision{Protect: true, Rule: d.Rule, Why: "protected earlier in the proxy's life; its re-annotation " + d.Why + " is ignored"}
 }
 
 // paramKeys are the keys of tools/call params the proxy reads.

@@ -165,6 +165,7 @@ func (h *HTTPServer) space(ns string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.memory = h.p.memory // one upstream: what one namespace protects, all do
 	h.spaces[ns] = p
 	return p, nil
 }

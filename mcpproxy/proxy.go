@@ -63,7 +63,15 @@ type Proxy struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 
-	warned sync.Map // tool name → struct{}: digest-target warning given
+	*memory // shared with the proxies of other namespaces (NewHTTPServer)
+}
+
+// memory is what a proxy learns about the upstream's tools over its life, shared by all its
+// sessions (and, over HTTP, by the proxies of other namespaces).
+type memory struct {
+	warned      sync.Map // tool name → struct{}: digest-target warning given
+	protected   sync.Map // tool name → struct{}: decided protected once, so protected for good
+	reannotated sync.Map // tool name → struct{}: an ignored re-annotation was logged
 }
 
 // New returns a proxy that guards calls with ic. It returns an error for a missing or
@@ -108,7 +116,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Proxy{ic: ic, cfg: cfg, log: log, tracer: tracer(ic)}, nil
+	return &Proxy{ic: ic, cfg: cfg, log: log, tracer: tracer(ic), memory: &memory{}}, nil
 }
 
 // Serve relays one host session: messages from down (the host) go to up (the upstream
@@ -566,6 +574,9 @@ func (s *session) tools(ctx context.Context) (map[string]policy.ToolInfo, error)
 			break
 		}
 		cursor = page.NextCursor
+	}
+	for name, t := range cat {
+		s.p.decide(name, &t) // remembers the tools it protects
 	}
 	catErr = s.p.cfg.Policy.CheckCatalog(s.p.cfg.ServerID, cat)
 	if catErr != nil {
