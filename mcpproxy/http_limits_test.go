@@ -28,7 +28,12 @@ type limitRig struct {
 
 func newLimitRig(t *testing.T, opts mcpproxy.HTTPOptions, tokens map[string]string) *limitRig {
 	t.Helper()
-	w := newWorld(t, "")
+	return newLimitRigOf(t, newWorld(t, "").p, opts, tokens)
+}
+
+// newLimitRigOf is newLimitRig serving p.
+func newLimitRigOf(t *testing.T, p *mcpproxy.Proxy, opts mcpproxy.HTTPOptions, tokens map[string]string) *limitRig {
+	t.Helper()
 	r := &limitRig{ups: make(chan *rawEnd, 8), ended: make(chan struct{}, 64)}
 	opts.Dial = func(ctx context.Context) (mcp.Connection, io.Closer, error) {
 		upT, fakeT := mcp.NewInMemoryTransports()
@@ -42,7 +47,7 @@ func newLimitRig(t *testing.T, opts mcpproxy.HTTPOptions, tokens map[string]stri
 	for tok, ns := range tokens {
 		require.NoError(t, opts.Tokens.Add(tok, ns))
 	}
-	h, err := w.p.NewHTTPServer(opts)
+	h, err := p.NewHTTPServer(opts)
 	require.NoError(t, err)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		h.ServeHTTP(rw, req)

@@ -111,3 +111,25 @@ func TestProxyKeepsAProtectedToolProtectedWhenReannotatedReadOnly(t *testing.T) 
 
 	require.Equal(t, 1, strings.Count(o.logs.String(), "re-annotated"), o.logs.String())
 }
+
+// Over HTTP, what one namespace's proxy protected the others' protect too (one upstream),
+// and the missing-target warning is given once for all of them.
+func TestHTTPNamespacesShareWhatTheProxyProtected(t *testing.T) {
+	o := newOneProxy(t)
+	const tokA, tokB = "tok-a-0123456789abcdef", "tok-b-0123456789abcdef"
+	r := newLimitRigOf(t, o.p, mcpproxy.HTTPOptions{}, map[string]string{tokA: "ns-a", tokB: "ns-b"})
+	for _, c := range []struct{ tok, def string }{{tokA, writeDef}, {tokB, writeReadOnlyDef}} {
+		session, up := r.initialize(t, c.tok)
+		pending := r.postAsync(t, c.tok, session, "application/json",
+			`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write","arguments":{"path":"/a"}}}`)
+		listOnce(t, up, c.def)
+		guarded := up.nextReq(t)
+		require.Equal(t, "tools/call", guarded.Method)
+		require.Regexp(t, proxyID, guarded.ID.Raw(), "protected in %s: sent under the proxy's own id", c.tok)
+		up.answer(t, guarded.ID, `{"content":[]}`)
+		a := <-pending
+		<-r.ended
+		require.Contains(t, a.body, `"id":2`)
+	}
+	require.Equal(t, 1, strings.Count(o.logs.String(), "no target pointers"), o.logs.String())
+}
