@@ -359,7 +359,13 @@ func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owne
 	h.mu.Unlock()
 	go func() {
 		defer h.wg.Done()
-		if err := p.Serve(h.ctx, s.conn, up); err != nil {
+		switch err := p.Serve(h.ctx, s.conn, up); {
+		case err == nil:
+		case h.ctx.Err() != nil || s.conn.isClosed():
+			// A normal end: the server shut down (SIGTERM) or ended the session (the
+			// host's DELETE, idle), whichever of Serve's reasons won.
+			h.log.Debug("toolfence proxy: session ended", "session", s.id, "err", err)
+		default:
 			h.log.Warn("toolfence proxy: session ended", "session", s.id, "err", err)
 		}
 		_ = closer.Close()
