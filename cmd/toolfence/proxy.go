@@ -269,6 +269,9 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 				err = fmt.Errorf("%w: upstream %q ended (%s)", err, args[0], state)
 			}
 		}
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped by SIGTERM or SIGINT: a normal end, as serve's
+		}
 		return err
 	}
 	h, err := p.NewHTTPServer(mcpproxy.HTTPOptions{
