@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -67,13 +68,14 @@ func TestDemoKeepsItsStoreAndSaysHowToLookAtIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "the demo keeps its store")
 	store := filepath.Join(tmp, entries[0].Name())
-	require.Contains(t, r.stderr, "store kept at "+store+"; look at it with:\n  toolfence ls --store "+store+"\n  toolfence show tf1_")
-	ls := regexp.MustCompile(`(?m)^  toolfence (ls --store \S+)$`).FindStringSubmatch(r.stderr)
+	require.Contains(t, r.stderr, "store kept at "+store+"; look at it with:\n  "+bin+" ls --store "+store+"\n  "+bin+" show tf1_",
+		"the commands name the binary as it was run")
+	ls := regexp.MustCompile(`(?m)^  \S+ (ls --store \S+)$`).FindStringSubmatch(r.stderr)
 	require.NotNil(t, ls, "%s", r)
 	listed := ok(t, strings.Fields(ls[1])...)
 	require.Len(t, tableRows(listed.stdout), 1, "%s", listed)
 	require.Contains(t, listed.stdout, "charge")
-	show := regexp.MustCompile(`(?m)^  toolfence (show tf1_[0-9a-f]{64} --store \S+)$`).FindStringSubmatch(r.stderr)
+	show := regexp.MustCompile(`(?m)^  \S+ (show tf1_[0-9a-f]{64} --store \S+)$`).FindStringSubmatch(r.stderr)
 	require.NotNil(t, show, "%s", r)
 	require.Contains(t, ok(t, strings.Fields(show[1])...).stdout, "state           succeeded")
 
@@ -444,4 +446,26 @@ func TestServerFlag(t *testing.T) {
 	fails(t, 2, []string{"give --token or --token-file, not both"}, srv("ls", "--token-file", mine)...)
 	fails(t, 1, []string{"cannot reach the toolfence server at http://127.0.0.1:1"}, "ls", "--server", "http://127.0.0.1:1", "--token", token)
 	fails(t, 1, []string{`server URL "ftp://x"`}, "ls", "--server", "ftp://x")
+}
+
+// TestDemoNamesTheBinaryAsRun: run as make demo runs it (./bin/toolfence, a relative
+// path), the demo prints ls and show commands with that path, which then work as printed.
+func TestDemoNamesTheBinaryAsRun(t *testing.T) {
+	t.Parallel()
+	work := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(work, "bin"), 0o755))
+	require.NoError(t, os.Symlink(bin, filepath.Join(work, "bin", "toolfence")))
+	store := filepath.Join(work, "demo-store")
+	cmd := exec.CommandContext(t.Context(), "./bin/toolfence", "demo", "--store", store)
+	cmd.Dir = work
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Run(), stderr.String())
+	require.Contains(t, stderr.String(), "\n  ./bin/toolfence ls --store "+store+"\n  ./bin/toolfence show tf1_")
+
+	ls := exec.CommandContext(t.Context(), "./bin/toolfence", "ls", "--store", store)
+	ls.Dir = work
+	out, err := ls.Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), "charge")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -115,7 +116,11 @@ func (a *app) demo(ctx context.Context, storeSet, rm bool) error {
 
 // demoKept tells on stderr where the demo's store is and how to look at it, or that it was
 // removed.
+//
+// The commands name the binary as it was run (os.Args[0]: ./bin/toolfence under make demo,
+// toolfence from the PATH), so they can be pasted as they are.
 func (a *app) demoKept(rep *demo.Report, rm bool) {
+	self := shellQuote(cmp.Or(os.Args[0], "toolfence"))
 	ns := ""
 	if a.namespace != interceptor.DefaultNamespace {
 		ns = " --namespace " + shellQuote(a.namespace)
@@ -129,12 +134,12 @@ func (a *app) demoKept(rep *demo.Report, rm bool) {
 		return
 	case rep.Schema != "":
 		store := shellQuote(displayStore(rep.Store))
-		fmt.Fprintf(a.stderr, "schema %s kept; look at it with:\n  toolfence ls --store %s%s\n  toolfence show %s --store %s%s\n"+
-			"(drop it with DROP SCHEMA %s CASCADE, or run the demo with --rm)\n", rep.Schema, store, ns, rep.Key, store, ns, rep.Schema)
+		fmt.Fprintf(a.stderr, "schema %s kept; look at it with:\n  %s ls --store %s%s\n  %s show %s --store %s%s\n"+
+			"(drop it with DROP SCHEMA %s CASCADE, or run the demo with --rm)\n", rep.Schema, self, store, ns, self, rep.Key, store, ns, rep.Schema)
 	default:
 		store := shellQuote(rep.Store)
-		fmt.Fprintf(a.stderr, "store kept at %s; look at it with:\n  toolfence ls --store %s%s\n  toolfence show %s --store %s%s\n",
-			rep.Store, store, ns, rep.Key, store, ns)
+		fmt.Fprintf(a.stderr, "store kept at %s; look at it with:\n  %s ls --store %s%s\n  %s show %s --store %s%s\n",
+			rep.Store, self, store, ns, self, rep.Key, store, ns)
 	}
 }
 

@@ -34,7 +34,9 @@ func newLsCmd(a *app) *cobra.Command {
 
 The table fits 100 columns: the key abbreviated to a unique prefix (show and resolve take
 it as it is), the effective state (a pending residual whose lease has expired reads as
-unknown), the task, operation and target of the call (cut with … when long), the current
+unknown), the task and target of the call (cut with … when long), the operation with its
+tool name whole (a proxy's SERVER/TOOL loses the server id first: …/TOOL; a longer tool
+name takes width from the task and target columns), the current
 attempt and when the residual last changed (UTC). --wide prints every column whole: the full
 key, the holder of the current attempt and the time to the second. --json prints one
 residual per line instead, with every field (the same record as show --json; results are
@@ -111,6 +113,7 @@ func (a *app) ls(cmd *cobra.Command, f lsFlags) error {
 			return fmt.Errorf("listing residuals: %w", err)
 		}
 		short := shortKeys(page.Residuals)
+		w := narrowWidths(page.Residuals)
 		for _, r := range page.Residuals {
 			n++
 			if f.json {
@@ -119,7 +122,7 @@ func (a *app) ls(cmd *cobra.Command, f lsFlags) error {
 				}
 				continue
 			}
-			writeRow(tw, r, n == 1, f.wide, short)
+			writeRow(tw, r, n == 1, f.wide, short, w)
 		}
 		if page.NextCursor == "" {
 			break
@@ -147,19 +150,53 @@ func (a *app) ls(cmd *cobra.Command, f lsFlags) error {
 }
 
 // Column widths of the narrow ls table: with two spaces between columns it fits 100
-// columns (12+9+14+12+18+7+16 + 6×2).
+// columns (12+9+14+12+18+7+16 + 6×2) unless a tool name is longer than the operation
+// column and the task and target columns together can give (see narrowWidths).
 const (
 	shortKeyHex  = 8 // hex digits of an abbreviated key, more when a page needs them
 	taskWidth    = 14
 	opWidth      = 12
 	targetWidth  = 18
+	minWidth     = 6 // the least a task or target column shrinks to for a long tool name
 	narrowLayout = "2006-01-02 15:04"
 	wideLayout   = "2006-01-02T15:04:05Z"
 )
 
+// widths are the widths of the cut columns of the narrow ls table.
+type widths struct{ task, op, target int }
+
+// narrowWidths returns the widths for the rows rs: the operation column is as wide as the
+// longest operation cell (at least opWidth), and what it takes beyond opWidth comes from
+// the task column and then the target column, down to minWidth each.
+func narrowWidths(rs []*residual.Residual) widths {
+	w := widths{task: taskWidth, op: opWidth, target: targetWidth}
+	for _, r := range rs {
+		w.op = max(w.op, utf8.RuneCountInString(opCell(r.Operation)))
+	}
+	excess := w.op - opWidth
+	take := min(excess, w.task-minWidth)
+	w.task, excess = w.task-take, excess-take
+	w.target -= min(excess, w.target-minWidth)
+	return w
+}
+
+// opCell returns the operation op for the narrow table: whole when it fits opWidth; else
+// without the server id of a proxy's "SERVER/TOOL" ("…/TOOL"), so the tool name is never
+// cut (narrowWidths widens the column instead).
+func opCell(op string) string {
+	op = cell(op, 0)
+	if utf8.RuneCountInString(op) <= opWidth {
+		return op
+	}
+	if _, tool, ok := strings.Cut(op, "/"); ok && tool != "" {
+		return "…/" + tool
+	}
+	return op
+}
+
 // writeRow writes r as a row of the ls table, after the header when header is set. short
-// maps keys to their abbreviations (unused when wide).
-func writeRow(tw io.Writer, r *residual.Residual, header, wide bool, short map[string]string) {
+// maps keys to their abbreviations and w gives the column widths (both unused when wide).
+func writeRow(tw io.Writer, r *residual.Residual, header, wide bool, short map[string]string, w widths) {
 	attempt, holder := "-", "-"
 	if cur := r.Current(); cur != nil {
 		attempt, holder = fmt.Sprint(cur.N), cur.Holder
@@ -175,8 +212,8 @@ func writeRow(tw io.Writer, r *residual.Residual, header, wide bool, short map[s
 	if header {
 		fmt.Fprintln(tw, "KEY\tSTATE\tTASK\tOPERATION\tTARGET\tATTEMPT\tUPDATED UTC")
 	}
-	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short[r.Key], r.State, cell(r.Task, taskWidth), cell(r.Operation, opWidth),
-		cell(r.Target, targetWidth), attempt, r.UpdatedAt.UTC().Format(narrowLayout))
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short[r.Key], r.State, cell(r.Task, w.task), opCell(r.Operation),
+		cell(r.Target, w.target), attempt, r.UpdatedAt.UTC().Format(narrowLayout))
 }
 
 // shortKeys abbreviates the keys of rs to "tf1_" and shortKeyHex hex digits, or as many more

@@ -26,6 +26,9 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(capsUpstreamEnv) != "" { // this test binary as an upstream (proxy_lock_caps_test.go)
+		os.Exit(runCapsUpstream())
+	}
 	// Built without -race: the binary's concurrent parts (the demo's API, worker and
 	// successor) run under the race detector in cmd/toolfence/internal/demo's tests.
 	os.Exit(testkit.RunWithBinaries(m, func(dir string) { bin = filepath.Join(dir, "toolfence") }, "."))

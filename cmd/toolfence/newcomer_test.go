@@ -267,7 +267,8 @@ func TestGCAgeUnits(t *testing.T) {
 }
 
 // TestLsFitsAHundredColumns: long tasks, targets and holders are cut so every line of the
-// table fits 100 columns; --wide prints them whole.
+// table fits 100 columns, a long tool name taking width from the task and target; --wide
+// prints them whole.
 func TestLsFitsAHundredColumns(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -285,7 +286,8 @@ func TestLsFitsAHundredColumns(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimRight(r.stdout, "\n"), "\n") {
 		require.LessOrEqual(t, utf8.RuneCountInString(line), 100, "%q", line)
 	}
-	require.Contains(t, r.stdout, "very-long-ver…")
+	require.Contains(t, r.stdout, "send_a_very_long_operation_name", "a tool name is never cut")
+	require.Contains(t, r.stdout, "very-…", "the task gives the operation its width")
 	require.Contains(t, r.stdout, key[:12])
 	require.NotContains(t, r.stdout, key)
 
@@ -293,6 +295,28 @@ func TestLsFitsAHundredColumns(t *testing.T) {
 	require.Contains(t, r.stdout, key)
 	require.Contains(t, r.stdout, long+"holder")
 	require.Contains(t, r.stdout, long+"target")
+}
+
+// TestLsShowsProxyToolNamesWhole: a proxy's SERVER/TOOL operation too long for its column
+// loses the server id, not the end of the tool name, and the table still fits 100 columns.
+func TestLsShowsProxyToolNamesWhole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.with(past(2*time.Hour), func(l ledger.Ledger) {
+		f.reserve(l, "default", "run-1", "fs/write_file", "/tmp/a", time.Minute)
+		f.reserve(l, "default", "run-2", "fs/move", "/tmp/b", time.Minute)
+		f.reserve(l, "default", "run-3", "mail/send_message_with_attachments", "bob@example.com", time.Minute)
+	})
+	r := ok(t, "ls", "--store", f.dir)
+	require.Len(t, tableRows(r.stdout), 3)
+	require.NotContains(t, r.stdout, "fs/write_fi…")
+	require.Contains(t, r.stdout, " …/write_file ")
+	require.Contains(t, r.stdout, " fs/move ", "an operation that fits keeps its server id")
+	require.Contains(t, r.stdout, " …/send_message_with_attachments ")
+	for _, line := range strings.Split(strings.TrimRight(r.stdout, "\n"), "\n") {
+		require.LessOrEqual(t, utf8.RuneCountInString(line), 100, "%q", line)
+	}
+	require.Contains(t, ok(t, "ls", "--store", f.dir, "--wide").stdout, " fs/write_file ")
 }
 
 // TestResolveTextResult: a --result that is not JSON is refused with the quoting that

@@ -92,7 +92,7 @@ func TestDemoOnPostgres(t *testing.T) {
 		require.NoError(t, err)
 	})
 	require.True(t, exists(kept), "the demo keeps its schema")
-	m := regexp.MustCompile(`schema \S+ kept; look at it with:\n  toolfence ls --store '\S+'\n  toolfence show (tf1_[0-9a-f]{64}) --store '(\S+)'`).FindStringSubmatch(r.stderr)
+	m := regexp.MustCompile(`schema \S+ kept; look at it with:\n  \S+ ls --store '\S+'\n  \S+ show (tf1_[0-9a-f]{64}) --store '(\S+)'`).FindStringSubmatch(r.stderr)
 	require.NotNil(t, m, "%s", r)
 	var shown record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "show", m[1], "--store", m[2], "--json").stdout), &shown))

@@ -22,6 +22,7 @@ type upstreamFlags struct {
 	config   string
 	pins     string
 	serverID string
+	caps     []string   // --capabilities: what the initialize declares
 	up       proxyFlags // --upstream and --header, read by its check and upstream
 }
 
@@ -31,10 +32,14 @@ func (f *upstreamFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.serverID, "server-id", "", "id of the upstream in keys, as for proxy; required")
 	cmd.Flags().StringVar(&f.up.upstreamURL, "upstream", "", "URL of a streamable-HTTP upstream MCP server (instead of -- CMD ARGS...)")
 	cmd.Flags().StringArrayVar(&f.up.headers, "header", nil, "--upstream: a header NAME=VALUE sent on every request upstream (repeatable; values are never logged)")
+	cmd.Flags().StringSliceVar(&f.caps, "capabilities", clientCapabilities, "client capabilities the initialize declares, as hosts do (a server may list some tools only to hosts that declare one); --capabilities= declares none")
 }
 
 func (f *upstreamFlags) validate(cmd *cobra.Command, args []string) error {
 	if err := f.up.check(cmd, args); err != nil {
+		return err
+	}
+	if err := checkCapabilities(f.caps); err != nil {
 		return err
 	}
 	if f.serverID == "" {
@@ -44,7 +49,8 @@ func (f *upstreamFlags) validate(cmd *cobra.Command, args []string) error {
 }
 
 // listUpstream connects the upstream (--upstream URL or the command of args, through the
-// proxy's one upstream function) and lists its tools, within 30 s.
+// proxy's one upstream function) and lists its tools, within 30 s, declaring the client
+// capabilities of --capabilities.
 func listUpstream(ctx context.Context, a *app, f *upstreamFlags, args []string) ([]policy.Tool, error) {
 	log, err := a.logger()
 	if err != nil {
@@ -57,7 +63,7 @@ func listUpstream(ctx context.Context, a *app, f *upstreamFlags, args []string) 
 	defer closer.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return mcpproxy.ListTools(ctx, conn)
+	return mcpproxy.ListTools(ctx, &capsConn{Connection: conn, caps: f.caps})
 }
 
 // pinsPath returns the pins file of the flags: --pins, else the default beside --config
@@ -129,6 +135,11 @@ problems "toolfence proxy check" reports refuse the lock): nothing is written ot
 The pins file is --pins, else the --config path with its extension replaced by
 .pins.json (proxy.yaml → proxy.pins.json); one of them is required.
 
+Its initialize declares the client capabilities sampling, elicitation and roots, as hosts
+do (--capabilities names fewer; --capabilities= none): a server may list some tools only
+to a host that declared one. A roots/list of the upstream is answered with no roots, a
+sampling or elicitation request with an error.
+
 Example:
   toolfence proxy lock --config mail.yaml --server-id mail -- npx mail-mcp`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -197,6 +208,11 @@ missing, changed, unlisted; "no pins" without a pins file; "-" for bypassed tool
 warnings: a pointer that names no property of the tool's inputSchema. Problems that refuse
 every call follow: a tool or probe tool the policy names that the upstream does not list,
 pins of another server id.
+
+Its initialize declares the client capabilities sampling, elicitation and roots, as hosts
+do (--capabilities names fewer; --capabilities= none): a server may list some tools only
+to a host that declared one. A roots/list of the upstream is answered with no roots, a
+sampling or elicitation request with an error.
 
 Exit status 1 when some calls would be refused whatever their arguments (a problem, a pin
 missing or changed, a pointer to a missing argument); 0 otherwise.
