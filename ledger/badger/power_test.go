@@ -2,7 +2,9 @@ package badger_test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,15 +46,24 @@ func TestPowerLossCatchesSkippedSync(t *testing.T) {
 			_ = os.RemoveAll(dir)
 		}
 	})
-	rep, err := jepsen.Run(context.Background(), jepsen.Options{Backend: "badger", Duration: 8 * time.Second, Clients: 6,
-		Slots: 2, Epoch: 3 * time.Second, FaultFor: time.Second, Quiet: 700 * time.Millisecond,
-		Faults: []string{jepsen.FPower}, Seed: 1, Dir: dir, Args: []string{"-test.run=^TestPowerWorker$"}, Log: logWriter{t}})
-	require.NoError(t, err)
-	v := rep.Verdict
-	t.Logf("%s; violations %v; power %+v", v, v.Violations, *rep.Power)
-	require.Positive(t, rep.Power.Cuts)
-	require.Greater(t, v.Ops, 300, "the workload ran")
-	require.Equal(t, "Illegal", v.Linearizable, "a power cut after an acknowledged, unsynced commit must show as lost; report in %s", dir)
+	// A cut catches the planted bug only when it falls between an acknowledged, unsynced
+	// commit and the next round: most runs show it (6 of 6 when it was planted), one in CI
+	// did not, so a run that shows nothing is tried again with the next seed, up to three.
+	var v *jepsen.Verdict
+	for seed := uint64(1); seed <= 3; seed++ {
+		rep, err := jepsen.Run(context.Background(), jepsen.Options{Backend: "badger", Duration: 8 * time.Second, Clients: 6,
+			Slots: 2, Epoch: 3 * time.Second, FaultFor: time.Second, Quiet: 700 * time.Millisecond,
+			Faults: []string{jepsen.FPower}, Seed: seed, Dir: filepath.Join(dir, fmt.Sprint(seed)), Args: []string{"-test.run=^TestPowerWorker$"}, Log: logWriter{t}})
+		require.NoError(t, err)
+		v = rep.Verdict
+		t.Logf("seed %d: %s; violations %v; power %+v", seed, v, v.Violations, *rep.Power)
+		require.Positive(t, rep.Power.Cuts)
+		require.Greater(t, v.Ops, 300, "the workload ran")
+		if v.Linearizable == "Illegal" {
+			break
+		}
+	}
+	require.Equal(t, "Illegal", v.Linearizable, "a power cut after an acknowledged, unsynced commit must show as lost in one of three runs; reports in %s", dir)
 }
 
 // logWriter writes the harness's progress lines to the test log.
