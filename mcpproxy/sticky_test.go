@@ -91,6 +91,11 @@ func TestProxyKeepsAProtectedToolProtectedWhenReannotatedReadOnly(t *testing.T) 
 	require.Contains(t, response(t, host, 1), "written")
 
 	require.NoError(t, up.conn.Write(context.Background(), &jsonrpc.Request{Method: "notifications/tools/list_changed"}))
+	// The proxy resets its catalogue before it relays the notification: once the host has it,
+	// the next call fetches the list again (else the call could overtake the notification).
+	changed, ok := host.next(t).(*jsonrpc.Request)
+	require.True(t, ok)
+	require.Equal(t, "notifications/tools/list_changed", changed.Method)
 	host.send(t, float64(2), "tools/call", call)
 	listOnce(t, up, writeReadOnlyDef)
 	res := response(t, host, 2)
