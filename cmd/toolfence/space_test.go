@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/internal/testkit"
 )
 
 // TestCommandsOnFullFilesystem: on a real tmpfs filled to the last byte, ls on an existing
@@ -18,12 +20,7 @@ import (
 // so a crash would show as a signal) and writes nothing; once space is freed it works.
 // Off root (no mount) the test skips, under CI=true it fails: CI runs it as root.
 func TestCommandsOnFullFilesystem(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root (to mount a small tmpfs); CI runs it as root")
-		}
-		t.Skip("needs root (to mount a small tmpfs)")
-	}
+	testkit.NeedRoot(t, "to mount a small tmpfs")
 	t.Parallel()
 	mnt := filepath.Join(t.TempDir(), "fs")
 	require.NoError(t, os.Mkdir(mnt, 0o700))
