@@ -114,6 +114,16 @@ func (s *session) call(ctx context.Context, c hostCall) {
 		return
 	}
 	info := lookupTool(cat, params.Name)
+	if info == nil && !s.pinned(params.Name) {
+		// The upstream's own list (fetched in this session, again after list_changed) lacks
+		// the tool: upstream could only refuse it, so nothing is reserved or sent. The spec's
+		// answer to an unknown tool is a JSON-RPC error -32602. (A pinned tool gone from the
+		// list gets its pin's refusal below, which tells the operator what to do.)
+		s.p.log.Warn("toolfence proxy: call refused: the upstream does not list the tool", "tool", params.Name)
+		resp = &jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams,
+			Message: fmt.Sprintf("Unknown tool: %s (the upstream does not list it; nothing was sent upstream)", params.Name)}}
+		return
+	}
 	d := s.p.decide(params.Name, info)
 	if st := s.pinRefusal(params.Name, info, d); st != "" {
 		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
@@ -206,6 +216,15 @@ func checkParamKeys(params json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+// pinned reports whether the catalog pins hold the named tool.
+func (s *session) pinned(name string) bool {
+	if s.p.cfg.Pins == nil {
+		return false
+	}
+	_, ok := s.p.cfg.Pins.Pinned(name)
+	return ok
 }
 
 // lookupTool is the upstream's definition of the named tool; nil when the list lacks it.

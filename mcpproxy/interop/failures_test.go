@@ -316,10 +316,10 @@ func TestInvalidParamsIsFailedAndRetried(t *testing.T) {
 	require.Equal(t, residual.Succeeded, rs[0].State)
 }
 
-// TestUnknownToolIsFailedAndRetried: a tool the upstream does not list is protected; the
-// upstream's JSON-RPC error for it means it never ran (failed), so a retry is sent again
-// and gets the upstream's error again, not a refusal or a replay.
-func TestUnknownToolIsFailedAndRetried(t *testing.T) {
+// TestUnknownToolRefusedUnreserved: a tool the upstream does not list (the proxy has read
+// its tools/list) is answered with the spec's JSON-RPC error -32602 naming the tool, every
+// time, with nothing reserved: the store holds nothing for it.
+func TestUnknownToolRefusedUnreserved(t *testing.T) {
 	t.Parallel()
 	for _, fx := range fixtures {
 		t.Run("upstream="+fx, func(t *testing.T) {
@@ -327,23 +327,14 @@ func TestUnknownToolIsFailedAndRetried(t *testing.T) {
 			w := setup(t, fx, "")
 			h := w.goSDK(w.proxyArgv(w.store))
 			for i := range 2 {
-				o, err := h.callErr(t.Context(), "no_such_tool", args, nil)
-				if err == nil { // the Go SDK answers an unknown tool with an isError result
-					require.True(t, o.IsError, "call %d: %s", i, o.Raw)
-					require.NotEqual(t, kindInProgress, o.Kind)
-					require.NotEqual(t, kindUnknown, o.Kind)
-					continue
-				}
+				_, err := h.callErr(t.Context(), "no_such_tool", args, nil)
 				var we *jsonrpc.Error
 				require.ErrorAs(t, err, &we, "call %d", i)
-				require.Contains(t, []int64{jsonrpc.CodeInvalidParams, jsonrpc.CodeMethodNotFound}, we.Code)
+				require.Equal(t, int64(jsonrpc.CodeInvalidParams), we.Code)
+				require.Contains(t, we.Message, "no_such_tool")
 			}
 			require.NoError(t, h.close())
-			rs := w.residuals()
-			require.Len(t, rs, 1)
-			require.Equal(t, "fx/no_such_tool", rs[0].Operation)
-			require.Equal(t, residual.Failed, rs[0].State)
-			require.Len(t, rs[0].Attempts, 2, "the retry was sent again")
+			require.Empty(t, w.residuals())
 		})
 	}
 }
