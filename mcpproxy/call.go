@@ -391,8 +391,8 @@ func (p *Proxy) target(tool string, rule policy.Rule, args json.RawMessage) (str
 }
 
 // classify maps upstream's answer to a claimed outcome, failing toward unknown: a result with
-// isError false → succeeded; isError true → unknown unless a no_effect pattern matches its
-// text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
+// isError false → succeeded; isError true → unknown unless its first text block is an MCP
+// SDK's refusal (sdkRefusals) or a no_effect pattern matches its text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
 // task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a
 // no_effect code, or an HTTP upstream the proxy could not connect to (nothing sent) → failed; any other error, no answer, a timeout or a cancellation → unknown.
 func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
@@ -444,10 +444,45 @@ func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) inter
 		}
 	}
 	joined := strings.Join(text, "\n")
+	if len(text) > 0 && sdkRefusal(text[0]) {
+		return interceptor.Report{Outcome: residual.Failed, Body: resp.Result, Error: "isError result in an MCP SDK's words for a call it refused before the tool ran: " + joined}
+	}
 	if rule.Matches(joined) {
 		return interceptor.Report{Outcome: residual.Failed, Body: resp.Result, Error: "isError result matching a no_effect pattern: " + joined}
 	}
 	return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "isError result: " + joined}
+}
+
+// sdkRefusals are the starts of the first text block of an isError result in which an MCP
+// SDK's server says it refused a call before the tool's handler ran, so the call had no
+// effect:
+//
+//   - "MCP error -32602: " and "MCP error -32601: ": the TypeScript SDK (McpError's message
+//     "MCP error <code>: …"), for invalid params (arguments failing the inputSchema) and an
+//     unknown tool or method, which it answers as an isError result, not a JSON-RPC error.
+//   - `validating "arguments": `: the Go SDK (go-sdk v1.8.0 mcp/server.go), arguments
+//     failing the tool's inputSchema.
+//   - "Input validation error: ": the Python SDK's low-level server, arguments failing the
+//     tool's inputSchema (jsonschema), checked before the handler.
+//
+// mcp-go and the Go SDK answer an unknown tool with JSON-RPC error -32602, which already
+// proves no effect.
+var sdkRefusals = [...]string{
+	"MCP error -32602: ",
+	"MCP error -32601: ",
+	`validating "arguments": `,
+	"Input validation error: ",
+}
+
+// sdkRefusal reports whether first, the first text block of an isError result, starts as
+// one of sdkRefusals.
+func sdkRefusal(first string) bool {
+	for _, p := range sdkRefusals {
+		if strings.HasPrefix(first, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // textBlock is an MCP text content block.
