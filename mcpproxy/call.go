@@ -364,7 +364,11 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	if resp != nil {
 		upstream = resp.Result
 	}
-	return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, upstream, err)}
+	result := errorResult(params.Name, up, upstream, err)
+	if strings.HasPrefix(rep.Error, isErrorPrefix) {
+		result = withBlock(result, 0, ambiguousIsError)
+	}
+	return &jsonrpc.Response{ID: req.ID, Result: result}
 }
 
 func cmpDur(a policy.Duration, b time.Duration) time.Duration {
@@ -450,7 +454,35 @@ func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) inter
 	if rule.Matches(joined) {
 		return interceptor.Report{Outcome: residual.Failed, Body: resp.Result, Error: "isError result matching a no_effect pattern: " + joined}
 	}
-	return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "isError result: " + joined}
+	return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: isErrorPrefix + joined}
+}
+
+// isErrorPrefix starts the Error of a Report classify left unknown for an isError result
+// that proves nothing.
+const isErrorPrefix = "isError result: "
+
+// ambiguousIsError is the first text block of the host's answer, before the observation
+// and upstream's own content, when upstream answered an isError result that does not
+// prove no effect: the host learns that the server did answer, and why the key is blocked.
+const ambiguousIsError = "the server answered an error; toolfence cannot tell whether it acted, so the call is recorded unknown and not sent again until it is settled"
+
+// withBlock inserts a text block at index at of the content of result (a tool result the
+// proxy made); result is unchanged when it is not one.
+func withBlock(result json.RawMessage, at int, text string) json.RawMessage {
+	var doc map[string]json.RawMessage
+	var content []json.RawMessage
+	if json.Unmarshal(result, &doc) != nil || json.Unmarshal(doc["content"], &content) != nil {
+		return result
+	}
+	block, _ := json.Marshal(textBlock(text))
+	at = min(at, len(content))
+	content = append(content[:at], append([]json.RawMessage{block}, content[at:]...)...)
+	doc["content"], _ = json.Marshal(content)
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return result
+	}
+	return out
 }
 
 // sdkRefusals are the starts of the first text block of an isError result in which an MCP

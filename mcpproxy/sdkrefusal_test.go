@@ -12,7 +12,8 @@ import (
 
 // An isError result in an MCP SDK's words for a call refused before the tool ran is failed
 // (no effect): the key stays free and the same call is dispatched again. Another isError
-// text stays unknown.
+// text stays unknown, and the host's answer says the server answered an error that may
+// have acted, then gives upstream's content.
 func TestProxySDKRefusalsAreNoEffect(t *testing.T) {
 	for _, text := range []string{
 		"MCP error -32602: Invalid arguments for tool charge: amount: Required",             // TypeScript
@@ -53,7 +54,10 @@ func TestProxySDKRefusalsAreNoEffect(t *testing.T) {
 		r.listed(t, chargeDef)
 		call := r.up.nextReq(t)
 		r.up.answer(t, call.ID, `{"isError":true,"content":[{"type":"text","text":"charge failed: MCP error -32602: late"}]}`)
-		r.hostResult(t, 1)
+		// The first answer says truthfully what happened, and keeps upstream's own words.
+		got := r.hostResult(t, 1)
+		require.Contains(t, got, "the server answered an error; toolfence cannot tell whether it acted")
+		require.Contains(t, got, "charge failed: MCP error -32602: late")
 		rs := r.residuals(t)
 		require.Len(t, rs, 1)
 		require.Equal(t, residual.Unknown, rs[0].State)
