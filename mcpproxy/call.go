@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/jsonptr"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/mcpwire"
@@ -27,6 +28,8 @@ type callParams struct {
 	Name      string                     `json:"name"`
 	Arguments json.RawMessage            `json:"arguments"`
 	Meta      map[string]json.RawMessage `json:"_meta"`
+	// RequestState is what a continuation of a multi-round call echoes (SEP-2322).
+	RequestState string `json:"requestState"`
 }
 
 // hostCall is a host's tools/call as the proxy reads it, parsed once: its params, and
@@ -37,6 +40,17 @@ type hostCall struct {
 	params  callParams
 	invalid string // "": the params may go on
 	tool    string
+}
+
+// meta is what the call's _meta says of the host's revision (transport.ReadMeta, from the
+// params already decoded).
+func (c hostCall) meta() transport.RequestMeta {
+	if c.params.Meta == nil {
+		return transport.RequestMeta{}
+	}
+	m := transport.RequestMeta{HasMeta: true, Capabilities: c.params.Meta[transport.MetaClientCapabilities], ClientInfo: c.params.Meta[transport.MetaClientInfo]}
+	_ = json.Unmarshal(c.params.Meta[transport.MetaProtocolVersion], &m.Version)
+	return m
 }
 
 // parseCall decodes req's params and checks their keys (checkParamKeys).
@@ -308,6 +322,24 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	ctx, span := p.startSpan(ctx, "execute_tool "+call.Operation, trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	bctx := interceptor.WithTask(context.WithoutCancel(ctx), task)
+	key := p.ic.Key(task, call.Operation, target)
+	digest, err := residual.Digest(args)
+	if err != nil {
+		return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: arguments are not valid JSON: %v", params.Name, err))
+	}
+	// A call of a key whose multi-round call is open continues it (rounds.go).
+	switch rd, refused := p.rounds.roundFor(p.ic.Namespace(), key, digest, params.RequestState); {
+	case refused != "":
+		return refuse(mcpwire.KindInProgress, refused)
+	case rd != nil:
+		sent, err := withKey(req.Params, rule.Key, rd.a.Dispatch.Key)
+		if err != nil { // the same params were accepted by the round's first dispatch
+			p.rounds.release(rd)
+			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
+		}
+		resp, callErr := s.dispatch(ctx, rd.a, rd.keep, rule, sent)
+		return s.conclude(ctx, bctx, req, params.Name, rule, rd.a, rd.keep, rd, digest, resp, callErr)
+	}
 	var learned string // what upstream said about an open residual (probe, tasks/get)
 	a, replay, err := p.ic.Begin(bctx, call, interceptor.BeginOptions{
 		LeaseTTL: time.Duration(rule.Lease),
@@ -331,19 +363,56 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		_ = a.Abandon(bctx, err)
 		return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 	}
+	// The lease is renewed until the call is over: past this dispatch when upstream asks for
+	// input (a round), so it lives on the proxy's time, not the request's.
+	keep := a.KeepAlive(context.WithoutCancel(ctx))
+	resp, callErr := s.dispatch(ctx, a, keep, rule, sent)
+	return s.conclude(ctx, bctx, req, params.Name, rule, a, keep, nil, digest, resp, callErr)
+}
 
-	// Dispatch once, under the lease, until upstream answers, the timeout, the host's
-	// cancellation, or the upstream's end.
-	sess := a.KeepAlive(ctx)
-	dctx, stop := context.WithTimeoutCause(sess.Ctx(), time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout)),
-		fmt.Errorf("no answer from upstream within %v", time.Duration(cmpDur(rule.Timeout, p.cfg.Timeout))))
-	resp, callErr := s.roundTripFor(dctx, a.Dispatch.Key, "tools/call", withTraceContext(ctx, sent))
-	stop()
-	sess.Close()
+// dispatch sends the protected call's params upstream once, under a's lease (renewed by
+// keep), and waits until upstream answers, the tool's timeout, the host's cancellation (the
+// end of ctx), the lease's loss or the upstream's end.
+func (s *session) dispatch(ctx context.Context, a *interceptor.Attempt, keep *lease.Session, rule policy.Rule, sent json.RawMessage) (*jsonrpc.Response, error) {
+	timeout := cmpDur(rule.Timeout, s.p.cfg.Timeout)
+	cctx, cancel := context.WithCancelCause(keep.Ctx())
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer stop()
+	dctx, stopTimer := context.WithTimeoutCause(cctx, timeout, fmt.Errorf("no answer from upstream within %v", timeout))
+	defer stopTimer()
+	return s.roundTripFor(dctx, a.Dispatch.Key, "tools/call", withTraceContext(ctx, sent))
+}
 
+// conclude settles upstream's answer (resp, or callErr when none came) to a dispatch of a
+// and returns the host's answer. An input_required answer is a round, not an outcome: the
+// attempt stays open (rd is opened, or kept when this was a continuation of rd) and the host
+// gets upstream's answer. Any other answer is classified and recorded under the fence, and
+// the lease released.
+func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool string, rule policy.Rule,
+	a *interceptor.Attempt, keep *lease.Session, rd *round, digest string, resp *jsonrpc.Response, callErr error) *jsonrpc.Response {
+	p := s.p
+	if inputRequired(resp) && keep.Err() == nil {
+		if rd == nil {
+			owner := s
+			if s.stateless {
+				owner = nil // its host continues in other requests
+			}
+			rd = p.rounds.open(p, owner, a.Dispatch.Key, tool, digest, a, keep)
+		}
+		p.rounds.again(p, rd, requestState(resp))
+		return &jsonrpc.Response{ID: req.ID, Result: resp.Result}
+	}
+	keep.Close()
+	if rd != nil {
+		p.rounds.end(rd)
+	}
+	up := "the upstream of " + tool
 	rep := classify(rule.NoEffect, resp, callErr)
 	if rep.Handle != "" {
-		rep.Handle = taskHandle(s.upSess, rep.Handle) // a task id means something in its upstream session only
+		// A task id means something in its upstream session (or, stateless, its server) only.
+		rt, _ := transport.ResultType(resp.Result)
+		rep.Handle = taskHandle{scope: s.handleScope(), id: rep.Handle, flat: rt == resultTask}.String()
 	}
 	res, err := a.Report(bctx, rep)
 	var claim *interceptor.ClaimError
@@ -357,14 +426,14 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		// effect, or a JSON-RPC error that means the call never ran.
 		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
 	case res == nil: // nothing recorded: the fence was lost, or the ledger failed
-		return &jsonrpc.Response{ID: req.ID, Result: errorResult(params.Name, up, nil, err)}
+		return &jsonrpc.Response{ID: req.ID, Result: errorResult(tool, up, nil, err)}
 	}
 	// Recorded as unknown or accepted: err is the interceptor's violation, recovery due.
 	var upstream json.RawMessage
 	if resp != nil {
 		upstream = resp.Result
 	}
-	result := errorResult(params.Name, up, upstream, err)
+	result := errorResult(tool, up, upstream, err)
 	if strings.HasPrefix(rep.Error, isErrorPrefix) {
 		result = withBlock(result, 0, ambiguousIsError)
 	}
@@ -394,8 +463,11 @@ func (p *Proxy) target(tool string, rule policy.Rule, args json.RawMessage) (str
 	return "args:" + d, nil
 }
 
-// classify maps upstream's answer to a claimed outcome, failing toward unknown: a result with
-// isError false → succeeded; isError true → unknown unless its first text block is an MCP
+// classify maps upstream's answer to a claimed outcome, failing toward unknown, by its
+// resultType first (SEP-2322; absent before 2026-07-28: complete): "task" (a tasks-extension
+// CreateTaskResult) → accepted with its taskId as handle; "input_required" (an answer that
+// could not be a round) or a resultType the proxy does not know → unknown. A complete result
+// with isError false → succeeded; isError true → unknown unless its first text block is an MCP
 // SDK's refusal (sdkRefusals) or a no_effect pattern matches its text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
 // task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a
 // no_effect code, or an HTTP upstream the proxy could not connect to (nothing sent) → failed; any other error, no answer, a timeout or a cancellation → unknown.
@@ -418,6 +490,24 @@ func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) inter
 			}
 		}
 		return rep
+	}
+	switch rt, ok := transport.ResultType(resp.Result); {
+	case !ok:
+		return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "upstream's result is not a tool result: its resultType is not a string"}
+	case rt == resultTask:
+		// The tasks extension of 2026-07-28: a flat CreateTaskResult, the call queued upstream.
+		var task struct {
+			TaskID string `json:"taskId"`
+		}
+		if json.Unmarshal(resp.Result, &task) != nil || task.TaskID == "" {
+			return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "upstream queued the call as a task without a taskId"}
+		}
+		return interceptor.Report{Outcome: residual.Accepted, Body: resp.Result, Handle: task.TaskID}
+	case rt == resultInputRequired:
+		// Only when it could not be a round (the lease was lost meanwhile): not an outcome.
+		return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: "upstream asked for input (input_required) and the call could not wait for the host's next round"}
+	case rt != resultComplete:
+		return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: fmt.Sprintf("upstream's result has resultType %q, which the proxy does not know", rt)}
 	}
 	var result struct {
 		IsError bool `json:"isError"`

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/lease"
 	"github.com/toolfence/toolfence/mcpproxy/policy"
 	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
@@ -48,6 +49,10 @@ type Options struct {
 	// upstream differs from its pin, or has none, is refused (mcpwire.KindPin) and nothing is sent.
 	// Nil: definitions are not checked.
 	Pins *policy.Pins
+	// RoundTimeout is how long a protected call that upstream answered input_required (MCP
+	// 2026-07-28 multi-round-trip requests) waits for the host to continue it before it is
+	// abandoned and recorded failed. Defaults to DefaultRoundTimeout.
+	RoundTimeout time.Duration
 }
 
 // DefaultTask returns the task of calls through a proxy for serverID when neither the call's
@@ -72,6 +77,8 @@ type memory struct {
 	warned      sync.Map // tool name → struct{}: digest-target warning given
 	protected   sync.Map // tool name → struct{}: decided protected once, so protected for good
 	reannotated sync.Map // tool name → struct{}: an ignored re-annotation was logged
+	rounds      rounds   // protected calls waiting for the host's next round (rounds.go)
+	polls       polls    // when 2026-07-28 tasks may be asked about again (tasks.go)
 }
 
 // New returns a proxy that guards calls with ic. It returns an error for a missing or
@@ -83,9 +90,10 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 	if err := policy.CheckServerID(cfg.ServerID); err != nil {
 		return nil, err
 	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("mcpproxy: timeout %v is negative", cfg.Timeout)
+	if cfg.Timeout < 0 || cfg.RoundTimeout < 0 {
+		return nil, fmt.Errorf("mcpproxy: timeout %v or round timeout %v is negative", cfg.Timeout, cfg.RoundTimeout)
 	}
+	cfg.RoundTimeout = cmp.Or(cfg.RoundTimeout, DefaultRoundTimeout)
 	cfg.Task = cmp.Or(cfg.Task, DefaultTask(cfg.ServerID))
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	if cfg.Policy == nil {
@@ -117,6 +125,14 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &Proxy{ic: ic, cfg: cfg, log: log, tracer: tracer(ic), memory: &memory{}}, nil
+}
+
+// clock is the interceptor's clock (the real one when it has none).
+func (p *Proxy) clock() lease.Clock {
+	if c := p.ic.Settings().Clock; c != nil {
+		return c
+	}
+	return lease.Real{}
 }
 
 // Serve relays one host session: messages from down (the host) go to up (the upstream
@@ -153,6 +169,8 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 	s.ending = true
 	s.mu.Unlock()
 	s.wg.Wait()
+	// The host of this session can no longer continue a multi-round call it began here.
+	s.p.abandonRounds(s, "the host's session ended")
 	cancel()
 	s.mu.Lock()
 	for _, span := range s.relayed {
@@ -193,8 +211,11 @@ type session struct {
 	late        map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
 	catalog     map[string]policy.ToolInfo         // nil until fetched; reset on list_changed
 	catErr      error
-	catGen      uint64 // counts list_changed notifications: a fetch stores its list only if none came meanwhile
-	ending      bool   // Serve is ending: no new call starts (wg.Add only while false, under mu)
+	catGen      uint64          // counts list_changed notifications: a fetch stores its list only if none came meanwhile
+	ending      bool            // Serve is ending: no new call starts (wg.Add only while false, under mu)
+	upRev       string          // the upstream conversation's revision when stateless, else "" (revision.go)
+	hostCaps    json.RawMessage // the host's client capabilities (initialize's, or its latest stateless request's)
+	stateless   bool            // one stateless HTTP request: its host continues in other requests
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -213,6 +234,9 @@ func (s *session) readDownstream(ctx context.Context) error {
 			return err // the session ended while this message was read: nothing is relayed
 		}
 		if req, ok := msg.(*jsonrpc.Request); ok {
+			if req.IsCall() && req.Method != "tools/call" {
+				s.noteHost(req, transport.ReadMeta(req.Params))
+			}
 			switch {
 			case req.IsCall() && reservedID(req.ID):
 				// Its answer could be taken for the answer of one of the proxy's own requests.
@@ -229,6 +253,7 @@ func (s *session) readDownstream(ctx context.Context) error {
 					return ctx.Err() // Serve is ending: the call is not started, nothing is sent
 				}
 				c := parseCall(req)
+				s.noteHost(req, c.meta())
 				if s.relayIfBypassed(ctx, c) {
 					s.wg.Done()
 					continue
@@ -476,11 +501,12 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 	return true
 }
 
-// roundTrip sends one request of the proxy's own upstream and waits for its answer. A nil
+// roundTrip sends one request of the proxy's own upstream, in the upstream conversation's
+// revision (ownParams), and waits for its answer. A nil
 // response comes with the reason it never came: ctx ended (a cancellation is sent
 // upstream), the upstream is gone, or the request could not be written.
 func (s *session) roundTrip(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
-	return s.roundTripFor(ctx, "", method, params)
+	return s.roundTripFor(ctx, "", method, s.ownParams(params))
 }
 
 // maxLate bounds the ids of guarded calls given up on (session.late) that a session keeps.

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-
 	"github.com/toolfence/toolfence/interceptor"
 	"github.com/toolfence/toolfence/jsonptr"
 	"github.com/toolfence/toolfence/mcpproxy/policy"
@@ -45,8 +43,8 @@ func (s *session) settle(ctx, bctx context.Context, v *interceptor.Violation, to
 	got := settlement{outcome: residual.Unknown}
 	var notes []string
 	if accepted && v.Handle != "" {
-		if sess, taskID, ok := strings.Cut(v.Handle, "/"); ok && sess == s.upSess && taskID != "" {
-			got = s.taskOutcome(ctx, taskID, rule)
+		if h, ok := parseTaskHandle(v.Handle); ok && h.scope == s.handleScope() {
+			got = s.taskOutcome(ctx, h, rule)
 		} else {
 			// Task ids are per upstream session: asking another session about it could
 			// be answered about another task.
@@ -204,73 +202,6 @@ func truthy(v any) bool {
 	}
 	return true
 }
-
-// taskOutcome asks upstream about an MCP task (2025-11-25 Tasks): tasks/get, and for a
-// completed or failed task tasks/result, classified as a tool result. Completed with
-// isError false → succeeded (its result recorded); completed or failed with an isError
-// result that matches a no_effect pattern → failed; working or input_required → open;
-// failed or cancelled otherwise → open (nothing proves it had no effect: a person checks
-// upstream and resolves); a JSON-RPC error (such as an unknown or expired task id) → open.
-func (s *session) taskOutcome(ctx context.Context, taskID string, rule policy.Rule) settlement {
-	open := func(format string, a ...any) settlement {
-		return settlement{outcome: residual.Unknown, evidence: fmt.Sprintf("tasks/get %s: ", taskID) + fmt.Sprintf(format, a...)}
-	}
-	params, _ := json.Marshal(map[string]string{"taskId": taskID})
-	resp, err := s.roundTrip(ctx, "tasks/get", params)
-	if err != nil {
-		return open("no answer: %v", err)
-	}
-	if resp.Error != nil {
-		return open("JSON-RPC error: %v", resp.Error)
-	}
-	var task struct {
-		TaskID        string `json:"taskId"`
-		Status        string `json:"status"`
-		StatusMessage string `json:"statusMessage"`
-	}
-	if err := json.Unmarshal(resp.Result, &task); err != nil || task.Status == "" {
-		return open("the answer is not a task: %s", truncate(string(resp.Result), 200))
-	}
-	if task.TaskID != taskID {
-		return open("the answer is about task %q, not this one: check upstream, then toolfence resolve", task.TaskID)
-	}
-	msg := ""
-	if task.StatusMessage != "" {
-		msg = " (" + task.StatusMessage + ")"
-	}
-	switch task.Status {
-	case "working", "input_required":
-		return open("the task is still %s upstream%s", task.Status, msg)
-	case "completed", "failed":
-	case "cancelled":
-		return open("the task was cancelled upstream%s; nothing proves it had no effect: check upstream, then toolfence resolve", msg)
-	default:
-		return open("unknown task status %q%s", task.Status, msg)
-	}
-	r, err := s.roundTrip(ctx, "tasks/result", params)
-	if err != nil {
-		return open("the task is %s%s, but tasks/result gave no answer: %v", task.Status, msg, err)
-	}
-	if r.Error != nil {
-		return open("the task is %s%s, but tasks/result answered a JSON-RPC error: %v", task.Status, msg, r.Error)
-	}
-	rep := classify(rule.NoEffect, &jsonrpc.Response{Result: r.Result}, nil)
-	switch {
-	case task.Status == "completed" && rep.Outcome == residual.Succeeded:
-		return settlement{outcome: residual.Succeeded, result: r.Result,
-			evidence: fmt.Sprintf("tasks/get %s: completed%s; tasks/result is not an error: the effect happened (its result is recorded)", taskID, msg)}
-	case rep.Outcome == residual.Failed:
-		return settlement{outcome: residual.Failed,
-			evidence: fmt.Sprintf("tasks/get %s: %s%s; tasks/result matches a no_effect rule: %s", taskID, task.Status, msg, rep.Error)}
-	}
-	return open("the task is %s%s and tasks/result does not prove it had no effect (%s): check upstream, then toolfence resolve",
-		task.Status, msg, truncate(cmpStr(rep.Error, string(r.Result)), 200))
-}
-
-// taskHandle is the handle the proxy records for an MCP task: "<upstream session>/<taskId>",
-// the upstream session being the random id of the Serve that dispatched the call
-// (newUpstreamSession). Only that session asks upstream about the task.
-func taskHandle(upSess, taskID string) string { return upSess + "/" + taskID }
 
 // withKey returns the tools/call params to send upstream with toolfence's key in the place
 // the rule names: a top-level argument, or a params._meta field. A nil rule returns params.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -217,6 +218,17 @@ func (c *httpConn) SessionID() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.sessionID
+}
+
+// TaskScope names the scope of the task ids the upstream issues on this connection: "" in
+// a session (they belong to it), else the server itself ("http-" and 16 hex digits of the
+// digest of its URL): a stateless server's task ids hold for every request.
+func (c *httpConn) TaskScope() string {
+	if c.SessionID() != "" {
+		return ""
+	}
+	d := sha256.Sum256([]byte(c.url))
+	return "http-" + hex.EncodeToString(d[:8])
 }
 
 // Read returns the next message of the upstream: an answer, a notification or a request.

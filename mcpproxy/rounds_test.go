@@ -1,0 +1,172 @@
+package mcpproxy_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/stretchr/testify/require"
+
+	"github.com/toolfence/toolfence/lease"
+	"github.com/toolfence/toolfence/mcpproxy"
+	"github.com/toolfence/toolfence/mcpproxy/policy"
+	"github.com/toolfence/toolfence/residual"
+)
+
+// meta2026 is the _meta of a 2026-07-28 host's request.
+const meta2026 = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}`
+
+const confirmDef = `{"name":"deploy","inputSchema":{"type":"object","properties":{"env":{"type":"string"}}}}`
+
+// askResult is upstream's input_required answer asking to confirm, with requestState st.
+func askResult(st string) string {
+	return `{"resultType":"input_required","inputRequests":{"ok":{"method":"elicitation/create","params":{"message":"Deploy?","requestedSchema":{"type":"object","properties":{}}}}},"requestState":"` + st + `"}`
+}
+
+// roundRig is a rig whose tool deploy is protected with a lease of an hour, on a fake clock.
+func roundRig(t *testing.T) (*rig, *lease.Fake) {
+	clock := lease.NewFake(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
+	pol, err := policy.Parse([]byte(`{"tools":{"deploy":{"mode":"protect","lease":"1h"}}}`))
+	require.NoError(t, err)
+	return newRig(t, mcpproxy.Options{Policy: pol}, clock), clock
+}
+
+// openRound has the host call deploy (id 1) and upstream answer input_required (state s1).
+func (r *rig) openRound(t *testing.T) {
+	t.Helper()
+	r.callDeploy(t, 1, "")
+	r.listed(t, confirmDef)
+	r.up.answer(t, r.up.nextReq(t).ID, askResult("s1"))
+	r.hostResult(t, 1)
+}
+
+func (r *rig) callDeploy(t *testing.T, id float64, extra string) {
+	r.host.send(t, id, "tools/call", `{"name":"deploy","arguments":{"env":"prod"},`+meta2026+extra+`}`)
+}
+
+// A tools/call answered input_required is one logical call with its continuations: the
+// attempt stays pending (nothing recorded) while the host answers, the continuation goes
+// upstream under the same attempt (no Begin, no replay, no refusal), and only the final
+// answer is recorded, once.
+func TestProxyMultiRoundCallIsOneLogicalCall(t *testing.T) {
+	r, _ := roundRig(t)
+	r.callDeploy(t, 1, "")
+	list := r.up.nextReq(t)
+	require.Equal(t, "tools/list", list.Method)
+	var lp struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	require.NoError(t, json.Unmarshal(list.Params, &lp))
+	require.JSONEq(t, `"2026-07-28"`, string(lp.Meta["io.modelcontextprotocol/protocolVersion"]), "the proxy's own request speaks the host's stateless revision")
+	require.JSONEq(t, `{"elicitation":{}}`, string(lp.Meta["io.modelcontextprotocol/clientCapabilities"]), "with the host's capabilities")
+	r.up.answer(t, list.ID, `{"tools":[`+confirmDef+`]}`)
+
+	first := r.up.nextReq(t)
+	require.Equal(t, "tools/call", first.Method)
+	r.up.answer(t, first.ID, askResult("s1"))
+	require.JSONEq(t, askResult("s1"), r.hostResult(t, 1), "the host gets upstream's round as it is")
+	rs := r.residuals(t)
+	require.Len(t, rs, 1)
+	require.Equal(t, residual.Pending, rs[0].State, "an input_required answer records nothing")
+
+	// Round two, then the final answer.
+	for i, st := range []string{"s1", "s2"} {
+		r.callDeploy(t, float64(2+i), `,"inputResponses":{"ok":{"action":"accept","content":{}}},"requestState":"`+st+`"`)
+		cont := r.up.nextReq(t)
+		require.Equal(t, "tools/call", cont.Method, "the continuation is dispatched, not replayed or refused")
+		require.Contains(t, string(cont.Params), `"requestState":"`+st+`"`)
+		if i == 0 {
+			r.up.answer(t, cont.ID, askResult("s2"))
+			require.JSONEq(t, askResult("s2"), r.hostResult(t, 2))
+			continue
+		}
+		r.up.answer(t, cont.ID, `{"resultType":"complete","content":[{"type":"text","text":"deployed"}]}`)
+		require.Contains(t, r.hostResult(t, 3), "deployed")
+	}
+	rs = r.residuals(t)
+	require.Len(t, rs, 1)
+	require.Equal(t, residual.Succeeded, rs[0].State)
+	require.Len(t, rs[0].Attempts, 1, "three rounds, one attempt")
+	require.Contains(t, string(rs[0].Result), "deployed")
+
+	// Settled: the same call again is a replay, nothing is sent.
+	r.callDeploy(t, 4, "")
+	require.Contains(t, r.hostResult(t, 4), "deployed")
+	r.nothingSentUpstream(t, 5)
+}
+
+// A continuation with other arguments is refused and nothing is sent; the round stays open
+// and takes the continuation with the call's own arguments.
+func TestProxyRoundRefusesContinuationWithOtherArguments(t *testing.T) {
+	r, _ := roundRig(t)
+	r.openRound(t)
+
+	r.host.send(t, float64(2), "tools/call", `{"name":"deploy","arguments":{"env":"staging"},`+meta2026+`,"inputResponses":{},"requestState":"s1"}`)
+	require.Contains(t, r.hostResult(t, 2), "with other arguments; nothing was sent")
+	r.nothingSentUpstream(t, 3)
+
+	r.callDeploy(t, 4, `,"inputResponses":{"ok":{"action":"accept"}},"requestState":"s1"`)
+	r.up.answer(t, r.up.nextReq(t).ID, `{"content":[{"type":"text","text":"deployed"}]}`)
+	require.Contains(t, r.hostResult(t, 4), "deployed")
+	rs := r.residuals(t)
+	require.Equal(t, residual.Succeeded, rs[0].State)
+}
+
+// A round the host never continues is abandoned after RoundTimeout and recorded failed:
+// upstream had not finished the call. A later call begins a new attempt.
+func TestProxyAbandonedRoundIsRecordedFailed(t *testing.T) {
+	r, clock := roundRig(t)
+	r.openRound(t)
+	require.Equal(t, residual.Pending, r.residuals(t)[0].State)
+
+	clock.BlockUntil(2) // the lease's renewal and the round's deadline
+	clock.Advance(mcpproxy.DefaultRoundTimeout - time.Second)
+	require.Equal(t, residual.Pending, r.residuals(t)[0].State, "not yet abandoned")
+	clock.Advance(2 * time.Second)
+	require.Eventually(t, func() bool { return r.residuals(t)[0].State == residual.Failed }, 5*time.Second, 10*time.Millisecond)
+	rs := r.residuals(t)
+	require.Contains(t, rs[0].Attempts[0].Error, "abandoned multi-round call")
+
+	r.callDeploy(t, 2, "")
+	again := r.up.nextReq(t)
+	require.Equal(t, "tools/call", again.Method, "a new attempt after the abandoned one")
+	require.NotContains(t, string(again.Params), "requestState")
+	r.up.answer(t, again.ID, `{"content":[{"type":"text","text":"deployed"}]}`)
+	require.Contains(t, r.hostResult(t, 2), "deployed")
+	require.Len(t, r.residuals(t)[0].Attempts, 2)
+}
+
+// When the host's session ends, its open rounds are abandoned (recorded failed) at once.
+func TestProxyRoundAbandonedWhenSessionEnds(t *testing.T) {
+	r, _ := roundRig(t)
+	r.openRound(t)
+	require.NoError(t, r.host.conn.Close())
+	require.Eventually(t, func() bool { return r.residuals(t)[0].State == residual.Failed }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A continuation that upstream refuses (a tampered requestState) ends the call as upstream's
+// answer says: a JSON-RPC invalid-params error proves no effect (failed).
+func TestProxyRoundWithTamperedStateEndsAsUpstreamSays(t *testing.T) {
+	r, _ := roundRig(t)
+	r.openRound(t)
+
+	r.callDeploy(t, 2, `,"inputResponses":{"ok":{"action":"accept"}},"requestState":"forged"`)
+	cont := r.up.nextReq(t)
+	require.Contains(t, string(cont.Params), `"requestState":"forged"`, "the proxy does not judge upstream's state")
+	require.NoError(t, r.up.conn.Write(t.Context(), &jsonrpc.Response{ID: cont.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid requestState"}}))
+	resp, ok := r.host.next(t).(*jsonrpc.Response)
+	require.True(t, ok)
+	require.ErrorContains(t, resp.Error, "invalid requestState", "the host gets upstream's error")
+	require.Equal(t, residual.Failed, r.residuals(t)[0].State)
+}
+
+// A result whose resultType the proxy does not know is not a success.
+func TestProxyUnknownResultTypeIsNotSuccess(t *testing.T) {
+	r, _ := roundRig(t)
+	r.callDeploy(t, 1, "")
+	r.listed(t, confirmDef)
+	r.up.answer(t, r.up.nextReq(t).ID, `{"resultType":"later","content":[{"type":"text","text":"deployed"}]}`)
+	require.Contains(t, r.hostResult(t, 1), "unknown")
+	require.Equal(t, residual.Unknown, r.residuals(t)[0].State)
+}
