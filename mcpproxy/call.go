@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -78,9 +79,7 @@ func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
 	if c.invalid != "" {
 		return false
 	}
-	s.mu.Lock()
-	cat, catErr := s.catalog, s.catErr
-	s.mu.Unlock()
+	cat, catErr := s.toolList().cached(s.p.clock().Now())
 	if cat == nil || catErr != nil {
 		return false
 	}
@@ -90,11 +89,31 @@ func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
 		return false
 	}
 	ctx, span := s.p.startCall(ctx, c.req.ID, params)
-	if resp := s.relay(ctx, c.req, params.Name, span); resp != nil {
+	resp := s.headerMismatch(c.req, params.Name)
+	if resp == nil {
+		resp = s.relay(ctx, c.req, params.Name, span)
+	}
+	if resp != nil {
 		endCall(span, resp)
 		s.answerResponse(ctx, resp)
 	}
 	return true
+}
+
+// headerMismatch checks the Mcp-Param-* headers of a stateless HTTP host's tools/call
+// (carried in req.Extra) against the x-mcp-header bindings of its tool, and returns the
+// host's answer when they do not match (JSON-RPC -32020, HTTP 400; nothing sent), else nil.
+// (Mcp-Method, Mcp-Name and the revision were checked before the request reached the
+// session.)
+func (s *session) headerMismatch(req *jsonrpc.Request, tool string) *jsonrpc.Response {
+	h, ok := req.Extra.(http.Header)
+	if !ok {
+		return nil
+	}
+	if err := transport.CheckRequestHeaders(h, req, s.toolList().binding(tool)); err != nil {
+		return &jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: transport.CodeHeaderMismatch, Message: "toolfence proxy: " + err.Error() + "; nothing was sent upstream"}}
+	}
+	return nil
 }
 
 // call handles one tools/call of the host: forwarded untouched for a bypassed tool, through
@@ -117,7 +136,7 @@ func (s *session) call(ctx context.Context, c hostCall) {
 		answer(refusal(c.tool, mcpwire.KindInvalidInput, c.invalid))
 		return
 	}
-	cat, err := s.tools(ctx)
+	cat, err := s.toolFor(ctx, params.Name)
 	if err != nil {
 		kind := mcpwire.KindUnavailable
 		if errors.Is(err, interceptor.ErrInvalidOptions) {
@@ -142,6 +161,9 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	if st := s.pinRefusal(params.Name, info, d); st != "" {
 		s.p.log.Warn("toolfence proxy: call refused: pinned tool definition changed", "kind", mcpwire.KindPin, "tool", params.Name, "pin", st)
 		answer(refusal(params.Name, mcpwire.KindPin, pinRefusal(params.Name, st)))
+		return
+	}
+	if resp = s.headerMismatch(req, params.Name); resp != nil {
 		return
 	}
 	if !d.Protect {
@@ -272,7 +294,7 @@ func (s *session) pinRefusal(name string, info *policy.ToolInfo, d policy.Decisi
 // upstream's answer on. It returns the host's answer only when the call could not be sent.
 func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, span trace.Span) *jsonrpc.Response {
 	s.relaying(req.ID, span)
-	if err := s.up.Write(ctx, req); err != nil {
+	if err := s.up.Write(transport.WithParamBindings(ctx, s.toolList().binding(tool)), req); err != nil {
 		s.mu.Lock()
 		delete(s.relayed, hostKey(req.ID))
 		s.mu.Unlock()
@@ -281,7 +303,12 @@ func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, 
 	return nil
 }
 
+// answerResponse writes the proxy's own answer to a host request (a guarded call's, a
+// refusal, a replay). A stateless host gets a result with its resultType (SEP-2322).
 func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
+	if r.Result != nil && transport.Stateless(s.hostRevision()) {
+		r.Result = withResultType(r.Result)
+	}
 	if err := s.down.Write(context.WithoutCancel(ctx), r); err != nil {
 		s.p.log.Warn("toolfence proxy: the host is gone; the outcome is recorded in the ledger", "err", err)
 	}
@@ -337,7 +364,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 			p.rounds.release(rd)
 			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
 		}
-		resp, callErr := s.dispatch(ctx, rd.a, rd.keep, rule, sent)
+		resp, callErr := s.dispatch(ctx, rd.a, rd.keep, params.Name, rule, sent)
 		return s.conclude(ctx, bctx, req, params.Name, rule, rd.a, rd.keep, rd, digest, resp, callErr)
 	}
 	var learned string // what upstream said about an open residual (probe, tasks/get)
@@ -366,14 +393,14 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	// The lease is renewed until the call is over: past this dispatch when upstream asks for
 	// input (a round), so it lives on the proxy's time, not the request's.
 	keep := a.KeepAlive(context.WithoutCancel(ctx))
-	resp, callErr := s.dispatch(ctx, a, keep, rule, sent)
+	resp, callErr := s.dispatch(ctx, a, keep, params.Name, rule, sent)
 	return s.conclude(ctx, bctx, req, params.Name, rule, a, keep, nil, digest, resp, callErr)
 }
 
 // dispatch sends the protected call's params upstream once, under a's lease (renewed by
 // keep), and waits until upstream answers, the tool's timeout, the host's cancellation (the
 // end of ctx), the lease's loss or the upstream's end.
-func (s *session) dispatch(ctx context.Context, a *interceptor.Attempt, keep *lease.Session, rule policy.Rule, sent json.RawMessage) (*jsonrpc.Response, error) {
+func (s *session) dispatch(ctx context.Context, a *interceptor.Attempt, keep *lease.Session, tool string, rule policy.Rule, sent json.RawMessage) (*jsonrpc.Response, error) {
 	timeout := cmpDur(rule.Timeout, s.p.cfg.Timeout)
 	cctx, cancel := context.WithCancelCause(keep.Ctx())
 	defer cancel(nil)
@@ -381,6 +408,7 @@ func (s *session) dispatch(ctx context.Context, a *interceptor.Attempt, keep *le
 	defer stop()
 	dctx, stopTimer := context.WithTimeoutCause(cctx, timeout, fmt.Errorf("no answer from upstream within %v", timeout))
 	defer stopTimer()
+	dctx = transport.WithParamBindings(dctx, s.toolList().binding(tool))
 	return s.roundTripFor(dctx, a.Dispatch.Key, "tools/call", withTraceContext(ctx, sent))
 }
 
@@ -463,7 +491,8 @@ func (p *Proxy) target(tool string, rule policy.Rule, args json.RawMessage) (str
 	return "args:" + d, nil
 }
 
-// classify maps upstream's answer to a claimed outcome, failing toward unknown, by its
+// classify maps upstream's answer to a claimed outcome, failing toward unknown (a JSON-RPC
+// error that says the request was refused before it ran, refusedBeforeRunning, is failed), by its
 // resultType first (SEP-2322; absent before 2026-07-28: complete): "task" (a tasks-extension
 // CreateTaskResult) → accepted with its taskId as handle; "input_required" (an answer that
 // could not be a round) or a resultType the proxy does not know → unknown. A complete result
@@ -482,7 +511,8 @@ func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) inter
 		if errors.As(resp.Error, &we) {
 			rep.Error = fmt.Sprintf("JSON-RPC error %d: %s", we.Code, we.Message)
 			switch {
-			case we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.HasCode(we.Code):
+			case we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.HasCode(we.Code),
+				refusedBeforeRunning(we.Code):
 				rep.Outcome = residual.Failed
 			case transport.NotSent(we):
 				rep.Outcome = residual.Failed
@@ -545,6 +575,18 @@ func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) inter
 		return interceptor.Report{Outcome: residual.Failed, Body: resp.Result, Error: "isError result matching a no_effect pattern: " + joined}
 	}
 	return interceptor.Report{Outcome: residual.Unknown, Body: resp.Result, Error: isErrorPrefix + joined}
+}
+
+// refusedBeforeRunning reports whether a JSON-RPC error code is one MCP 2026-07-28 gives a
+// request refused before it is handled (SEP-2575, SEP-2243): a header that does not match
+// the body, a client capability the request needs but did not declare, a revision the
+// server does not serve. Such a call had no effect.
+func refusedBeforeRunning(code int64) bool {
+	switch code {
+	case transport.CodeHeaderMismatch, transport.CodeMissingCapabilities, transport.CodeUnsupportedProtocol:
+		return true
+	}
+	return false
 }
 
 // isErrorPrefix starts the Error of a Report classify left unknown for an isError result

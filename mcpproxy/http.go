@@ -71,6 +71,11 @@ type HTTPOptions struct {
 	// OnSessionEnd, if set, is called with a session's id once it has ended and its
 	// upstream is closed (a stdio child has exited).
 	OnSessionEnd func(id string)
+	// SharedUpstream makes stateless (2026-07-28) host requests share one upstream
+	// connection, dialed once (and again after it ends) and multiplexed (transport.Mux): set
+	// it for a stdio upstream, so that they need no child process each. Unset, each stateless
+	// request dials its own connection, as an HTTP upstream's speaks without a session.
+	SharedUpstream bool
 }
 
 // HTTPServer serves the proxy to MCP hosts over streamable HTTP: each host session gets its
@@ -101,6 +106,10 @@ type HTTPServer struct {
 	closed   bool
 
 	inFlight httpserve.InFlight // POSTs in progress, under MaxInFlight and MaxInFlightTotal
+	mux      *transport.Mux     // the shared upstream of stateless requests (SharedUpstream)
+	// statelessCalls are the stateless requests in flight, by owner and host id (under mu),
+	// for the host's notifications/cancelled.
+	statelessCalls map[string]*downConn
 }
 
 // httpSession is one host session: its connection, its owner (a digest of the token) and
@@ -141,6 +150,13 @@ func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	h := &HTTPServer{p: p, opts: opts, log: log, ctx: ctx, stop: stop,
 		spaces: map[string]*Proxy{p.ic.Namespace(): p}, sessions: map[string]*httpSession{}, opening: map[string]int{}}
+	if opts.SharedUpstream {
+		h.mux = &transport.Mux{Dial: opts.Dial, OnNotice: func(n *jsonrpc.Request) {
+			if n.Method == "notifications/tools/list_changed" {
+				p.stateless.resetAll()
+			}
+		}}
+	}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -240,6 +256,10 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	id := r.Header.Get("Mcp-Session-Id")
+	if r.Method == http.MethodPost && id == "" && statelessRequest(r, msgs) {
+		h.serveStateless(w, r, ns, owner, msgs, batch)
+		return
+	}
 	var sess *httpSession
 	if r.Method == http.MethodPost && isInitialize(msgs) && id == "" {
 		p, err := h.space(ns)
@@ -490,6 +510,11 @@ func (h *HTTPServer) Close() error {
 	}
 	h.stop()
 	h.wg.Wait()
+	// Stateless hosts can no longer continue their multi-round calls.
+	h.p.abandonRounds(nil, "the proxy shut down")
+	if h.mux != nil {
+		_ = h.mux.Close()
+	}
 	return nil
 }
 

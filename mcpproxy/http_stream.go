@@ -15,6 +15,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolfence/toolfence/mcpproxy/transport"
 )
 
 // maxPending bounds the messages of a session waiting for a stream to carry them.
@@ -40,11 +42,12 @@ const (
 // blocks on the host and never fails but after Close, so a host that went away cannot stop
 // the relay.
 type downConn struct {
-	id       string
-	log      *slog.Logger
-	incoming chan jsonrpc.Message
-	once     sync.Once
-	done     chan struct{}
+	id        string
+	log       *slog.Logger
+	stateless bool // one stateless request: no session id; a protocol error gets its status
+	incoming  chan jsonrpc.Message
+	once      sync.Once
+	done      chan struct{}
 
 	mu         sync.Mutex
 	byRequest  map[string]*sseStream // hostKey of a request → the stream of its POST
@@ -275,6 +278,23 @@ func (s *sseStream) take() ([][]byte, bool) {
 	return q, s.ended || (s.waiting != nil && len(s.waiting) == 0)
 }
 
+// unshift puts q (taken by take) back at the front of the queue.
+func (s *sseStream) unshift(q [][]byte) {
+	if len(q) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	notes := make([]bool, len(q))
+	for i, d := range q {
+		notes[i] = isNote(d)
+		s.bytes += len(d)
+	}
+	s.queue = append(q, s.queue...)
+	s.notes = append(notes, s.notes...)
+	s.wake()
+}
+
 // end makes the stream take no more messages and its writer finish.
 func (s *sseStream) end() {
 	s.mu.Lock()
@@ -340,7 +360,9 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 			return
 		}
 	}
-	w.Header().Set("Mcp-Session-Id", c.id)
+	if !c.stateless {
+		w.Header().Set("Mcp-Session-Id", c.id)
+	}
 	if st == nil {
 		idle()
 		w.WriteHeader(http.StatusAccepted)
@@ -379,22 +401,64 @@ func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStre
 	idle()
 	w.Header().Set("Content-Type", "application/json")
 	if len(answers) == 1 && !batch {
+		if status := c.errorStatus(answers[0]); status != 0 {
+			w.WriteHeader(status)
+		}
 		_, _ = w.Write(answers[0])
 		return
 	}
 	_ = json.NewEncoder(w).Encode(answers)
 }
 
-// stream writes st's messages as server-sent events until st is complete.
+// errorStatus is the status of a stateless request whose whole answer is data, a protocol
+// error (transport.ErrorStatus); 0 for any other answer, or in a session.
+func (c *downConn) errorStatus(data []byte) int {
+	if !c.stateless {
+		return 0
+	}
+	m, err := jsonrpc.DecodeMessage(data)
+	if resp, ok := m.(*jsonrpc.Response); err == nil && ok {
+		return transport.ErrorStatus(resp)
+	}
+	return 0
+}
+
+// stream writes st's messages as server-sent events until st is complete. A stateless
+// request's stream starts with its first message: when that is the whole answer and a
+// protocol error, it is answered as JSON with the error's status instead.
 func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream, idle func()) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
 	flush := func() {
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
 		}
 	}
+	for c.stateless {
+		q, complete := st.take()
+		if len(q) == 0 && !complete {
+			select {
+			case <-st.signal:
+				continue
+			case <-r.Context().Done():
+				return
+			case <-c.done:
+				return
+			}
+		}
+		if complete && len(q) == 1 {
+			if status := c.errorStatus(q[0]); status != 0 {
+				idle()
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(status)
+				_, _ = w.Write(q[0])
+				return
+			}
+		}
+		st.unshift(q) // written below, in order, as events
+		break
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
 	flush()
 	// A stream that overflowed ends now, even while a write to a host that does not read
 	// blocks: its write deadline passes.

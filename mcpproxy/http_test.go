@@ -145,13 +145,17 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(r)
 }
 
-// sdkHost connects an official Go SDK client to url with token.
+// legacy makes a Go SDK host speak 2025-11-25 (sessions), which these tests are about; a
+// host left to choose speaks 2026-07-28 to an upstream that does (stateless_test.go).
+var legacy = &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"}
+
+// sdkHost connects an official Go SDK client to url with token, in a 2025-11-25 session.
 func sdkHost(t *testing.T, url, token string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := mcp.NewClient(&mcp.Implementation{Name: "sdk-host", Version: "1"}, opts).Connect(ctx,
-		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearerTransport{token}}, MaxRetries: -1}, nil)
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearerTransport{token}}, MaxRetries: -1}, legacy)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -169,7 +173,7 @@ func mcpgoHost(t *testing.T, url, token string) *mcpgo.Client {
 	defer cancel()
 	var init mcpgomcp.InitializeRequest
 	init.Params.ClientInfo = mcpgomcp.Implementation{Name: "mcp-go-host", Version: "1"}
-	init.Params.ProtocolVersion = mcpgomcp.LATEST_PROTOCOL_VERSION
+	init.Params.ProtocolVersion = mcpgomcp.LATEST_LEGACY_PROTOCOL_VERSION
 	_, err = c.Initialize(ctx, init)
 	require.NoError(t, err)
 	return c
@@ -220,7 +224,7 @@ func TestHTTPDownstreamGoSDKAndMCPGoHosts(t *testing.T) {
 	require.NoError(t, err)
 	var init mcpgomcp.InitializeRequest
 	init.Params.ClientInfo = mcpgomcp.Implementation{Name: "direct", Version: "1"}
-	init.Params.ProtocolVersion = mcpgomcp.LATEST_PROTOCOL_VERSION
+	init.Params.ProtocolVersion = mcpgomcp.LATEST_LEGACY_PROTOCOL_VERSION
 	_, err = mdirect.Initialize(ctx, init)
 	require.NoError(t, err)
 	mwant, err := mdirect.ListTools(ctx, mcpgomcp.ListToolsRequest{})
@@ -288,7 +292,7 @@ func TestHTTPDownstreamWrongTokenIs401(t *testing.T) {
 		require.Contains(t, resp.Header.Get("WWW-Authenticate"), "Bearer")
 	}
 	_, err := mcp.NewClient(&mcp.Implementation{Name: "x", Version: "1"}, nil).Connect(context.Background(),
-		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearerTransport{"token-wrong-wrong-wrong-wrong"}}, MaxRetries: -1}, nil)
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearerTransport{"token-wrong-wrong-wrong-wrong"}}, MaxRetries: -1}, legacy)
 	require.Error(t, err, "a Go SDK host with a wrong token cannot connect")
 	require.Zero(t, h.Sessions())
 	require.Empty(t, pids, "no upstream was started")
@@ -592,7 +596,7 @@ func TestHTTPServerCloseStopsEverything(t *testing.T) {
 		srv := httptest.NewServer(h)
 		tr := &http.Transport{}
 		s, err := mcp.NewClient(&mcp.Implementation{Name: "h", Version: "1"}, nil).Connect(context.Background(),
-			&mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: bearerOver{tokenA, tr}}, MaxRetries: -1}, nil)
+			&mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: bearerOver{tokenA, tr}}, MaxRetries: -1}, legacy)
 		require.NoError(t, err)
 		require.False(t, call(t, s, "append", map[string]any{"target": "t", "text": "x"}, nil).IsError)
 		require.NoError(t, h.Close(), "Close with a live session")

@@ -74,11 +74,19 @@ type Proxy struct {
 // memory is what a proxy learns about the upstream's tools over its life, shared by all its
 // sessions (and, over HTTP, by the proxies of other namespaces).
 type memory struct {
-	warned      sync.Map // tool name → struct{}: digest-target warning given
-	protected   sync.Map // tool name → struct{}: decided protected once, so protected for good
-	reannotated sync.Map // tool name → struct{}: an ignored re-annotation was logged
-	rounds      rounds   // protected calls waiting for the host's next round (rounds.go)
-	polls       polls    // when 2026-07-28 tasks may be asked about again (tasks.go)
+	warned      sync.Map       // tool name → struct{}: digest-target warning given
+	protected   sync.Map       // tool name → struct{}: decided protected once, so protected for good
+	reannotated sync.Map       // tool name → struct{}: an ignored re-annotation was logged
+	rounds      rounds         // protected calls waiting for the host's next round (rounds.go)
+	polls       polls          // when 2026-07-28 tasks may be asked about again (tasks.go)
+	stateless   statelessLists // the tool lists of stateless HTTP hosts (toollist.go)
+	logged      sync.Map       // what once logged: a warning given once per process
+}
+
+// once reports whether what has not been logged yet in this proxy's life (and marks it).
+func (p *Proxy) once(what string) bool {
+	_, seen := p.logged.LoadOrStore(what, struct{}{})
+	return !seen
 }
 
 // New returns a proxy that guards calls with ic. It returns an error for a missing or
@@ -140,11 +148,17 @@ func (p *Proxy) clock() lease.Clock {
 // the barrier. It returns when either side ends (nil for a clean EOF), after every guarded
 // call in flight has been settled, and closes both connections.
 func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
+	return p.serve(ctx, down, up, false)
+}
+
+// serve is Serve; stateless says the session is one stateless HTTP request (its host's
+// tool list is shared with other such requests, and its rounds outlive it).
+func (p *Proxy) serve(ctx context.Context, down, up mcp.Connection, stateless bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
 		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, late: map[string]string{}, dropped: map[string]struct{}{},
-		upDone: make(chan struct{})}
+		upDone: make(chan struct{}), stateless: stateless}
 	s.upSess = newUpstreamSession()
 	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
@@ -209,13 +223,12 @@ type session struct {
 	dropped     map[string]struct{}                // host ids whose upstream answer was dropped and logged (at most maxDropped)
 	droppedMore int                                // answers dropped once dropped was full (logged at powers of two)
 	late        map[string]string                  // our id of a guarded call given up on → its key (at most maxLate)
-	catalog     map[string]policy.ToolInfo         // nil until fetched; reset on list_changed
-	catErr      error
-	catGen      uint64          // counts list_changed notifications: a fetch stores its list only if none came meanwhile
-	ending      bool            // Serve is ending: no new call starts (wg.Add only while false, under mu)
-	upRev       string          // the upstream conversation's revision when stateless, else "" (revision.go)
-	hostCaps    json.RawMessage // the host's client capabilities (initialize's, or its latest stateless request's)
-	stateless   bool            // one stateless HTTP request: its host continues in other requests
+	cat         *toolList                          // the upstream's tools as this session's host sees them (toollist.go)
+	ending      bool                               // Serve is ending: no new call starts (wg.Add only while false, under mu)
+	upRev       string                             // the upstream conversation's revision when stateless, else "" (revision.go)
+	hostRev     string                             // the host\'s revision when stateless, else ""
+	hostCaps    json.RawMessage                    // the host's client capabilities (initialize's, or its latest stateless request's)
+	stateless   bool                               // one stateless HTTP request: its host continues in other requests
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -382,10 +395,8 @@ func (s *session) readUpstream(ctx context.Context) error {
 			answered = span
 		case *jsonrpc.Request:
 			if m.Method == "notifications/tools/list_changed" {
-				s.mu.Lock()
-				s.catalog, s.catErr = nil, nil
-				s.catGen++ // a list fetched before this must not be stored over the reset
-				s.mu.Unlock()
+				s.toolList().reset()
+				s.p.stateless.resetAll() // the same upstream: stateless hosts' lists are stale too
 			}
 		}
 		if answered != nil {
@@ -555,71 +566,4 @@ func (s *session) roundTripFor(ctx context.Context, key, method string, params j
 		forget()
 		return nil, ErrUpstreamGone
 	}
-}
-
-// tools returns the upstream's tool list, fetched once per session (again after
-// list_changed), and the policy's verdict on it.
-func (s *session) tools(ctx context.Context) (map[string]policy.ToolInfo, error) {
-	s.mu.Lock()
-	cat, catErr, gen := s.catalog, s.catErr, s.catGen
-	s.mu.Unlock()
-	if cat != nil {
-		return cat, catErr
-	}
-	cat = map[string]policy.ToolInfo{}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cursor := ""
-	for {
-		params := json.RawMessage(`{}`)
-		if cursor != "" {
-			params, _ = json.Marshal(map[string]string{"cursor": cursor})
-		}
-		r, err := s.roundTrip(ctx, "tools/list", params)
-		if err == nil && r.Error != nil {
-			err = r.Error
-		}
-		if err != nil {
-			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
-		}
-		var page struct {
-			Tools      []json.RawMessage `json:"tools"`
-			NextCursor string            `json:"nextCursor"`
-		}
-		if err := json.Unmarshal(r.Result, &page); err != nil {
-			return nil, fmt.Errorf("listing the upstream's tools: %w", err)
-		}
-		for _, def := range page.Tools {
-			t, err := policy.ParseTool(def)
-			if err != nil {
-				return nil, fmt.Errorf("listing the upstream's tools: %w", err)
-			}
-			cat[t.Name] = t
-		}
-		if page.NextCursor == "" {
-			break
-		}
-		cursor = page.NextCursor
-	}
-	for name, t := range cat {
-		s.p.decide(name, &t) // remembers the tools it protects
-	}
-	catErr = s.p.cfg.Policy.CheckCatalog(s.p.cfg.ServerID, cat)
-	if catErr != nil {
-		s.p.log.Error("toolfence proxy: every tools/call is refused until the policy is fixed", "err", catErr)
-	}
-	for _, name := range s.p.cfg.Policy.Names() {
-		if t, ok := cat[name]; ok {
-			if miss := t.MissingArguments(s.p.cfg.Policy.Tools[name]); len(miss) > 0 {
-				s.p.log.Warn("toolfence proxy: the policy's JSON pointers name arguments the tool's inputSchema lacks; calls without them are refused",
-					"tool", name, "pointers", miss)
-			}
-		}
-	}
-	s.mu.Lock()
-	if s.catGen == gen {
-		s.catalog, s.catErr = cat, catErr
-	}
-	s.mu.Unlock()
-	return cat, catErr
 }

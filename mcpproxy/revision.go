@@ -28,7 +28,7 @@ func (s *session) noteHost(req *jsonrpc.Request, meta transport.RequestMeta) {
 		}
 		_ = json.Unmarshal(req.Params, &p)
 		s.mu.Lock()
-		s.upRev, s.hostCaps = "", p.Capabilities
+		s.upRev, s.hostRev, s.hostCaps = "", "", p.Capabilities
 		s.mu.Unlock()
 		return
 	}
@@ -36,11 +36,39 @@ func (s *session) noteHost(req *jsonrpc.Request, meta transport.RequestMeta) {
 		return
 	}
 	s.mu.Lock()
-	s.upRev = meta.Version
+	s.upRev, s.hostRev = meta.Version, meta.Version
 	if meta.Capabilities != nil {
 		s.hostCaps = meta.Capabilities
 	}
 	s.mu.Unlock()
+}
+
+// hostRevision is the host's revision when it is stateless, else "".
+func (s *session) hostRevision() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hostRev
+}
+
+// withResultType returns result (a JSON object) with resultType "complete" when it has
+// none; anything else unchanged.
+func withResultType(result json.RawMessage) json.RawMessage {
+	if rt, ok := transport.ResultType(result); ok && rt != resultComplete {
+		return result // it has one
+	}
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(result, &doc) != nil || doc == nil {
+		return result
+	}
+	if _, ok := doc["resultType"]; ok {
+		return result
+	}
+	doc["resultType"] = json.RawMessage(`"complete"`)
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return result
+	}
+	return out
 }
 
 // upRevision is the revision of the upstream conversation when it is stateless, else "".

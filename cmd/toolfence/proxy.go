@@ -278,7 +278,8 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		Dial: func(ctx context.Context) (mcp.Connection, io.Closer, error) {
 			return f.upstream(ctx, args, a.stderr, log)
 		},
-		Tokens: tokens, MaxSessions: f.net.maxSessions, SessionIdle: f.net.sessionIdle, Logger: log,
+		SharedUpstream: len(args) > 0, // a stdio child: stateless hosts share one
+		Tokens:         tokens, MaxSessions: f.net.maxSessions, SessionIdle: f.net.sessionIdle, Logger: log,
 		MaxDepth: f.net.maxDepth, MaxValues: f.net.maxValues, MaxInFlight: f.net.maxInFlight, MaxInFlightTotal: f.net.maxTotal,
 	})
 	if err != nil {

@@ -269,6 +269,7 @@ func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if err != nil {
 		return err
 	}
+	extra := c.requestHeaders(ctx, msg)
 	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
 		if req.Method == "initialize" {
 			c.mu.Lock()
@@ -278,13 +279,13 @@ func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			c.call(req, data)
+			c.call(req, data, extra)
 		}()
 		return nil
 	}
 	wctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 	defer cancel()
-	resp, err := c.post(wctx, data)
+	resp, err := c.post(wctx, data, extra)
 	if err != nil {
 		c.log.Warn("toolfence proxy: sending to the HTTP upstream failed", "upstream", c.name, "err", err)
 		return nil
@@ -306,14 +307,32 @@ func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	return nil
 }
 
-// post sends one JSON-RPC body with the session's headers. A 404 to a request carrying the
-// session id fails the connection (ErrUpstreamSession).
-func (c *httpConn) post(ctx context.Context, data []byte) (*http.Response, error) {
+// requestHeaders are the standard headers of a request (or notification) in a stateless
+// revision (its _meta's, SEP-2243: Mcp-Protocol-Version, Mcp-Method, Mcp-Name and the
+// Mcp-Param-* of the bindings ctx carries, WithParamBindings); nil for anything else.
+func (c *httpConn) requestHeaders(ctx context.Context, msg jsonrpc.Message) http.Header {
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok {
+		return nil
+	}
+	rev := ReadMeta(req.Params).Version
+	if !Stateless(rev) {
+		return nil
+	}
+	return RequestHeaders(rev, req, paramBindings(ctx))
+}
+
+// post sends one JSON-RPC body with the session's headers, and extra's over them. A 404 to
+// a request carrying the session id fails the connection (ErrUpstreamSession).
+func (c *httpConn) post(ctx context.Context, data []byte, extra http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(data))
 	if err != nil {
 		return nil, err
 	}
 	c.setHeaders(req)
+	for k, vs := range extra {
+		req.Header[k] = vs
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	resp, err := c.client.Do(req)
@@ -360,8 +379,8 @@ func (c *httpConn) setHeaders(req *http.Request) {
 
 // call posts one request and delivers what comes back until its answer; when no answer
 // comes, it delivers a CodeUpstreamHTTP error answer instead.
-func (c *httpConn) call(req *jsonrpc.Request, body []byte) {
-	answered, err := c.exchange(req, body)
+func (c *httpConn) call(req *jsonrpc.Request, body []byte, extra http.Header) {
+	answered, err := c.exchange(req, body, extra)
 	if answered {
 		return
 	}
@@ -385,17 +404,29 @@ func (c *httpConn) call(req *jsonrpc.Request, body []byte) {
 
 // exchange posts req and delivers the messages of its answer, reporting whether the answer
 // to req was among them.
-func (c *httpConn) exchange(req *jsonrpc.Request, data []byte) (answered bool, err error) {
-	resp, err := c.post(c.ctx, data)
+func (c *httpConn) exchange(req *jsonrpc.Request, data []byte, extra http.Header) (answered bool, err error) {
+	resp, err := c.post(c.ctx, data, extra)
 	if err != nil {
 		return false, err
 	}
 	defer resp.Body.Close()
+	want := idKey(req.ID)
 	if resp.StatusCode != http.StatusOK {
+		// A stateless server answers a protocol error with 400 or 404 and the JSON-RPC
+		// error as the body (SEP-2575): that is its answer. Anything else is no answer.
+		if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); (resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusNotFound) && ct == "application/json" {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+			if m, err := jsonrpc.DecodeMessage(body); err == nil {
+				if r, ok := m.(*jsonrpc.Response); ok && r.Error != nil && idKey(r.ID) == want {
+					c.deliver(r)
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("HTTP status %d", resp.StatusCode)
+		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		return false, fmt.Errorf("HTTP status %d", resp.StatusCode)
 	}
-	want := idKey(req.ID)
 	take := func(body []byte) error {
 		msgs, err := DecodeMessages(body)
 		if err != nil {

@@ -1,0 +1,435 @@
+package transport
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Mux shares one upstream connection (a stdio child) among many connections, each of which
+// speaks as if it had the upstream to itself: what it sends is rewritten on the way up so
+// that what comes back reaches it alone. Request ids and progress tokens get a prefix naming
+// the connection ("tfmux:<n>:"), as do the request ids notifications/cancelled names; an
+// upstream answer, progress notification or cancellation goes to the connection its id or
+// token names, with the connection's own id or token back in place, and nowhere else. A
+// notification of a stateless listen stream (its _meta subscriptionId is the listen
+// request's id) goes to the connection that listens. Anything else upstream sends is not a
+// connection's: a notification is given to OnNotice (or dropped), a ping is answered, any
+// other request is refused (method not found). Meant for stateless (2026-07-28) exchanges,
+// where a server sends nothing outside the requests it answers.
+//
+// The shared connection is dialed on the first Open and again on an Open after it ended;
+// when it ends, every connection open on it reads io.EOF.
+type Mux struct {
+	// Dial opens the shared upstream connection; closer ends it (the child's process group).
+	Dial func(ctx context.Context) (mcp.Connection, io.Closer, error)
+	// OnNotice, if set, gets the notifications upstream sends that belong to no connection
+	// (say notifications/tools/list_changed), on the reading goroutine: it must not block.
+	OnNotice func(*jsonrpc.Request)
+
+	mu     sync.Mutex
+	cur    *muxShared
+	closed bool
+}
+
+// muxShared is one dialed upstream connection and the connections open on it.
+type muxShared struct {
+	up     mcp.Connection
+	closer io.Closer
+	done   chan struct{} // closed when the reader ended
+	err    error         // why, once done
+
+	mu    sync.Mutex
+	next  uint64
+	conns map[uint64]*muxConn
+}
+
+// muxPrefix begins every id and token the mux rewrites.
+const muxPrefix = "tfmux:"
+
+// Open returns a new connection on the shared upstream connection (dialing it when there is
+// none alive) and its closer, which is the connection's Close.
+func (m *Mux) Open(ctx context.Context) (mcp.Connection, io.Closer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, nil, errors.New("transport: the shared upstream is closed")
+	}
+	sh := m.cur
+	if sh != nil {
+		select {
+		case <-sh.done:
+			sh = nil
+		default:
+		}
+	}
+	if sh == nil {
+		up, closer, err := m.Dial(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		sh = &muxShared{up: up, closer: closer, done: make(chan struct{}), conns: map[uint64]*muxConn{}}
+		m.cur = sh
+		go sh.read(m.OnNotice)
+	}
+	sh.mu.Lock()
+	sh.next++
+	c := &muxConn{sh: sh, n: sh.next, prefix: muxPrefix + strconv.FormatUint(sh.next, 10) + ":",
+		in: make(chan jsonrpc.Message, 64), closed: make(chan struct{})}
+	sh.conns[c.n] = c
+	sh.mu.Unlock()
+	return c, c, nil
+}
+
+// Close ends the shared upstream connection (every open connection reads io.EOF) and
+// refuses further Opens.
+func (m *Mux) Close() error {
+	m.mu.Lock()
+	sh := m.cur
+	m.closed, m.cur = true, nil
+	m.mu.Unlock()
+	if sh == nil {
+		return nil
+	}
+	_ = sh.up.Close()
+	if sh.closer != nil {
+		_ = sh.closer.Close()
+	}
+	<-sh.done
+	return nil
+}
+
+// Conns returns how many connections are open on the shared upstream connection.
+func (m *Mux) Conns() int {
+	m.mu.Lock()
+	sh := m.cur
+	m.mu.Unlock()
+	if sh == nil {
+		return 0
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return len(sh.conns)
+}
+
+// read delivers what upstream sends until it ends.
+func (sh *muxShared) read(onNotice func(*jsonrpc.Request)) {
+	var err error
+	defer func() {
+		sh.mu.Lock()
+		sh.err = err
+		sh.mu.Unlock()
+		close(sh.done)
+	}()
+	for {
+		var msg jsonrpc.Message
+		msg, err = sh.up.Read(context.Background())
+		var bad *BadLineError
+		if errors.As(err, &bad) {
+			continue // not JSON-RPC: no connection's
+		}
+		if err != nil {
+			return
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Response:
+			if c, id, ok := sh.route(m.ID); ok {
+				m.ID = id
+				c.deliver(m)
+			}
+		case *jsonrpc.Request:
+			sh.request(m, onNotice)
+		}
+	}
+}
+
+// request routes a request or notification of upstream.
+func (sh *muxShared) request(m *jsonrpc.Request, onNotice func(*jsonrpc.Request)) {
+	if m.IsCall() {
+		resp := &jsonrpc.Response{ID: m.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
+			Message: "toolfence proxy: a shared upstream's requests reach no host (stateless hosts take none)"}}
+		if m.Method == "ping" {
+			resp = &jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)}
+		}
+		_ = sh.up.Write(context.Background(), resp)
+		return
+	}
+	switch m.Method {
+	case "notifications/progress":
+		if c, params, ok := sh.routeField(m.Params, "progressToken"); ok {
+			m.Params = params
+			c.deliver(m)
+			return
+		}
+	case "notifications/cancelled":
+		if c, params, ok := sh.routeField(m.Params, "requestId"); ok {
+			m.Params = params
+			c.deliver(m)
+			return
+		}
+	default:
+		var p struct {
+			Meta map[string]json.RawMessage `json:"_meta"`
+		}
+		var sub string
+		if json.Unmarshal(m.Params, &p) == nil && json.Unmarshal(p.Meta[MetaSubscriptionID], &sub) == nil {
+			if c := sh.conn(sub); c != nil {
+				if orig, ok := c.original(sub); ok {
+					m.Params = WithMeta(m.Params, map[string]any{MetaSubscriptionID: orig})
+					c.deliver(m)
+					return
+				}
+			}
+		}
+	}
+	if onNotice != nil {
+		onNotice(m)
+	}
+}
+
+// route finds the connection a rewritten id names and its own id (forgotten: an answer
+// comes once).
+func (sh *muxShared) route(id jsonrpc.ID) (*muxConn, jsonrpc.ID, bool) {
+	s, ok := id.Raw().(string)
+	if !ok {
+		return nil, jsonrpc.ID{}, false
+	}
+	c := sh.conn(s)
+	if c == nil {
+		return nil, jsonrpc.ID{}, false
+	}
+	return c.unwrapID(s)
+}
+
+// routeField finds the connection a rewritten params field (a progress token, a cancelled
+// request's id) names, and params with the connection's own value back in it.
+func (sh *muxShared) routeField(params json.RawMessage, field string) (*muxConn, json.RawMessage, bool) {
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(params, &doc) != nil {
+		return nil, nil, false
+	}
+	var s string
+	if json.Unmarshal(doc[field], &s) != nil {
+		return nil, nil, false
+	}
+	c := sh.conn(s)
+	if c == nil {
+		return nil, nil, false
+	}
+	orig, ok := c.original(s)
+	if !ok {
+		return nil, nil, false
+	}
+	doc[field] = orig
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return nil, nil, false
+	}
+	return c, out, true
+}
+
+// conn is the open connection whose prefix ("tfmux:<n>:") s starts with, or nil.
+func (sh *muxShared) conn(s string) *muxConn {
+	rest, ok := strings.CutPrefix(s, muxPrefix)
+	if !ok {
+		return nil
+	}
+	num, _, ok := strings.Cut(rest, ":")
+	if !ok {
+		return nil
+	}
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return nil
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.conns[n]
+}
+
+// muxConn is one connection on a shared upstream connection.
+type muxConn struct {
+	sh     *muxShared
+	n      uint64
+	prefix string
+	in     chan jsonrpc.Message
+	once   sync.Once
+	closed chan struct{}
+
+	mu     sync.Mutex
+	seq    uint64
+	ids    map[string]jsonrpc.ID      // rewritten id → the connection's, until answered
+	byOrig map[string]string          // the connection's id (idKey) → rewritten
+	values map[string]json.RawMessage // rewritten progress token or id → the connection's JSON
+}
+
+var _ mcp.Connection = (*muxConn)(nil)
+
+// wrapID rewrites a request id of this connection, remembering it until its answer.
+func (c *muxConn) wrapID(id jsonrpc.ID) jsonrpc.ID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	w := c.prefix + strconv.FormatUint(c.seq, 10)
+	if c.ids == nil {
+		c.ids, c.byOrig, c.values = map[string]jsonrpc.ID{}, map[string]string{}, map[string]json.RawMessage{}
+	}
+	c.ids[w] = id
+	c.byOrig[idKey(id)] = w
+	c.values[w], _ = json.Marshal(id.Raw())
+	wid, _ := jsonrpc.MakeID(w)
+	return wid
+}
+
+// unwrapID returns the connection's id of a rewritten one, forgetting it.
+func (c *muxConn) unwrapID(w string) (*muxConn, jsonrpc.ID, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.ids[w]
+	if !ok {
+		return nil, jsonrpc.ID{}, false
+	}
+	delete(c.ids, w)
+	delete(c.byOrig, idKey(id))
+	delete(c.values, w)
+	for k := range c.values { // tokens of the answered request
+		if strings.HasPrefix(k, w+":") {
+			delete(c.values, k)
+		}
+	}
+	return c, id, true
+}
+
+// original is the connection's JSON value of a rewritten token or id.
+func (c *muxConn) original(w string) (json.RawMessage, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.values[w]
+	return v, ok
+}
+
+// deliver hands msg to Read (dropped once the connection is closed).
+func (c *muxConn) deliver(msg jsonrpc.Message) {
+	select {
+	case c.in <- msg:
+	case <-c.closed:
+	case <-c.sh.done:
+	}
+}
+
+// Read returns the next message upstream sent this connection; io.EOF once it or the shared
+// connection ended.
+func (c *muxConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	select {
+	case m := <-c.in:
+		return m, nil
+	case <-c.closed:
+		return nil, io.EOF
+	case <-c.sh.done:
+		select {
+		case m := <-c.in:
+			return m, nil
+		default:
+		}
+		return nil, io.EOF
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Write sends msg upstream with this connection's ids and tokens rewritten.
+func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	select {
+	case <-c.closed:
+		return errors.New("transport: the connection is closed")
+	case <-c.sh.done:
+		return fmt.Errorf("transport: the shared upstream ended: %w", io.EOF)
+	default:
+	}
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok {
+		return nil // an answer to an upstream request: the mux answers those itself
+	}
+	out := *req
+	switch {
+	case req.IsCall():
+		out.ID = c.wrapID(req.ID)
+		out.Params = c.rewriteToken(out.ID, req.Params)
+	case req.Method == "notifications/cancelled":
+		out.Params = c.rewriteCancelled(req.Params)
+	}
+	return c.sh.up.Write(ctx, &out)
+}
+
+// rewriteToken rewrites params._meta.progressToken of the request rewritten to id, if any,
+// into "<id>:token".
+func (c *muxConn) rewriteToken(id jsonrpc.ID, params json.RawMessage) json.RawMessage {
+	if !strings.Contains(string(params), `"progressToken"`) {
+		return params
+	}
+	var doc struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	if json.Unmarshal(params, &doc) != nil || doc.Meta["progressToken"] == nil {
+		return params
+	}
+	w := id.Raw().(string) + ":token"
+	c.mu.Lock()
+	c.values[w] = doc.Meta["progressToken"]
+	c.mu.Unlock()
+	return WithMeta(params, map[string]any{"progressToken": w})
+}
+
+// rewriteCancelled rewrites the request id a notifications/cancelled names, when it is one
+// of this connection's requests in flight.
+func (c *muxConn) rewriteCancelled(params json.RawMessage) json.RawMessage {
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(params, &doc) != nil {
+		return params
+	}
+	var v any
+	if json.Unmarshal(doc["requestId"], &v) != nil {
+		return params
+	}
+	id, err := jsonrpc.MakeID(v)
+	if err != nil {
+		return params
+	}
+	c.mu.Lock()
+	w, ok := c.byOrig[idKey(id)]
+	c.mu.Unlock()
+	if !ok {
+		return params
+	}
+	doc["requestId"], _ = json.Marshal(w)
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return params
+	}
+	return out
+}
+
+// Close ends this connection (not the shared one).
+func (c *muxConn) Close() error {
+	c.once.Do(func() {
+		close(c.closed)
+		c.sh.mu.Lock()
+		delete(c.sh.conns, c.n)
+		c.sh.mu.Unlock()
+	})
+	return nil
+}
+
+// SessionID is "": the shared connection is nobody's session.
+func (c *muxConn) SessionID() string { return "" }
+
+// TaskScope names the shared connection: task ids belong to its server (the child).
+func (c *muxConn) TaskScope() string { return fmt.Sprintf("mux-%p", c.sh) }
