@@ -107,6 +107,34 @@ func TestReplayCacheEvictedByWrites(t *testing.T) {
 	require.Len(t, res.Residual.Evidence, 2, "AppendEvidence evicted the key")
 }
 
+// A supersede of a cached success is decided in the read-write transaction, not answered
+// from the cache: it acquires, evicts the key, and the next reserve is in progress, not a
+// replay of the superseded success. A stale supersede is answered from the cache.
+func TestReplayCacheSupersede(t *testing.T) {
+	l := openTest(t, t.TempDir(), Options{Clock: lease.NewFake(start)})
+	p := reserveParams("superseded")
+	token := succeed(t, l, p, `{"v":1}`)
+	require.Equal(t, ledger.Replay, reserveDecision(t, l, p).Decision)
+	require.Equal(t, 1, l.cache.len())
+
+	stale := p
+	stale.Supersede = token + 1
+	require.Equal(t, ledger.Replay, reserveDecision(t, l, stale).Decision)
+	hits, _ := cacheCounts(l)
+	require.Equal(t, uint64(1), hits, "a stale supersede is answered from the cache")
+
+	sup := p
+	sup.Holder, sup.Supersede = "successor", token
+	res := reserveDecision(t, l, sup)
+	require.Equal(t, ledger.Acquired, res.Decision)
+	require.Greater(t, res.Lease.Token, token)
+	require.Zero(t, l.cache.len(), "the new attempt evicted the success")
+	again := reserveDecision(t, l, p)
+	require.Equal(t, ledger.InProgress, again.Decision)
+	require.Equal(t, "successor", again.Residual.Current().Holder)
+	require.Equal(t, ledger.InProgress, reserveDecision(t, l, sup).Decision, "the same supersede again is in progress")
+}
+
 // A fill whose read may predate a write to its key is refused; other stripes are not
 // affected; the budget evicts the least recently used entry and refuses oversize ones.
 func TestReplayCacheFillRules(t *testing.T) {
@@ -201,7 +229,7 @@ func TestReserveReadNeverAcquires(t *testing.T) {
 	free(redispatch, "unknown with redispatch")
 
 	done := reserveParams("done")
-	succeed(t, l, done, `{}`)
+	token := succeed(t, l, done, `{}`)
 	answered(done, ledger.Replay)
 	answered(done, ledger.Replay) // from the cache
 	mismatch := done
@@ -209,6 +237,9 @@ func TestReserveReadNeverAcquires(t *testing.T) {
 	answered(mismatch, ledger.PayloadMismatch)
 	hits, _ := cacheCounts(l)
 	require.Equal(t, uint64(2), hits)
+	supersede := done
+	supersede.Supersede = token
+	free(supersede, "succeeded, superseded by its token (cached)")
 }
 
 // A replay read from a commit whose sync round has not finished waits for a round of its
