@@ -135,6 +135,29 @@ func TestReplayCacheSupersede(t *testing.T) {
 	require.Equal(t, ledger.InProgress, reserveDecision(t, l, sup).Decision, "the same supersede again is in progress")
 }
 
+// While a write holds a key (from before its commit until after), get misses it and add
+// refuses it, so no replay comes from a record the commit replaces; the release evicts it.
+func TestReplayCacheHold(t *testing.T) {
+	c := newReplayCache(1 << 20)
+	r := &residual.Residual{State: residual.Succeeded}
+	c.add("a", r, 100, c.stamp("a"))
+	require.Same(t, r, c.get("a"))
+
+	c.hold([]string{"a"})
+	require.Nil(t, c.get("a"), "held: evicted")
+	c.add("a", r, 100, c.stamp("a"))
+	require.Nil(t, c.get("a"), "held: a fill is refused even with a fresh stamp")
+	c.hold([]string{"a"}) // a second write to the same stripe
+	c.release([]string{"a"})
+	c.add("a", r, 100, c.stamp("a"))
+	require.Nil(t, c.get("a"), "still held by the second write")
+	c.release([]string{"a"})
+
+	stamp := c.stamp("a")
+	c.add("a", r, 100, stamp)
+	require.Same(t, r, c.get("a"), "released: filled again")
+}
+
 // A fill whose read may predate a write to its key is refused; other stripes are not
 // affected; the budget evicts the least recently used entry and refuses oversize ones.
 func TestReplayCacheFillRules(t *testing.T) {
