@@ -30,6 +30,29 @@ type BeginOptions struct {
 	// a refusal. Only what Begin returns is counted and logged, so a key that Settle cleared
 	// is not also reported as a refused call.
 	Settle func(ctx context.Context, v *Violation) (settled bool)
+	// Supersede, when not zero, says this call is a new intent, not a retry, over the
+	// success the caller saw under this token: the Token of a replayed *Result, or the
+	// ResidualToken of a PayloadMismatch *Violation. If the key is still that success,
+	// Begin reserves a new attempt on the same key (attempt n+1, a new fencing token,
+	// pending, with this call's arguments) and returns an *Attempt like any other; the
+	// earlier attempts stay in the residual's history and its cached result is cleared.
+	// Of several callers that supersede the same success at once, one gets the *Attempt
+	// and the others InProgress. If the key has moved on (superseded or settled since),
+	// the call is decided as without Supersede; a pending, unknown or accepted key still
+	// blocks (ledger.ReserveParams.Supersede).
+	//
+	// Use it only where the caller itself has judged, from what it observed, that the same
+	// call again is meant to act again (the earlier answer was delivered and then the call
+	// came again, a person confirmed it), never to get past a replay it did not expect:
+	// a retry of a lost answer must be replayed. Where the caller names the task, a new
+	// intent is better a new task. The new attempt dispatches under the same key
+	// (Dispatch.Key): for an operation declared UpstreamIdempotent, whose upstream would
+	// answer the earlier call again, Begin refuses Supersede (ErrInvalidCall, nothing
+	// written); a tool that forwards the key to an upstream that deduplicates by it must
+	// not be superseded either, and a Probe that looks the key up upstream finds the
+	// earlier intent's effect too, so it must tell the attempts apart (by the handle, the
+	// token or the time of r.Current()). Zero (the default) replays a success.
+	Supersede uint64
 }
 
 // Attempt is one attempt that holds its lease: steps 1 and 2 of the barrier are done (a
@@ -141,6 +164,11 @@ func (ic *Interceptor) begin(ctx context.Context, call Call, opts BeginOptions) 
 	if ttl <= ic.cfg.Margin {
 		return nil, nil, fmt.Errorf("%w: %s: lease %v is not longer than the safety margin %v", ErrInvalidCall, call.Operation, ttl, ic.cfg.Margin)
 	}
+	if opts.Supersede != 0 && op.UpstreamIdempotent {
+		return nil, nil, fmt.Errorf("%w: %s: supersede of token %d: the operation is declared upstream-idempotent, so upstream "+
+			"would answer a new intent under the same key with the earlier call's outcome; begin the new intent in a new task",
+			ErrInvalidCall, call.Operation, opts.Supersede)
+	}
 	holder := cmp.Or(opts.Holder, ic.cfg.Holder)
 	key := ic.Key(task, call.Operation, call.Target)
 
@@ -151,7 +179,7 @@ func (ic *Interceptor) begin(ctx context.Context, call Call, opts BeginOptions) 
 	res, err := ic.ledger.Reserve(sctx, ledger.ReserveParams{
 		Namespace: ic.cfg.Namespace, Key: key, Task: task, Operation: call.Operation,
 		Target: call.Target, Holder: holder, RequestDigest: digest, TTL: ttl,
-		Redispatch: op.UpstreamIdempotent,
+		Redispatch: op.UpstreamIdempotent, Supersede: opts.Supersede,
 	})
 	end(err)
 	if err != nil {

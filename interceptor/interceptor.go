@@ -171,7 +171,10 @@ type Result struct {
 	// when returned with the error that says so (Attempt.Commit).
 	State   residual.State
 	Attempt int
-	Token   uint64
+	// Token is the fencing token of the attempt that ran or, on a replay, the key's token
+	// (residual.Residual.Token): what BeginOptions.Supersede names to start a new intent
+	// over this success.
+	Token uint64
 	// Truncated says Output was cut at the result cap (a replay of a truncated result).
 	Truncated bool
 	// StoredTruncated says the stored result was cut at the cap, so replays of it will be:
@@ -391,6 +394,7 @@ func (ic *Interceptor) violation(kind Kind, r *residual.Residual, a *residual.At
 	v := &Violation{
 		Kind: kind, Key: r.Key, Task: r.Task, Operation: r.Operation, Target: r.Target,
 		State: r.State, Handle: r.Handle, Recovery: recoveries[kind], Cause: cause,
+		ResidualToken: r.Token,
 	}
 	if a != nil {
 		v.Attempt, v.Holder, v.Token, v.Since = a.N, a.Holder, a.Token, a.Started

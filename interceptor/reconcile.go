@@ -13,7 +13,10 @@ import (
 
 // Probe asks upstream what became of the attempt recorded in r (looking it up by r.Key,
 // which the tool sent as Idempotency-Key, or by r.Handle). It returns Succeeded or Failed
-// when upstream knows, and Accepted or Unknown (or an error) when it does not yet.
+// when upstream knows, and Accepted or Unknown (or an error) when it does not yet. On a key
+// whose earlier intent succeeded and was superseded (BeginOptions.Supersede: an earlier
+// attempt of r ended Succeeded, or a resolution settled it so), what upstream holds under
+// r.Key may be that intent's effect: the probe must answer about r.Current() only.
 type Probe func(ctx context.Context, r *residual.Residual) (ProbeResult, error)
 
 // ProbeResult is what a probe learned.

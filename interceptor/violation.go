@@ -64,6 +64,11 @@ type Violation struct {
 	Token   uint64
 	// Since is when that attempt started.
 	Since time.Time
+	// ResidualToken is the key's fencing token when the violation was raised
+	// (residual.Residual.Token): for a settled key, that of the attempt or the resolution
+	// that settled it, so it may be above Token. A PayloadMismatch names with it the
+	// success a new intent may supersede (BeginOptions.Supersede).
+	ResidualToken uint64
 	// RetryAfter is how long until the lease expires (InProgress only).
 	RetryAfter time.Duration
 	// Handle is the upstream handle to poll (AwaitingUpstream).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode"
@@ -32,13 +33,13 @@ import (
 // the database server's clock for shared ones.
 type Ledger interface {
 	// Reserve atomically inspects the key and, when the key is free (no residual, or the
-	// last attempt failed, or it is unknown and p.Redispatch is set), bumps the fencing
-	// token, writes a lease and a pending residual with a new attempt, and returns
-	// Decision Acquired with the lease. Otherwise it writes nothing and returns the
-	// existing residual with the Decision that applies (Replay, InProgress,
-	// UnknownOutcome, AwaitingUpstream, PayloadMismatch). The residual keeps its first
-	// attempt and a bounded number of the latest ones (ledger/rules.KeepAttempts);
-	// Residual.AttemptCount counts every attempt ever made.
+	// last attempt failed, or it is unknown and p.Redispatch is set, or it succeeded and
+	// p.Supersede names its token), bumps the fencing token, writes a lease and a pending
+	// residual with a new attempt, and returns Decision Acquired with the lease. Otherwise
+	// it writes nothing and returns the existing residual with the Decision that applies
+	// (Replay, InProgress, UnknownOutcome, AwaitingUpstream, PayloadMismatch). The
+	// residual keeps its first attempt and a bounded number of the latest ones
+	// (ledger/rules.KeepAttempts); Residual.AttemptCount counts every attempt ever made.
 	Reserve(ctx context.Context, p ReserveParams) (*ReserveResult, error)
 
 	// Commit writes the terminal outcome of the attempt holding p.Token and releases its
@@ -152,6 +153,24 @@ type ReserveParams struct {
 	// digest: only for operations declared upstream-idempotent, which re-dispatch under
 	// the same upstream idempotency key.
 	Redispatch bool
+	// Supersede, when not zero, starts a new intent over a settled success: a residual
+	// that is succeeded and whose token (Residual.Token: the token of the attempt that
+	// committed it, or of the resolution that settled it) equals Supersede is reserved
+	// anew, as attempt n+1 under a new fencing token and lease, pending, with this
+	// request's digest (the same as before or not). Its earlier attempts stay in its
+	// history; its cached result and handle are cleared, so nothing of the earlier intent
+	// is ever replayed as the outcome of the new one.
+	//
+	// A caller that saw the key succeed (Replay, or a PayloadMismatch) and judged that
+	// this call is a new intent, not a retry, passes the token it saw: the check and the
+	// write are one atomic step, so of two callers that judged the same success at once
+	// exactly one acquires (the other gets InProgress). A succeeded residual with another
+	// token (superseded or settled again since) is decided as without Supersede: Replay
+	// or PayloadMismatch, nothing written. Every other state is decided as without
+	// Supersede too: pending, unknown and accepted still block (an outcome that may have
+	// happened never lets a second dispatch through), failed and a missing key acquire
+	// anyway. Zero (the default) never supersedes. At most MaxToken.
+	Supersede uint64 `json:",omitempty"`
 }
 
 // Validate returns an error wrapping ErrInvalidParams that names the first missing or
@@ -171,6 +190,9 @@ func (p ReserveParams) Validate() error {
 		ident("namespace", p.Namespace), ident("task", p.Task), ident("operation", p.Operation),
 		ident("target", p.Target), name("holder", p.Holder), ident("request digest", p.RequestDigest)); err != nil {
 		return err
+	}
+	if p.Supersede > MaxToken {
+		return fmt.Errorf("%w: reserve: supersede %d is not a fencing token: no backend issues one above %d", ErrInvalidParams, p.Supersede, uint64(MaxToken))
 	}
 	if want := residual.Key(p.Namespace, p.Task, p.Operation, p.Target); p.Key != want {
 		return fmt.Errorf("%w: reserve: key %s is not the key of its namespace, task, operation and target (%s): "+
@@ -430,6 +452,9 @@ const (
 	// MaxLease bounds a lease's length (Reserve and Renew TTL): a holder that needs longer
 	// renews.
 	MaxLease = 24 * time.Hour
+	// MaxToken bounds a fencing token a step names (ReserveParams.Supersede): PostgreSQL
+	// stores tokens as bigint, so no backend issues a larger one.
+	MaxToken = math.MaxInt64
 )
 
 // DefaultListLimit and MaxListLimit bound List pages.

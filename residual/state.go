@@ -75,8 +75,9 @@ var transitions = map[State][]State{
 	Accepted: {Succeeded, Failed},
 	// A failed attempt may be retried as a new attempt.
 	Failed: {Pending},
-	// Succeeded is final: new calls replay it.
-	Succeeded: {},
+	// New calls replay a success; only a caller that judged a call a new intent over it
+	// (ledger.ReserveParams.Supersede) starts a new pending attempt.
+	Succeeded: {Pending},
 }
 
 // Transition returns nil when a residual may move from one state to another, and an error

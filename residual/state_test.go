@@ -35,7 +35,9 @@ var allowed = map[[2]residual.State]bool{
 	{residual.Accepted, residual.Failed}:    true,
 
 	{residual.Failed, residual.Pending}: true,
-	// Succeeded is final: no entries.
+	// A new intent over a settled success (ledger.ReserveParams.Supersede); nothing else
+	// leaves succeeded.
+	{residual.Succeeded, residual.Pending}: true,
 }
 
 func name(s residual.State) string {
@@ -71,7 +73,7 @@ func TestTransitionTable(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, 11, nAllowed, "the table of docs/design.md has eleven allowed moves")
+	require.Equal(t, 12, nAllowed, "the table of docs/design.md has twelve allowed moves")
 }
 
 func TestTransitionSameStateRefused(t *testing.T) {
@@ -81,9 +83,15 @@ func TestTransitionSameStateRefused(t *testing.T) {
 	}
 }
 
-func TestTransitionSucceededIsFinal(t *testing.T) {
+// Succeeded is never settled again (resolved, committed, re-opened as unknown or accepted):
+// it only leaves for a new pending attempt.
+func TestTransitionSucceededLeavesOnlyForANewAttempt(t *testing.T) {
 	t.Parallel()
 	for _, to := range allStates {
+		if to == residual.Pending {
+			require.NoError(t, residual.Transition(residual.Succeeded, to))
+			continue
+		}
 		require.ErrorIs(t, residual.Transition(residual.Succeeded, to), residual.ErrInvalidTransition, "succeeded -> %s", name(to))
 	}
 }

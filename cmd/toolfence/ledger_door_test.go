@@ -20,7 +20,8 @@ import (
 // gives no second dispatch for a key begun over MCP. An MCP agent's token cannot reach it
 // at all; a token granted it can read the holder and token of another's attempt but can
 // neither settle nor renew that attempt, and its reserve does not re-dispatch over an
-// unknown outcome of an operation the server does not declare upstream-idempotent.
+// unknown outcome of an operation the server does not declare upstream-idempotent, nor
+// supersede it.
 func TestLedgerProtocolIsNoWayAroundTheBarrier(t *testing.T) {
 	t.Parallel()
 	_, url, _ := teamServe(t)
@@ -75,6 +76,12 @@ func TestLedgerProtocolIsNoWayAroundTheBarrier(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, ledger.UnknownOutcome, res.Decision, "charge is not declared upstream-idempotent on this server")
+	res, err = raw.Reserve(ctx, ledger.ReserveParams{
+		Namespace: "team", Key: first.Key, Task: r.Task, Operation: r.Operation, Target: r.Target,
+		Holder: "raw", RequestDigest: r.RequestDigest, TTL: 60e9, Supersede: first.Token,
+	})
+	require.NoError(t, err)
+	require.Equal(t, ledger.UnknownOutcome, res.Decision, "a new intent supersedes a success, never an unknown outcome")
 	got, err := raw.Get(ctx, ledger.GetParams{Namespace: "team", Key: first.Key})
 	require.NoError(t, err)
 	require.Equal(t, 1, got.AttemptCount, "one attempt, one dispatch")

@@ -9,12 +9,14 @@ import (
 )
 
 // replayCache holds decoded succeeded residuals by store key, so that a replay needs
-// neither a transaction nor a JSON decode. Succeeded is final: no transition leaves it, so
-// a cached record goes stale only through a write to the same key (a refused late commit
-// or AppendEvidence adds evidence; GC deletes it). Every write evicts the keys it touched
-// after its commit returned (tx.set and tx.del record them; Ledger.update evicts), and a
-// fill is refused when an eviction of its key's stripe happened after the filler took its
-// stamp, before it opened its read transaction:
+// neither a transaction nor a JSON decode. A cached record goes stale only through a write
+// to the same key (a refused late commit or AppendEvidence adds evidence; a reserve that
+// supersedes the success makes it pending; GC deletes it). Every write holds the keys it
+// touched from before its commit until after the commit returned (tx.set and tx.del
+// record them; Ledger.update holds and releases): while held, get misses them and add
+// refuses them, and the release evicts them, so no answer comes from a record a commit has
+// replaced. A fill is also refused when an eviction of its key's stripe happened after the
+// filler took its stamp, before it opened its read transaction:
 //
 //   - a write visible to the filler's snapshot: the filler read the new record;
 //   - a write committed after that snapshot: its eviction comes after the stamp, so either
@@ -34,6 +36,7 @@ type replayCache struct {
 	lru     list.List // of *cacheEntry, most recently used at the front
 	byKey   map[string]*list.Element
 	stripes [cacheStripes]uint64 // evictions per stripe of keys
+	held    [cacheStripes]int    // writes in flight per stripe of keys (hold, release)
 
 	// hits and fills count, for tests.
 	hits, fills uint64
@@ -78,7 +81,7 @@ func (c *replayCache) get(key string) *residual.Residual {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.byKey[key]
-	if !ok {
+	if !ok || c.held[c.stripe(key)] > 0 {
 		return nil
 	}
 	c.lru.MoveToFront(e)
@@ -95,7 +98,7 @@ func (c *replayCache) add(key string, r *residual.Residual, storedLen int, stamp
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stripes[c.stripe(key)] != stamp {
+	if s := c.stripe(key); c.stripes[s] != stamp || c.held[s] > 0 {
 		return
 	}
 	if old, ok := c.byKey[key]; ok {
@@ -110,14 +113,26 @@ func (c *replayCache) add(key string, r *residual.Residual, storedLen int, stamp
 }
 
 // evict drops keys and refuses fills of their stripes that started before this call.
-func (c *replayCache) evict(keys []string) {
+func (c *replayCache) evict(keys []string) { c.mark(keys, 0) }
+
+// hold evicts keys before a commit that writes them, and until release makes get miss
+// them and add refuse them (with every key of their stripes).
+func (c *replayCache) hold(keys []string) { c.mark(keys, 1) }
+
+// release ends a hold after the commit returned (or failed), evicting keys again.
+func (c *replayCache) release(keys []string) { c.mark(keys, -1) }
+
+// mark evicts keys and adds held to the holds of their stripes.
+func (c *replayCache) mark(keys []string, held int) {
 	if c.budget == 0 || len(keys) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, key := range keys {
-		c.stripes[c.stripe(key)]++
+		s := c.stripe(key)
+		c.stripes[s]++
+		c.held[s] += held
 		if e, ok := c.byKey[key]; ok {
 			c.remove(e)
 		}

@@ -107,6 +107,57 @@ func TestReplayCacheEvictedByWrites(t *testing.T) {
 	require.Len(t, res.Residual.Evidence, 2, "AppendEvidence evicted the key")
 }
 
+// A supersede of a cached success is decided in the read-write transaction, not answered
+// from the cache: it acquires, evicts the key, and the next reserve is in progress, not a
+// replay of the superseded success. A stale supersede is answered from the cache.
+func TestReplayCacheSupersede(t *testing.T) {
+	l := openTest(t, t.TempDir(), Options{Clock: lease.NewFake(start)})
+	p := reserveParams("superseded")
+	token := succeed(t, l, p, `{"v":1}`)
+	require.Equal(t, ledger.Replay, reserveDecision(t, l, p).Decision)
+	require.Equal(t, 1, l.cache.len())
+
+	stale := p
+	stale.Supersede = token + 1
+	require.Equal(t, ledger.Replay, reserveDecision(t, l, stale).Decision)
+	hits, _ := cacheCounts(l)
+	require.Equal(t, uint64(1), hits, "a stale supersede is answered from the cache")
+
+	sup := p
+	sup.Holder, sup.Supersede = "successor", token
+	res := reserveDecision(t, l, sup)
+	require.Equal(t, ledger.Acquired, res.Decision)
+	require.Greater(t, res.Lease.Token, token)
+	require.Zero(t, l.cache.len(), "the new attempt evicted the success")
+	again := reserveDecision(t, l, p)
+	require.Equal(t, ledger.InProgress, again.Decision)
+	require.Equal(t, "successor", again.Residual.Current().Holder)
+	require.Equal(t, ledger.InProgress, reserveDecision(t, l, sup).Decision, "the same supersede again is in progress")
+}
+
+// While a write holds a key (from before its commit until after), get misses it and add
+// refuses it, so no replay comes from a record the commit replaces; the release evicts it.
+func TestReplayCacheHold(t *testing.T) {
+	c := newReplayCache(1 << 20)
+	r := &residual.Residual{State: residual.Succeeded}
+	c.add("a", r, 100, c.stamp("a"))
+	require.Same(t, r, c.get("a"))
+
+	c.hold([]string{"a"})
+	require.Nil(t, c.get("a"), "held: evicted")
+	c.add("a", r, 100, c.stamp("a"))
+	require.Nil(t, c.get("a"), "held: a fill is refused even with a fresh stamp")
+	c.hold([]string{"a"}) // a second write to the same stripe
+	c.release([]string{"a"})
+	c.add("a", r, 100, c.stamp("a"))
+	require.Nil(t, c.get("a"), "still held by the second write")
+	c.release([]string{"a"})
+
+	stamp := c.stamp("a")
+	c.add("a", r, 100, stamp)
+	require.Same(t, r, c.get("a"), "released: filled again")
+}
+
 // A fill whose read may predate a write to its key is refused; other stripes are not
 // affected; the budget evicts the least recently used entry and refuses oversize ones.
 func TestReplayCacheFillRules(t *testing.T) {
@@ -201,7 +252,7 @@ func TestReserveReadNeverAcquires(t *testing.T) {
 	free(redispatch, "unknown with redispatch")
 
 	done := reserveParams("done")
-	succeed(t, l, done, `{}`)
+	token := succeed(t, l, done, `{}`)
 	answered(done, ledger.Replay)
 	answered(done, ledger.Replay) // from the cache
 	mismatch := done
@@ -209,6 +260,9 @@ func TestReserveReadNeverAcquires(t *testing.T) {
 	answered(mismatch, ledger.PayloadMismatch)
 	hits, _ := cacheCounts(l)
 	require.Equal(t, uint64(2), hits)
+	supersede := done
+	supersede.Supersede = token
+	free(supersede, "succeeded, superseded by its token (cached)")
 }
 
 // A replay read from a commit whose sync round has not finished waits for a round of its

@@ -430,7 +430,12 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 		if t.big {
 			l.logs.markValueLog()
 		}
+		// No replay is answered from the cache between the commit and the eviction.
+		l.cache.hold(t.touched)
 		err := t.txn.Commit()
+		// The new versions are visible now (or nothing was written): evict what they
+		// replace, before anyone can be told the write happened.
+		l.cache.release(t.touched)
 		if t.big {
 			l.logs.doneValueLog()
 		}
@@ -440,9 +445,6 @@ func (l *Ledger) update(ctx context.Context, op string, fn func(t *tx, now time.
 			}
 			return fmt.Errorf("badger: %s: gave up after %d conflicting transactions: %w", op, attempt+1, err)
 		}
-		// The new versions are visible now (or nothing was written): evict what they
-		// replace, before anyone can be told the write happened.
-		l.cache.evict(t.touched)
 		if err != nil {
 			return fmt.Errorf("badger: %s: commit: %w", op, err)
 		}

@@ -34,7 +34,7 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 		if err != nil {
 			return false, err
 		}
-		if d := rules.Decide(r, p.RequestDigest, p.Redispatch, now); d != ledger.Acquired {
+		if d := rules.Decide(r, p, now); d != ledger.Acquired {
 			// Someone else's write landed since the read-only try. Write nothing; update
 			// answers once what was read is durable.
 			r.State = r.EffectiveState(now)
@@ -81,8 +81,11 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 	cached, now := l.cache.get(ck), l.now()
 	release()
 	if cached != nil {
+		d := rules.Decide(cached, p, now) // Replay or PayloadMismatch, or Acquired by Supersede
+		if d == ledger.Acquired {
+			return nil, nil // only the read-write transaction may reserve
+		}
 		r := cached.Clone()
-		d := rules.Decide(r, p.RequestDigest, p.Redispatch, now) // Replay or PayloadMismatch
 		r.State = r.EffectiveState(now)
 		return &ledger.ReserveResult{Decision: d, Residual: r}, nil
 	}
@@ -99,7 +102,7 @@ func (l *Ledger) reserveRead(ctx context.Context, p ledger.ReserveParams) (*ledg
 		if err != nil {
 			return err
 		}
-		d := rules.Decide(r, p.RequestDigest, p.Redispatch, now)
+		d := rules.Decide(r, p, now)
 		if d == ledger.Acquired {
 			t.read = 0 // no answer given from this read: the write path covers it
 			return nil

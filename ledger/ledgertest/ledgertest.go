@@ -55,6 +55,7 @@ func Run(t *testing.T, h Harness) {
 	}
 	var all []testCase
 	all = append(all, reserveCases...)
+	all = append(all, supersedeCases...)
 	all = append(all, commitCases...)
 	all = append(all, resolveCases...)
 	all = append(all, listCases...)

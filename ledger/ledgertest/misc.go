@@ -39,6 +39,7 @@ func boundsRefusedByEveryStep(e *env) {
 		{"holder", func(p *ledger.ReserveParams) { p.Holder = "agent\nforged: line" }},
 		{"request digest", func(p *ledger.ReserveParams) { p.RequestDigest = long(ledger.MaxField + 1) }},
 		{"lease ttl", func(p *ledger.ReserveParams) { p.TTL = ledger.MaxLease + time.Second }},
+		{"supersede", func(p *ledger.ReserveParams) { p.Supersede = ledger.MaxToken + 1 }},
 		{"target", func(p *ledger.ReserveParams) {
 			p.Target = long(ledger.MaxField + 1)
 			p.Key = residual.Key(p.Namespace, p.Task, p.Operation, p.Target)
@@ -55,6 +56,8 @@ func boundsRefusedByEveryStep(e *env) {
 
 	p := c.reserve(long(ledger.MaxField), "digest-1")
 	p.TTL = ledger.MaxLease
+	// Supersede at its bound names no success: a new key acquires as without it.
+	p.Supersede = ledger.MaxToken
 	r := e.acquire(p) // at the bounds
 	holder, token := p.Holder, r.Lease.Token
 	_, err := e.l.Renew(e.ctx, ledger.RenewParams{Namespace: c.ns, Key: c.key(), Holder: holder, Token: token, TTL: ledger.MaxLease + 1})

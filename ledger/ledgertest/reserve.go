@@ -106,8 +106,19 @@ func reserveNewKeyAcquires(e *env) {
 // 64 goroutines reserving one key at once: exactly one acquires, every other one is told
 // the key is in progress under the winner.
 func reserveConcurrentOneWinner(e *env) {
-	const n = 64
 	c := e.call("invoice:INV-42")
+	winner := e.oneWinner(64, func(i int) ledger.ReserveParams { return c.reserve(fmt.Sprintf("agent-%02d", i), "digest-1") })
+	got := e.get(c)
+	require.Len(e.t, got.Attempts, 1, "losers write no attempt")
+	require.Equal(e.t, uint64(1), got.Token, "losers take no token")
+	require.Equal(e.t, winner, got.Attempts[0].Holder)
+}
+
+// oneWinner runs n reserves, params(i) for i in [0, n), at once and requires that exactly
+// one acquires and every other one is told the key is in progress under the winner, with no
+// lease. It returns the winner's holder.
+func (e *env) oneWinner(n int, params func(i int) ledger.ReserveParams) string {
+	e.t.Helper()
 	start := make(chan struct{})
 	results := make([]*ledger.ReserveResult, n)
 	errs := make([]error, n)
@@ -115,7 +126,7 @@ func reserveConcurrentOneWinner(e *env) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			results[i], errs[i] = e.l.Reserve(e.ctx, c.reserve(fmt.Sprintf("agent-%02d", i), "digest-1"))
+			results[i], errs[i] = e.l.Reserve(e.ctx, params(i))
 		})
 	}
 	close(start)
@@ -124,7 +135,7 @@ func reserveConcurrentOneWinner(e *env) {
 	winner := ""
 	acquired := 0
 	for i := range n {
-		require.NoError(e.t, errs[i], "reserve by agent-%02d", i)
+		require.NoError(e.t, errs[i], "reserve %d", i)
 		if results[i].Decision == ledger.Acquired {
 			acquired++
 			winner = results[i].Lease.Holder
@@ -135,14 +146,11 @@ func reserveConcurrentOneWinner(e *env) {
 		if results[i].Decision == ledger.Acquired {
 			continue
 		}
-		require.Equal(e.t, ledger.InProgress, results[i].Decision, "agent-%02d", i)
+		require.Equal(e.t, ledger.InProgress, results[i].Decision, "reserve %d", i)
 		require.Equal(e.t, winner, results[i].Residual.Current().Holder, "in-progress names the winner")
 		require.Zero(e.t, results[i].Lease, "no lease without acquiring")
 	}
-	got := e.get(c)
-	require.Len(e.t, got.Attempts, 1, "losers write no attempt")
-	require.Equal(e.t, uint64(1), got.Token, "losers take no token")
-	require.Equal(e.t, winner, got.Attempts[0].Holder)
+	return winner
 }
 
 // A second reserve while the first lease is live is InProgress, names the holder and

@@ -296,8 +296,10 @@ func allowed(method string, acc Access, ns string, spans bool) *refusal {
 // so that only the client that reserved an attempt can commit or renew it; and a reserve
 // re-dispatches over an unknown outcome only for an operation the server declares
 // upstream-idempotent (for any other, Redispatch is dropped and the ledger answers the
-// unknown outcome). Requests with every namespace (the store's own user, on its socket) are
-// trusted as the store itself.
+// unknown outcome). Supersede is kept: a new intent over a settled success is a new attempt
+// like a new task's, which a bound request may start anyway, and it never passes an outcome
+// that may have happened (ledger.ReserveParams.Supersede). Requests with every namespace
+// (the store's own user, on its socket) are trusted as the store itself.
 func fenced(method string, acc Access, in any) *refusal {
 	if acc.All {
 		return nil

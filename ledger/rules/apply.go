@@ -19,12 +19,17 @@ import (
 
 // ApplyReserve applies Reserve to r (nil when no residual exists). When the decision is
 // ledger.Acquired it returns the new or updated residual (r itself is modified when non-nil) and
-// the new lease; otherwise it returns r unchanged with its effective state.
+// the new lease; otherwise it returns r unchanged with its effective state. A reserve that
+// supersedes a success (Supersedes) also clears the cached result and handle.
 func ApplyReserve(r *residual.Residual, p ledger.ReserveParams, token uint64, now time.Time) (ledger.Decision, *residual.Residual, lease.Lease) {
-	d := Decide(r, p.RequestDigest, p.Redispatch, now)
+	d := Decide(r, p, now)
 	if d != ledger.Acquired {
 		r.State = r.EffectiveState(now)
 		return d, r, lease.Lease{}
+	}
+	if Supersedes(r, p) {
+		// A new intent: what the earlier one returned is never its outcome.
+		r.Result, r.ResultDigest, r.ResultTruncated, r.Handle = nil, "", false, ""
 	}
 	if r == nil {
 		r = &residual.Residual{
@@ -258,8 +263,9 @@ func ApplyResolve(r *residual.Residual, p ledger.ResolveParams, token uint64, no
 }
 
 // Decide is the reservation rule every backend applies to an existing residual (r may be
-// nil when none exists), so backends agree on it exactly. now is the ledger's clock.
-func Decide(r *residual.Residual, requestDigest string, redispatch bool, now time.Time) ledger.Decision {
+// nil when none exists), so backends agree on it exactly. It reads p.RequestDigest,
+// p.Redispatch and p.Supersede; now is the ledger's clock.
+func Decide(r *residual.Residual, p ledger.ReserveParams, now time.Time) ledger.Decision {
 	if r == nil {
 		return ledger.Acquired
 	}
@@ -267,20 +273,29 @@ func Decide(r *residual.Residual, requestDigest string, redispatch bool, now tim
 	case residual.Pending:
 		return ledger.InProgress
 	case residual.Unknown:
-		if redispatch && r.RequestDigest == requestDigest {
+		if p.Redispatch && r.RequestDigest == p.RequestDigest {
 			return ledger.Acquired
 		}
 		return ledger.UnknownOutcome
 	case residual.Accepted:
 		return ledger.AwaitingUpstream
 	case residual.Succeeded:
-		if r.RequestDigest == requestDigest {
+		switch {
+		case Supersedes(r, p):
+			return ledger.Acquired
+		case r.RequestDigest == p.RequestDigest:
 			return ledger.Replay
 		}
 		return ledger.PayloadMismatch
 	default: // Failed
 		return ledger.Acquired
 	}
+}
+
+// Supersedes reports whether p starts a new intent over r (ledger.ReserveParams.Supersede):
+// r is stored as succeeded and its token is p.Supersede.
+func Supersedes(r *residual.Residual, p ledger.ReserveParams) bool {
+	return p.Supersede != 0 && r != nil && r.State == residual.Succeeded && r.Token == p.Supersede
 }
 
 // PageLimit returns the effective page size of ledger.ListParams.Limit n: the default for
