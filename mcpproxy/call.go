@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,8 +30,10 @@ type callParams struct {
 	Name      string                     `json:"name"`
 	Arguments json.RawMessage            `json:"arguments"`
 	Meta      map[string]json.RawMessage `json:"_meta"`
-	// RequestState is what a continuation of a multi-round call echoes (SEP-2322).
-	RequestState string `json:"requestState"`
+	// RequestState and InputResponses are what a continuation of a multi-round call
+	// carries (SEP-2322).
+	RequestState   string          `json:"requestState"`
+	InputResponses json.RawMessage `json:"inputResponses"`
 }
 
 // hostCall is a host's tools/call as the proxy reads it, parsed once: its params, and
@@ -124,10 +127,13 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	req, params := c.req, c.params
 	ctx, span := s.p.startCall(ctx, req.ID, params)
 	var resp *jsonrpc.Response // the host's answer, unless upstream gives it (bypass)
+	var done settled           // the success it carries, if any
 	defer func() {
 		if resp != nil {
 			endCall(span, resp) // before the host can see the answer, so its trace is complete
-			s.answerResponse(ctx, resp)
+			if s.answerResponse(ctx, resp) && done.key != "" {
+				s.p.seen.deliver(done.key, done.token, s.p.clock().Now()) // the host had it
+			}
 		}
 	}()
 	answer := func(result json.RawMessage) { resp = &jsonrpc.Response{ID: req.ID, Result: result} }
@@ -177,18 +183,34 @@ func (s *session) call(ctx context.Context, c hostCall) {
 			return
 		}
 	}
+	// The host's cancellation ends only the proxy's wait for its user (an elicitation): a
+	// dispatched call runs to its answer and is recorded, so the host's retry is answered
+	// from the ledger (a call cut off mid-flight would be unknown and block the key). Its
+	// answer is then not written: the host no longer waits for it, and never had it.
 	callCtx, cancel := context.WithCancelCause(ctx)
-	key := hostKey(req.ID)
+	hk := hostKey(req.ID)
 	s.mu.Lock()
-	s.calls[key] = cancel
+	s.calls[hk] = cancel
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.calls, key)
+		delete(s.calls, hk)
 		s.mu.Unlock()
 		cancel(nil)
 	}()
-	resp = s.guard(callCtx, req, params, d.Rule)
+	resp, done = s.guard(callCtx, req, params, d.Rule)
+	if callCtx.Err() != nil {
+		endCall(span, resp)
+		resp = nil // the host cancelled the call: its answer stays in the ledger
+	}
+}
+
+// settled names the success a guarded call's answer carries (a fresh one or a replay): once
+// the host had that answer, an identical call may be a new intent (repeat.go). Zero for
+// any other answer.
+type settled struct {
+	key   string
+	token uint64
 }
 
 // decide is the policy's decision on a tool (policy.Decide), but that a tool once decided
@@ -303,27 +325,43 @@ func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, 
 	return nil
 }
 
+// answerWriter is a host connection that says whether an answer reached the host (the HTTP
+// front end's); on others an answer written without error did.
+type answerWriter interface {
+	WriteAnswer(ctx context.Context, r *jsonrpc.Response) bool
+}
+
 // answerResponse writes the proxy's own answer to a host request (a guarded call's, a
-// refusal, a replay). A stateless host gets a result with its resultType (SEP-2322).
-func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) {
+// refusal, a replay) and reports whether it reached the host. A stateless host gets a
+// result with its resultType (SEP-2322).
+func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) bool {
 	if r.Result != nil && transport.Stateless(s.hostRevision()) {
 		r.Result = withResultType(r.Result)
 	}
+	if aw, ok := s.down.(answerWriter); ok {
+		return aw.WriteAnswer(context.WithoutCancel(ctx), r)
+	}
 	if err := s.down.Write(context.WithoutCancel(ctx), r); err != nil {
 		s.p.log.Warn("toolfence proxy: the host is gone; the outcome is recorded in the ledger", "err", err)
+		return false
 	}
+	return true
 }
 
 // guard runs one protected call through the barrier and returns the host's answer (with the
-// host's id): Begin, dispatch upstream once, classify, Report.
-func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule policy.Rule) *jsonrpc.Response {
+// host's id), and the success it carries, if any: Begin (judging an identical call over a
+// success, asking the host's user when the call cannot tell, and settling an unknown
+// outcome with upstream or the user), dispatch upstream once, classify, Report. A call of a
+// key whose multi-round call is open continues it instead (rounds.go).
+func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callParams, rule policy.Rule) (*jsonrpc.Response, settled) {
 	p := s.p
-	refuse := func(kind mcpwire.Kind, text string) *jsonrpc.Response {
+	refuse := func(kind mcpwire.Kind, text string) (*jsonrpc.Response, settled) {
 		p.log.Warn("toolfence proxy: call refused", "kind", kind, "tool", params.Name) // text may quote arguments
-		return &jsonrpc.Response{ID: req.ID, Result: refusal(params.Name, kind, text)}
+		return &jsonrpc.Response{ID: req.ID, Result: refusal(params.Name, kind, text)}, settled{}
 	}
 	task := p.cfg.Task
-	if raw, ok := params.Meta[mcpwire.MetaTask]; ok {
+	raw, explicit := params.Meta[mcpwire.MetaTask]
+	if explicit {
 		if err := json.Unmarshal(raw, &task); err != nil || task == "" {
 			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: _meta %q must be a non-empty string", params.Name, mcpwire.MetaTask))
 		}
@@ -354,12 +392,18 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	if err != nil {
 		return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: arguments are not valid JSON: %v", params.Name, err))
 	}
-	// A call of a key whose multi-round call is open continues it (rounds.go).
-	switch rd, refused := p.rounds.roundFor(p.ic.Namespace(), key, digest, params.RequestState); {
+	// The proxy's own question (ask.go) is answered in this call, and never sent upstream.
+	answer := s.takeAnswer(params, key)
+	upState := params.RequestState
+	if ownState(upState) {
+		upState = ""
+	}
+	hostParams := withoutOwnRound(req.Params, params)
+	switch rd, refused := p.rounds.roundFor(p.ic.Namespace(), key, digest, upState); {
 	case refused != "":
 		return refuse(mcpwire.KindInProgress, refused)
 	case rd != nil:
-		sent, err := withKey(req.Params, rule.Key, rd.a.Dispatch.Key)
+		sent, err := withKey(hostParams, rule.Key, rd.a.Dispatch.Key)
 		if err != nil { // the same params were accepted by the round's first dispatch
 			p.rounds.release(rd)
 			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
@@ -368,45 +412,87 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 		return s.conclude(ctx, bctx, req, params.Name, rule, rd.a, rd.keep, rd, digest, resp, callErr)
 	}
 	var learned string // what upstream said about an open residual (probe, tasks/get)
-	a, replay, err := p.ic.Begin(bctx, call, interceptor.BeginOptions{
+	var asked *jsonrpc.Response
+	opts := interceptor.BeginOptions{
 		LeaseTTL: time.Duration(rule.Lease),
-		// Ask upstream what became of an earlier attempt left unknown or accepted; when that
-		// settles it (through the interceptor's Resolve), Begin reserves again: a replay, or
-		// a new attempt.
+		// Ask upstream what became of an earlier attempt left unknown or accepted, then the
+		// host's user (an unknown one, when upstream cannot say); when that settles it
+		// (through the interceptor's Resolve), Begin reserves again: a replay, or a new attempt.
 		Settle: func(_ context.Context, v *interceptor.Violation) bool {
 			var resolved bool
-			learned, resolved = s.settle(ctx, bctx, v, params.Name, rule, args)
-			return resolved
+			if learned, resolved = s.settle(ctx, bctx, v, params.Name, rule, args); resolved || v.Kind != interceptor.UnknownOutcome {
+				return resolved
+			}
+			q := settleQuestion(params.Name, v, learned)
+			choice := answer.about(askSettle, v.Token)
+			if choice == "" && s.canAsk() {
+				choice, asked = s.ask(ctx, req, q)
+			}
+			if choice == choiceYes || choice == choiceNo {
+				return s.resolveByUser(bctx, v, q, choice)
+			}
+			if choice != "" {
+				learned = strings.TrimPrefix(learned+"; the host's user answered "+strconv.Quote(choice)+": it stays unknown until a person settles it", "; ")
+			}
+			return false
 		},
-	})
-	switch {
-	case replay != nil:
-		return &jsonrpc.Response{ID: req.ID, Result: replayed(replay)}
-	case err != nil:
-		return &jsonrpc.Response{ID: req.ID, Result: withNote(errorResult(params.Name, up, nil, err), learned)}
 	}
-	sent, err := withKey(req.Params, rule.Key, a.Dispatch.Key)
-	if err != nil {
-		_ = a.Abandon(bctx, err)
-		return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
+	for {
+		a, replay, err := p.ic.Begin(bctx, call, opts)
+		switch {
+		case asked != nil: // the stateless host's user is asked first
+			return asked, settled{}
+		case replay != nil:
+			if opts.Supersede != 0 { // begun again meanwhile and already settled: its answer
+				return &jsonrpc.Response{ID: req.ID, Result: replayed(replay, "")}, settled{replay.Key, replay.Token}
+			}
+			verdict, why := p.judgeRepeat(p.ic.Namespace(), call.Operation, rule, explicit, replay, p.clock().Now())
+			if verdict == repeatAsk {
+				q := repeatQuestion(params.Name, replay, why)
+				choice := answer.about(askRepeat, replay.Token)
+				if choice == "" && s.canAsk() {
+					if choice, asked = s.ask(ctx, req, q); asked != nil {
+						return asked, settled{}
+					}
+				}
+				switch choice {
+				case choiceRun:
+					verdict, why = repeatSend, "the host's user chose to run it again"
+				case "":
+					why += "; toolfence could not ask the host's user (no elicitation, or no answer)"
+				default:
+					why = "the host's user chose not to run it again"
+				}
+			}
+			if verdict == repeatSend {
+				p.log.Info("toolfence proxy: an identical call is a new intent", "key", replay.Key, "tool", params.Name, "why", why)
+				opts.Supersede = replay.Token
+				continue
+			}
+			return &jsonrpc.Response{ID: req.ID, Result: replayed(replay, why)}, settled{replay.Key, replay.Token}
+		case err != nil:
+			return &jsonrpc.Response{ID: req.ID, Result: withNote(errorResult(params.Name, up, nil, err), learned)}, settled{}
+		}
+		p.seen.start(p.ic.Namespace(), call.Operation, key, p.clock().Now())
+		sent, err := withKey(hostParams, rule.Key, a.Dispatch.Key)
+		if err != nil {
+			_ = a.Abandon(bctx, err)
+			return refuse(mcpwire.KindInvalidInput, fmt.Sprintf("invalid input for %s, nothing was sent: %v", params.Name, err))
+		}
+		// The lease is renewed until the call is over: past this dispatch when upstream asks for
+		// input (a round), so it lives on the proxy's time, not the request's.
+		keep := a.KeepAlive(context.WithoutCancel(ctx))
+		resp, callErr := s.dispatch(ctx, a, keep, params.Name, rule, sent)
+		return s.conclude(ctx, bctx, req, params.Name, rule, a, keep, nil, digest, resp, callErr)
 	}
-	// The lease is renewed until the call is over: past this dispatch when upstream asks for
-	// input (a round), so it lives on the proxy's time, not the request's.
-	keep := a.KeepAlive(context.WithoutCancel(ctx))
-	resp, callErr := s.dispatch(ctx, a, keep, params.Name, rule, sent)
-	return s.conclude(ctx, bctx, req, params.Name, rule, a, keep, nil, digest, resp, callErr)
 }
 
 // dispatch sends the protected call's params upstream once, under a's lease (renewed by
-// keep), and waits until upstream answers, the tool's timeout, the host's cancellation (the
-// end of ctx), the lease's loss or the upstream's end.
+// keep), and waits until upstream answers, the tool's timeout, the lease's loss or the
+// upstream's end; not the host's cancellation (call).
 func (s *session) dispatch(ctx context.Context, a *interceptor.Attempt, keep *lease.Session, tool string, rule policy.Rule, sent json.RawMessage) (*jsonrpc.Response, error) {
 	timeout := cmpDur(rule.Timeout, s.p.cfg.Timeout)
-	cctx, cancel := context.WithCancelCause(keep.Ctx())
-	defer cancel(nil)
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-	defer stop()
-	dctx, stopTimer := context.WithTimeoutCause(cctx, timeout, fmt.Errorf("no answer from upstream within %v", timeout))
+	dctx, stopTimer := context.WithTimeoutCause(keep.Ctx(), timeout, fmt.Errorf("no answer from upstream within %v", timeout))
 	defer stopTimer()
 	dctx = transport.WithParamBindings(dctx, s.toolList().binding(tool))
 	return s.roundTripFor(dctx, a.Dispatch.Key, "tools/call", withTraceContext(ctx, sent))
@@ -418,7 +504,7 @@ func (s *session) dispatch(ctx context.Context, a *interceptor.Attempt, keep *le
 // gets upstream's answer. Any other answer is classified and recorded under the fence, and
 // the lease released.
 func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool string, rule policy.Rule,
-	a *interceptor.Attempt, keep *lease.Session, rd *round, digest string, resp *jsonrpc.Response, callErr error) *jsonrpc.Response {
+	a *interceptor.Attempt, keep *lease.Session, rd *round, digest string, resp *jsonrpc.Response, callErr error) (*jsonrpc.Response, settled) {
 	p := s.p
 	if inputRequired(resp) && keep.Err() == nil {
 		if rd == nil {
@@ -429,7 +515,7 @@ func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool
 			rd = p.rounds.open(p, owner, a.Dispatch.Key, tool, digest, a, keep)
 		}
 		p.rounds.again(p, rd, requestState(resp))
-		return &jsonrpc.Response{ID: req.ID, Result: resp.Result}
+		return &jsonrpc.Response{ID: req.ID, Result: resp.Result}, settled{}
 	}
 	keep.Close()
 	if rd != nil {
@@ -449,12 +535,14 @@ func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool
 		res, err = a.Report(bctx, rep)
 	}
 	switch {
-	case err == nil, res != nil && errors.Is(err, interceptor.ErrCallFailed):
-		// Upstream's answer as it gave it: a result, an isError result that proves no
-		// effect, or a JSON-RPC error that means the call never ran.
-		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}
+	case err == nil:
+		return &jsonrpc.Response{ID: req.ID, Result: resp.Result}, settled{res.Key, res.Token}
+	case res != nil && errors.Is(err, interceptor.ErrCallFailed):
+		// Upstream's answer as it gave it: an isError result that proves no effect, or a
+		// JSON-RPC error that means the call never ran.
+		return &jsonrpc.Response{ID: req.ID, Result: resp.Result, Error: resp.Error}, settled{}
 	case res == nil: // nothing recorded: the fence was lost, or the ledger failed
-		return &jsonrpc.Response{ID: req.ID, Result: errorResult(tool, up, nil, err)}
+		return &jsonrpc.Response{ID: req.ID, Result: errorResult(tool, up, nil, err)}, settled{}
 	}
 	// Recorded as unknown or accepted: err is the interceptor's violation, recovery due.
 	var upstream json.RawMessage
@@ -465,7 +553,7 @@ func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool
 	if strings.HasPrefix(rep.Error, isErrorPrefix) {
 		result = withBlock(result, 0, ambiguousIsError)
 	}
-	return &jsonrpc.Response{ID: req.ID, Result: result}
+	return &jsonrpc.Response{ID: req.ID, Result: result}, settled{}
 }
 
 func cmpDur(a policy.Duration, b time.Duration) time.Duration {
@@ -649,11 +737,31 @@ func sdkRefusal(first string) bool {
 	return false
 }
 
+// replayNote is the first text block of a replay: that nothing was sent, when the identical
+// call was recorded, why it was answered from the ledger (when the proxy judged it, why),
+// and how to make it new work.
+func replayNote(res *interceptor.Result, why string) string {
+	var b strings.Builder
+	b.WriteString(interceptor.ReplayPrefix)
+	b.WriteString("not sent: toolfence answered this call from its ledger. An identical call (same tool and arguments) already ran and succeeded; its outcome was recorded at ")
+	b.WriteString(res.RecordedAt.UTC().Format(time.RFC3339))
+	b.WriteString(" and its recorded result follows")
+	if res.Truncated {
+		b.WriteString(" (result truncated)")
+	}
+	if why != "" {
+		b.WriteString(". Answered from the ledger because ")
+		b.WriteString(why)
+	}
+	b.WriteString(". To run it again as new work, send it with a new task in _meta \"" + mcpwire.MetaTask + "\".")
+	return b.String()
+}
+
 // textBlock is an MCP text content block.
 func textBlock(text string) map[string]any { return map[string]any{"type": "text", "text": text} }
 
 // replayed is the host's answer to a replay: a tool result with a text block first that
-// says it is a replay (interceptor.ReplayNote), and mcpwire.MetaReplayed and mcpwire.MetaCall in its _meta.
+// says it is a replay and why (replayNote), and mcpwire.MetaReplayed and mcpwire.MetaCall in its _meta.
 // A recorded output is taken for a CallToolResult (upstream's answer, or a probe's) when it
 // is whole and a JSON object with a "content" array, or without "content" but with
 // "structuredContent", "isError" or "_meta" (a server that left content out; classify
@@ -661,8 +769,8 @@ func textBlock(text string) map[string]any { return map[string]any{"type": "text
 // its _meta merged. Anything else (a cut result, or what an operator gave `toolfence resolve
 // --result`) follows the note as a text block, and a JSON object also as structuredContent;
 // an empty output (resolved without --result) adds nothing.
-func replayed(res *interceptor.Result) json.RawMessage {
-	note := interceptor.ReplayNote(res)
+func replayed(res *interceptor.Result, why string) json.RawMessage {
+	note := replayNote(res, why)
 	meta := map[string]any{mcpwire.MetaReplayed: true, mcpwire.MetaCall: map[string]any{
 		"key": res.Key, "attempt": res.Attempt, "token": res.Token, "recorded_at": res.RecordedAt, "truncated": res.Truncated,
 	}}

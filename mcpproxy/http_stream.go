@@ -94,6 +94,29 @@ func (c *downConn) isClosed() bool {
 	}
 }
 
+// WriteAnswer writes the proxy's own answer to a host request as Write does, and reports
+// whether it reached a stream the host still reads (false: it was dropped, the host no
+// longer waits for it, or the session ended).
+func (c *downConn) WriteAnswer(_ context.Context, r *jsonrpc.Response) bool {
+	if c.isClosed() {
+		return false
+	}
+	data, err := jsonrpc.EncodeMessage(r)
+	if err != nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := hostKey(r.ID)
+	st := c.byRequest[k]
+	delete(c.byRequest, k)
+	if st == nil || st.push(data, k, false) != pushed {
+		c.log.Warn("toolfence proxy: an answer for the host was dropped: the host no longer waits for it (its outcome is in the ledger)", "session", c.id)
+		return false
+	}
+	return true
+}
+
 // Write routes msg to the host: an answer to the stream of its request (dropped, with a
 // log line, when the host no longer waits on it); a progress notification to the stream of
 // the request that gave its token; anything else to the GET stream, else the most recent

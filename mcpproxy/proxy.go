@@ -49,6 +49,12 @@ type Options struct {
 	// upstream differs from its pin, or has none, is refused (mcpwire.KindPin) and nothing is sent.
 	// Nil: definitions are not checked.
 	Pins *policy.Pins
+	// RepeatWindow is the window of a tool whose policy repeats by window (the default
+	// without target and key): a call identical to one that succeeded, soon after the host
+	// had its answer, is a possible retry within it and a new intent after it (docs/proxy.md
+	// "The same call again"). Defaults to DefaultRepeatWindow; negative: no window (every
+	// such call is a new intent once the host had the earlier answer).
+	RepeatWindow time.Duration
 	// RoundTimeout is how long a protected call that upstream answered input_required (MCP
 	// 2026-07-28 multi-round-trip requests) waits for the host to continue it before it is
 	// abandoned and recorded failed. Defaults to DefaultRoundTimeout.
@@ -80,6 +86,8 @@ type memory struct {
 	rounds      rounds         // protected calls waiting for the host's next round (rounds.go)
 	polls       polls          // when 2026-07-28 tasks may be asked about again (tasks.go)
 	stateless   statelessLists // the tool lists of stateless HTTP hosts (toollist.go)
+	seen        seen           // the answers hosts had and the calls that began (repeat.go)
+	questions   questions      // questions asked stateless hosts' users (ask.go)
 	logged      sync.Map       // what once logged: a warning given once per process
 }
 
@@ -102,6 +110,7 @@ func New(ic *interceptor.Interceptor, cfg Options) (*Proxy, error) {
 		return nil, fmt.Errorf("mcpproxy: timeout %v or round timeout %v is negative", cfg.Timeout, cfg.RoundTimeout)
 	}
 	cfg.RoundTimeout = cmp.Or(cfg.RoundTimeout, DefaultRoundTimeout)
+	cfg.RepeatWindow = cmp.Or(cfg.RepeatWindow, DefaultRepeatWindow)
 	cfg.Task = cmp.Or(cfg.Task, DefaultTask(cfg.ServerID))
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	if cfg.Policy == nil {
@@ -158,12 +167,12 @@ func (p *Proxy) serve(ctx context.Context, down, up mcp.Connection, stateless bo
 	defer cancel()
 	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
 		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, late: map[string]string{}, dropped: map[string]struct{}{},
-		upDone: make(chan struct{}), stateless: stateless}
+		upDone: make(chan struct{}), downDone: make(chan struct{}), stateless: stateless}
 	s.upSess = newUpstreamSession()
 	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
 	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
-	go func() { downErr <- s.readDownstream(ctx) }()
+	go func() { downErr <- s.readDownstream(ctx); close(s.downDone) }()
 	var err error
 	select {
 	case err = <-downErr:
@@ -215,6 +224,7 @@ type session struct {
 	upSess   string // the upstream session's random id (newUpstreamSession)
 	idSpace  string // prefix of the proxy's own upstream request ids: "toolfence-proxy:<upSess>:"
 	upDone   chan struct{}
+	downDone chan struct{} // closed when the host's side ended (readDownstream returned)
 
 	mu          sync.Mutex
 	waiting     map[string]chan *jsonrpc.Response  // our request id → its answer
@@ -227,6 +237,7 @@ type session struct {
 	ending      bool                               // Serve is ending: no new call starts (wg.Add only while false, under mu)
 	upRev       string                             // the upstream conversation's revision when stateless, else "" (revision.go)
 	hostRev     string                             // the host\'s revision when stateless, else ""
+	hostInfo    json.RawMessage                    // the host\'s clientInfo (initialize\'s, or its latest stateless request\'s)
 	hostCaps    json.RawMessage                    // the host's client capabilities (initialize's, or its latest stateless request's)
 	stateless   bool                               // one stateless HTTP request: its host continues in other requests
 }
@@ -276,6 +287,10 @@ func (s *session) readDownstream(ctx context.Context) error {
 			case req.Method == "notifications/cancelled" && s.cancelled(req):
 				continue
 			}
+		}
+		if resp, ok := msg.(*jsonrpc.Response); ok && reservedID(resp.ID) {
+			s.answered(resp) // the host's answer to the proxy's own request (an elicitation)
+			continue
 		}
 		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
 			s.relaying(req.ID, nil) // before it is sent: upstream may answer at once
@@ -355,15 +370,8 @@ func (s *session) readUpstream(ctx context.Context) error {
 		var answered trace.Span // the span of the bypassed call msg answers
 		switch m := msg.(type) {
 		case *jsonrpc.Response:
-			if id, ok := m.ID.Raw().(string); ok {
-				s.mu.Lock()
-				ch := s.waiting[id]
-				delete(s.waiting, id)
-				s.mu.Unlock()
-				if ch != nil {
-					ch <- m
-					continue
-				}
+			if s.answered(m) {
+				continue
 			}
 			if reservedID(m.ID) {
 				// An answer to one of the proxy's own requests that no one waits for any more
@@ -510,6 +518,57 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 	}
 	cancel(fmt.Errorf("the host cancelled the call (%s)", cmp.Or(params.Reason, "no reason given")))
 	return true
+}
+
+// answered hands an answer of the host or upstream to the proxy's own request waiting for
+// it; an answer no one waits for is dropped.
+func (s *session) answered(m *jsonrpc.Response) bool {
+	id, ok := m.ID.Raw().(string)
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	ch := s.waiting[id]
+	delete(s.waiting, id)
+	s.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	ch <- m
+	return true
+}
+
+// requestHost sends one request of the proxy's own to the host (an elicitation) and waits
+// for its answer, until ctx ends (a notifications/cancelled is then sent to the host) or
+// the session ends.
+func (s *session) requestHost(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
+	idText := s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
+	id, _ := jsonrpc.MakeID(idText)
+	ch := make(chan *jsonrpc.Response, 1)
+	s.mu.Lock()
+	s.waiting[idText] = ch
+	s.mu.Unlock()
+	forget := func() {
+		s.mu.Lock()
+		delete(s.waiting, idText)
+		s.mu.Unlock()
+	}
+	if err := s.down.Write(context.WithoutCancel(ctx), &jsonrpc.Request{ID: id, Method: method, Params: params}); err != nil {
+		forget()
+		return nil, fmt.Errorf("sending %s to the host: %w", method, err)
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+		forget()
+		note, _ := json.Marshal(map[string]any{"requestId": idText, "reason": "toolfence proxy: " + context.Cause(ctx).Error()})
+		_ = s.down.Write(context.WithoutCancel(ctx), &jsonrpc.Request{Method: "notifications/cancelled", Params: note})
+		return nil, context.Cause(ctx)
+	case <-s.downDone:
+		forget()
+		return nil, errors.New("the host's session ended")
+	}
 }
 
 // roundTrip sends one request of the proxy's own upstream, in the upstream conversation's

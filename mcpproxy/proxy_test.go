@@ -134,7 +134,7 @@ func TestProxySameCallTwiceIsOneEffectThenReplay(t *testing.T) {
 	require.False(t, second.IsError)
 	require.Equal(t, true, second.Meta[mcpwire.MetaReplayed])
 	require.Len(t, second.Content, 2)
-	require.True(t, strings.HasPrefix(second.Content[0].(*mcp.TextContent).Text, "[replayed] already done"), text(second))
+	require.True(t, strings.HasPrefix(second.Content[0].(*mcp.TextContent).Text, "[replayed] not sent"), text(second))
 	require.Equal(t, "appended hello to inbox:bob", second.Content[1].(*mcp.TextContent).Text)
 	require.Equal(t, 1, b.effectCount())
 	require.NoError(t, s.Close())

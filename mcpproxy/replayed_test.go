@@ -29,7 +29,7 @@ func replayOf(t *testing.T, output string) (*interceptor.Result, replayDoc, map[
 
 func replayOfResult(t *testing.T, res *interceptor.Result) (*interceptor.Result, replayDoc, map[string]json.RawMessage) {
 	t.Helper()
-	raw := replayed(res)
+	raw := replayed(res, "")
 	var doc replayDoc
 	require.NoError(t, json.Unmarshal(raw, &doc), string(raw))
 	var top map[string]json.RawMessage
@@ -53,7 +53,7 @@ func texts(doc replayDoc) []string {
 func TestReplayOfAResolvedObjectIsAToolResult(t *testing.T) {
 	obj := `{"charge_id":"ch_3","order_id":"ORD-3","amount_cents":900}`
 	res, doc, top := replayOf(t, obj)
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res), "text:" + obj}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, ""), "text:" + obj}, texts(doc))
 	require.JSONEq(t, obj, string(doc.StructuredContent))
 	for k := range top {
 		require.Contains(t, []string{"content", "structuredContent", "_meta"}, k)
@@ -61,7 +61,7 @@ func TestReplayOfAResolvedObjectIsAToolResult(t *testing.T) {
 	// An object whose "content" is not an array is not a CallToolResult either.
 	obj = `{"content":"sent","id":1}`
 	res, doc, _ = replayOf(t, obj)
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res), "text:" + obj}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, ""), "text:" + obj}, texts(doc))
 	require.JSONEq(t, obj, string(doc.StructuredContent))
 }
 
@@ -71,12 +71,12 @@ func TestReplayOfAResolvedObjectIsAToolResult(t *testing.T) {
 func TestReplayOfAResolvedScalarIsText(t *testing.T) {
 	for _, out := range []string{`"sent ok"`, `42`, `["a","b"]`} {
 		res, doc, _ := replayOf(t, out)
-		require.Equal(t, []string{"text:" + interceptor.ReplayNote(res), "text:" + out}, texts(doc), out)
+		require.Equal(t, []string{"text:" + replayNote(res, ""), "text:" + out}, texts(doc), out)
 		require.Empty(t, doc.StructuredContent, out)
 	}
 	cut := `{"content":[{"type":"text","text":"char`
 	res, doc, _ := replayOfResult(t, &interceptor.Result{Key: "tf1_k", Output: []byte(cut), Truncated: true, RecordedAt: time.Now()})
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res), "text:" + cut}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, ""), "text:" + cut}, texts(doc))
 	require.Contains(t, doc.Content[0].Text, "(result truncated)")
 	require.Empty(t, doc.StructuredContent)
 }
@@ -85,7 +85,7 @@ func TestReplayOfAResolvedScalarIsText(t *testing.T) {
 // replays the note, with no dangling ": " and no empty block.
 func TestReplayOfAnEmptyResultIsTheNoteAlone(t *testing.T) {
 	res, doc, _ := replayOf(t, "")
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res)}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, "")}, texts(doc))
 	require.Empty(t, doc.StructuredContent)
 }
 
@@ -95,13 +95,13 @@ func TestReplayOfAToolResultKeepsItsShape(t *testing.T) {
 	rec := `{"content":[{"type":"text","text":"charged"},{"type":"image","data":"AA==","mimeType":"image/png"}],` +
 		`"structuredContent":{"charge_id":"ch_1"},"_meta":{"up":1},"extra":"kept"}`
 	res, doc, top := replayOf(t, rec)
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res), "text:charged", "image:"}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, ""), "text:charged", "image:"}, texts(doc))
 	require.JSONEq(t, `{"charge_id":"ch_1"}`, string(doc.StructuredContent))
 	require.Equal(t, "1", string(doc.Meta["up"]))
 	require.Equal(t, `"kept"`, string(top["extra"]))
 	// An empty content array is still a CallToolResult.
 	res, doc, top = replayOf(t, `{"content":[],"structuredContent":{"found":true}}`)
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res)}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, "")}, texts(doc))
 	require.JSONEq(t, `{"found":true}`, string(doc.StructuredContent))
 	require.Len(t, top, 3)
 }
@@ -112,7 +112,7 @@ func TestReplayOfAToolResultKeepsItsShape(t *testing.T) {
 // the structuredContent of a wrapper, which a host checking outputSchema would refuse.
 func TestReplayOfAToolResultWithoutContentKeepsItsShape(t *testing.T) {
 	res, doc, top := replayOf(t, `{"structuredContent":{"id":1},"_meta":{"example.com/x":1}}`)
-	require.Equal(t, []string{"text:" + interceptor.ReplayNote(res)}, texts(doc))
+	require.Equal(t, []string{"text:" + replayNote(res, "")}, texts(doc))
 	require.JSONEq(t, `{"id":1}`, string(doc.StructuredContent))
 	require.Equal(t, "1", string(doc.Meta["example.com/x"]))
 	require.Len(t, top, 3)

@@ -25,10 +25,11 @@ func (s *session) noteHost(req *jsonrpc.Request, meta transport.RequestMeta) {
 	if req.Method == "initialize" {
 		var p struct {
 			Capabilities json.RawMessage `json:"capabilities"`
+			ClientInfo   json.RawMessage `json:"clientInfo"`
 		}
 		_ = json.Unmarshal(req.Params, &p)
 		s.mu.Lock()
-		s.upRev, s.hostRev, s.hostCaps = "", "", p.Capabilities
+		s.upRev, s.hostRev, s.hostCaps, s.hostInfo = "", "", p.Capabilities, p.ClientInfo
 		s.mu.Unlock()
 		return
 	}
@@ -40,7 +41,22 @@ func (s *session) noteHost(req *jsonrpc.Request, meta transport.RequestMeta) {
 	if meta.Capabilities != nil {
 		s.hostCaps = meta.Capabilities
 	}
+	if meta.ClientInfo != nil {
+		s.hostInfo = meta.ClientInfo
+	}
 	s.mu.Unlock()
+}
+
+// hostName is the name the host gave in its clientInfo ("" when it gave none).
+func (s *session) hostName() string {
+	s.mu.Lock()
+	info := s.hostInfo
+	s.mu.Unlock()
+	var i struct {
+		Name string `json:"name"`
+	}
+	_ = json.Unmarshal(info, &i)
+	return i.Name
 }
 
 // hostRevision is the host's revision when it is stateless, else "".

@@ -90,10 +90,23 @@ func TestProxyMultiRoundCallIsOneLogicalCall(t *testing.T) {
 	require.Len(t, rs[0].Attempts, 1, "three rounds, one attempt")
 	require.Contains(t, string(rs[0].Result), "deployed")
 
-	// Settled: the same call again is a replay, nothing is sent.
+	// Settled, and the host had the answer just now: the same call again cannot be told from
+	// a repeat by the call alone, so the host's user is asked in a round of the proxy's own;
+	// the user declines, and the call is answered from the ledger. Nothing is sent.
 	r.callDeploy(t, 4, "")
-	require.Contains(t, r.hostResult(t, 4), "deployed")
-	r.nothingSentUpstream(t, 5)
+	q := r.hostResult(t, 4)
+	require.Contains(t, q, `"resultType":"input_required"`)
+	require.Contains(t, q, "Run it again?")
+	var round struct {
+		RequestState string `json:"requestState"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(q), &round))
+	r.callDeploy(t, 5, `,"inputResponses":{"toolfence.dev/question":{"action":"accept","content":{"answer":"Don't run it"}}},"requestState":"`+round.RequestState+`"`)
+	replay := r.hostResult(t, 5)
+	require.Contains(t, replay, "[replayed] not sent")
+	require.Contains(t, replay, "the host's user chose not to run it again")
+	require.Contains(t, replay, "deployed")
+	r.nothingSentUpstream(t, 6)
 }
 
 // A continuation with other arguments is refused and nothing is sent; the round stays open
@@ -169,4 +182,33 @@ func TestProxyUnknownResultTypeIsNotSuccess(t *testing.T) {
 	r.up.answer(t, r.up.nextReq(t).ID, `{"resultType":"later","content":[{"type":"text","text":"deployed"}]}`)
 	require.Contains(t, r.hostResult(t, 1), "unknown")
 	require.Equal(t, residual.Unknown, r.residuals(t)[0].State)
+}
+
+// The host's cancellation of a protected call does not cut it off upstream (that would
+// leave its outcome unknown): nothing is sent upstream for it, upstream's answer is
+// recorded, the host (which no longer waits) gets no answer, and its retry is answered from
+// the ledger.
+func TestProxyHostCancellationLetsTheCallFinish(t *testing.T) {
+	r := newRig(t, mcpproxy.Options{}, nil)
+	r.host.send(t, float64(1), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	r.listed(t, chargeDef)
+	guarded := r.up.nextReq(t)
+	require.NoError(t, r.host.conn.Write(t.Context(), &jsonrpc.Request{Method: "notifications/cancelled", Params: json.RawMessage(`{"requestId":1,"reason":"timeout"}`)}))
+	r.host.send(t, float64(2), "ping", `{}`)
+	ping := r.up.nextReq(t)
+	require.Equal(t, "ping", ping.Method, "nothing but the ping went upstream: no cancellation of the charge")
+	r.up.answer(t, guarded.ID, `{"content":[{"type":"text","text":"charged A"}]}`)
+	r.up.answer(t, ping.ID, `{}`)
+	pong, ok := r.host.next(t).(*jsonrpc.Response)
+	require.True(t, ok)
+	require.EqualValues(t, 2, pong.ID.Raw(), "the cancelled call's answer is not written to the host")
+	require.Eventually(t, func() bool { return r.residuals(t)[0].State == residual.Succeeded }, 5*time.Second, 10*time.Millisecond,
+		"the charge's outcome is recorded")
+
+	r.host.send(t, float64(3), "tools/call", `{"name":"charge","arguments":{"order":"A"}}`)
+	retry := r.hostResult(t, 3)
+	require.Contains(t, retry, "[replayed] not sent")
+	require.Contains(t, retry, "its earlier answer may not have reached the host")
+	require.Contains(t, retry, "charged A")
+	r.nothingSentUpstream(t, 4)
 }

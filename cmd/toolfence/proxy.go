@@ -41,6 +41,8 @@ type proxyFlags struct {
 	tokenFile   string
 	net         netFlags
 	pins        string
+	repeatWin   time.Duration
+	roundWait   time.Duration
 }
 
 func newProxyCmd(a *app) *cobra.Command {
@@ -82,19 +84,31 @@ With pins (--pins FILE, or FILE beside --config as .pins.json when it exists; wr
 it is locked again. "toolfence proxy check" shows what the proxy would do with each tool.
 
 A protected call is reserved in the store before it is sent upstream and recorded after:
-  - the same call again (same task, tool, target and arguments) is answered from the store
-    ("[replayed] ..." first, _meta "toolfence.dev/replayed": true), not sent again;
   - an answer that may have had an effect (isError without a matching no_effect rule, a
-    timeout, a crash, a cancellation, an HTTP upstream that drops the connection, answers
-    5xx or garbage) is unknown: later calls on the key are refused until it
-    is settled with "toolfence resolve";
+    timeout, a crash, an HTTP upstream that drops the connection, answers 5xx or garbage)
+    is unknown: later calls on the key are refused until it is settled (a probe, tasks/get,
+    "toolfence resolve", or the host's user when the host supports elicitation);
+  - the host's cancellation does not cut a call off upstream: it runs to its answer, which
+    is recorded, so the host's retry is answered from the store;
+  - an answer of resultType input_required (MCP 2026-07-28) is a round of one call: the
+    host's continuation goes upstream under the same attempt; a round not continued within
+    --round-timeout is recorded failed;
   - the same target with other arguments is refused as a payload mismatch.
 Refusals are isError results that tell the model what to do; nothing is sent upstream.
 
 Keys: operation "<server-id>/<tool>"; target from the policy's pointers, else the digest
 of the arguments; task from the request's _meta "toolfence.dev/task", else --task, else
-"mcp-proxy:<server-id>". That default never changes, so repeating a call on purpose later
-replays the first result: give a new --task (or _meta task) to start new work.
+"mcp-proxy:<server-id>". The same call again (same task, tool and arguments) after one
+that succeeded:
+  - is answered from the store ("[replayed] not sent: ..." first, _meta
+    "toolfence.dev/replayed": true) while its earlier answer may not have reached the host
+    (a retry), and always when the call names its task, or the tool's policy has a target
+    or a key (policy "repeats": "replay");
+  - is sent again as a new intent once the host had the earlier answer and another call of
+    the same tool began since, or --repeat-window (default 10m) has passed since;
+  - otherwise (soon after, nothing in between) the host's user is asked whether to run it
+    again (elicitation), and without elicitation it is answered from the store, saying so.
+docs/proxy.md "The same call again" has the rule and its trade-offs.
 
 Telemetry and logs as for serve (nothing is exported by default; stdout stays the MCP
 stream, everything else goes to stderr): --metrics 127.0.0.1:9464 serves Prometheus metrics
@@ -117,6 +131,9 @@ Example:
 	cmd.Flags().StringVar(&f.task, "task", "", "task of calls whose _meta names none (default \"mcp-proxy:<server-id>\", stable across restarts)")
 	cmd.Flags().DurationVar(&f.lease, "lease", 0, "lease of each attempt (default 30s; a tool's policy may set its own)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "wait for upstream's answer before the outcome is unknown (default 2m)")
+	cmd.Flags().DurationVar(&f.repeatWin, "repeat-window", mcpproxy.DefaultRepeatWindow,
+		"an identical call soon after the host had the answer of one that succeeded is a possible retry for this long, then a new intent; 0: always a new intent once the host had the answer")
+	cmd.Flags().DurationVar(&f.roundWait, "round-timeout", mcpproxy.DefaultRoundTimeout, "wait this long for the host to continue a call upstream answered input_required, then record it failed")
 	cmd.Flags().StringVar(&f.upstreamURL, "upstream", "", "URL of a streamable-HTTP upstream MCP server (instead of -- CMD ARGS...)")
 	cmd.Flags().StringArrayVar(&f.headers, "header", nil, "--upstream: a header NAME=VALUE sent on every request upstream (repeatable; values are never logged)")
 	cmd.Flags().StringVar(&f.http, "http", "", "serve hosts over streamable HTTP at ADDR (host:port), endpoint /mcp, instead of stdio")
@@ -194,6 +211,10 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 		return usagef("--timeout %v is negative", f.timeout)
 	case f.lease < 0:
 		return usagef("--lease %v is negative", f.lease)
+	case f.repeatWin < 0:
+		return usagef("--repeat-window %v is negative (0 turns the window off)", f.repeatWin)
+	case f.roundWait <= 0:
+		return usagef("--round-timeout %v must be positive", f.roundWait)
 	}
 	if f.lease != 0 && f.lease <= lease.DefaultMargin {
 		return usagef("--lease %v is not longer than the safety margin %v", f.lease, lease.DefaultMargin)
@@ -252,7 +273,12 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
-	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log, Pins: pins})
+	repeatWin := f.repeatWin
+	if repeatWin == 0 {
+		repeatWin = -1 // no window
+	}
+	p, err := mcpproxy.New(ic, mcpproxy.Options{ServerID: f.serverID, Task: f.task, Policy: pol, Timeout: f.timeout, Logger: log, Pins: pins,
+		RepeatWindow: repeatWin, RoundTimeout: f.roundWait})
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -41,7 +41,7 @@ func TestExampleExactlyOneCharge(t *testing.T) {
 	require.Equal(t, "ORD-1042", cs[0].OrderID)
 
 	require.Contains(t, string(out), "run 1 ended: signal: killed")
-	require.Regexp(t, `run 2 \|   tool answered: \[replayed\] already done, outcome recorded at \S+\nrun 2 \| \{"charge_id":"ch_1","found":true\}`, string(out),
+	require.Regexp(t, `run 2 \|   tool answered: \[replayed\] not sent: toolfence answered this call from its ledger\.[^\n]+\nrun 2 \| \{"charge_id":"ch_1","found":true\}`, string(out),
 		"run 2's call was settled by the probe and replayed, not charged again")
 	require.NotContains(t, string(out), "run 2 |   tool answered: blocked: a previous attempt may have reached")
 	require.NotContains(t, string(out), "toolfence: call refused", "the unknown outcome the probe settled is not logged as a refused call")

@@ -157,7 +157,9 @@ func TestUpstreamHangsPastTimeout(t *testing.T) {
 }
 
 // TestHostCancelsAfterTheEffect: the host cancels (notifications/cancelled) a call the
-// upstream has acted on: unknown, and the next call is refused, not sent.
+// upstream is acting on: the proxy does not cut it off (that would leave its outcome
+// unknown); the host's retry is refused in_progress while it runs, and once upstream
+// answered it is answered from the ledger: one dispatch, one effect, succeeded.
 func TestHostCancelsAfterTheEffect(t *testing.T) {
 	t.Parallel()
 	for _, fx := range fixtures {
@@ -166,22 +168,45 @@ func TestHostCancelsAfterTheEffect(t *testing.T) {
 			w := setup(t, fx, "")
 			w.fifos()
 			h := w.goSDK(w.proxyArgv(w.store))
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() {
-				_, err := h.callErr(ctx, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeHang))
-				done <- err
-			}()
-			w.awaitEntered()
-			cancel()
-			require.ErrorIs(t, <-done, context.Canceled)
-			untilRefused(t, h, kindUnknown)
+			cancelAfterTheEffect(t, w, h)
 			require.NoError(t, h.close())
-			require.Equal(t, 1, w.effectCount())
-			require.Equal(t, 1, w.dispatchCount())
-			requireResidual(t, w, residual.Unknown)
+			requireResidual(t, w, residual.Succeeded)
 		})
 	}
+}
+
+// cancelAfterTheEffect has h call append in ModeGate, cancels the call once the fixture
+// acted, retries (refused in_progress while the call runs), releases the fixture, and
+// checks the next retry is answered from the ledger as a retry, with one effect.
+func cancelAfterTheEffect(t *testing.T, w *world, h *goHost) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.callErr(ctx, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeGate))
+		done <- err
+	}()
+	w.awaitEntered()
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	busy := h.call(t, mcpfixture.ToolAppend, args, nil)
+	require.Equal(t, kindInProgress, busy.Kind, "the cancelled call still runs upstream: %s", busy.Raw)
+	w.release()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		o := h.call(t, mcpfixture.ToolAppend, args, nil)
+		if !o.IsError {
+			require.True(t, o.Replayed, o.Raw)
+			require.Contains(t, o.text(), "its earlier answer may not have reached the host")
+			require.Equal(t, "appended hello to inbox:bob", o.Texts[len(o.Texts)-1])
+			break
+		}
+		require.Equal(t, kindInProgress, o.Kind, "only in_progress may come before the replay: %s", o.Raw)
+		require.True(t, time.Now().Before(deadline), "still in_progress after 20 s: %s", o.Raw)
+		time.Sleep(50 * time.Millisecond) // the released call is being recorded
+	}
+	require.Equal(t, 1, w.effectCount())
+	require.Equal(t, 1, w.dispatchCount())
 }
 
 // TestTwentyConcurrentIdenticalCalls: 20 identical calls at once through one proxy: one

@@ -1,7 +1,6 @@
 package interop_test
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,13 +66,19 @@ func TestHTTPHostsSeeUpstreamToolsAndReplays(t *testing.T) {
 				require.JSONEq(t, string(want), string(h.tools(t)))
 				first := h.call(t, mcpfixture.ToolAppend, args, nil)
 				requireReplayOf(t, first, h.call(t, mcpfixture.ToolAppend, args, nil))
-				requireUnknownThenRefused(t, h.call(t, mcpfixture.ToolAppend, args2, mode(mcpfixture.ModeIsError)),
-					h.call(t, mcpfixture.ToolAppend, args2, nil))
 				require.NoError(t, h.close())
 				again := newHost(w, url, tokenA)
 				requireReplayOf(t, first, again.call(t, mcpfixture.ToolAppend, args, nil))
+				requireUnknownThenRefused(t, again.call(t, mcpfixture.ToolAppend, args2, mode(mcpfixture.ModeIsError)),
+					again.call(t, mcpfixture.ToolAppend, args2, nil))
 				require.Equal(t, 2, w.effectCount())
 				require.Equal(t, 2, w.dispatchCount())
+				// A, B, A: another call of the tool came after the host had A's answer, so A
+				// again is a new intent, sent.
+				third := again.call(t, mcpfixture.ToolAppend, args, nil)
+				require.False(t, third.Replayed, third.Raw)
+				require.Equal(t, first.Texts, third.Texts)
+				require.Equal(t, 3, w.effectCount())
 			})
 		}
 	}
@@ -94,25 +99,15 @@ func TestHTTPNamespacesAreIsolated(t *testing.T) {
 	require.Equal(t, 2, w.effectCount())
 }
 
-// TestHTTPHostCancelsAfterTheEffect: a Go SDK host over HTTP cancels a call the upstream
-// has acted on: unknown, the retry refused, one dispatch.
+// TestHTTPHostCancelsAfterTheEffect: a Go SDK host over HTTP (a stateless 2026-07-28 one)
+// cancels a call the upstream is acting on: it runs to its answer, the retry is refused
+// in_progress meanwhile and then answered from the ledger; one dispatch.
 func TestHTTPHostCancelsAfterTheEffect(t *testing.T) {
 	t.Parallel()
 	w := setup(t, "gosdk", "")
 	w.fifos()
 	h := w.goSDKHTTP(w.httpProxy(w.store), tokenA)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		_, err := h.callErr(ctx, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeHang))
-		done <- err
-	}()
-	w.awaitEntered()
-	cancel()
-	require.Error(t, <-done)
-	untilRefused(t, h, kindUnknown)
-	require.Equal(t, 1, w.effectCount())
-	require.Equal(t, 1, w.dispatchCount())
+	cancelAfterTheEffect(t, w, h)
 }
 
 // TestHTTPUpstreamReplaysAndBlocks: a Go SDK host on stdio, the proxy in front of the

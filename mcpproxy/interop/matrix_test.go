@@ -39,7 +39,7 @@ func requireReplayOf(t *testing.T, first, second outcome) {
 	require.False(t, second.IsError, second.text())
 	require.True(t, second.Replayed, "second call: %s", second.Raw)
 	require.Len(t, second.Texts, 2)
-	require.True(t, strings.HasPrefix(second.Texts[0], "[replayed] already done"), second.Texts[0])
+	require.True(t, strings.HasPrefix(second.Texts[0], "[replayed] not sent"), second.Texts[0])
 	require.Equal(t, first.Texts, second.Texts[1:])
 }
 

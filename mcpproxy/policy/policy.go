@@ -92,6 +92,40 @@ type Rule struct {
 	// Key, when set, says that upstream deduplicates by a key and where to send toolfence's
 	// key; an attempt whose outcome is unknown is then dispatched again under the same key.
 	Key *KeyRule `json:"key"`
+	// Repeats says what a call identical to one that succeeded is, when the call names no
+	// task (docs/proxy.md "The same call again"): RepeatsWindow (the default without target
+	// and key), RepeatsReplay (the default with either) or RepeatsSend.
+	Repeats string `json:"repeats"`
+	// RepeatWindow is the window of RepeatsWindow ("10m"). Defaults to
+	// mcpproxy.Options.RepeatWindow.
+	RepeatWindow Duration `json:"repeat_window"`
+}
+
+// The values of Rule.Repeats: what an identical call is once the earlier one succeeded.
+const (
+	// RepeatsWindow: a retry (answered from the ledger, nothing sent) while the host may not
+	// have had the earlier answer; once it had it, a new intent (sent again) when a call of
+	// the same tool began after it or the window has passed since; within the window, the
+	// host's user is asked whether to run it again (elicitation), else it is answered from
+	// the ledger saying that nothing was sent.
+	RepeatsWindow = "window"
+	// RepeatsReplay: always answered from the ledger (the target, or upstream's own key,
+	// names the intent).
+	RepeatsReplay = "replay"
+	// RepeatsSend: a new intent as soon as the host had the earlier answer.
+	RepeatsSend = "send"
+)
+
+// RepeatMode is the rule's Repeats with its default: RepeatsReplay for a rule with a target
+// or a key, RepeatsWindow otherwise.
+func (r Rule) RepeatMode() string {
+	switch {
+	case r.Repeats != "":
+		return r.Repeats
+	case len(r.Target) > 0 || r.Key != nil:
+		return RepeatsReplay
+	}
+	return RepeatsWindow
 }
 
 // ProbeRule is the probe of a protected tool: another upstream tool, called with arguments
@@ -218,8 +252,9 @@ func ParseJSON(data []byte) (*Policy, error) {
 		switch tp.Mode {
 		case "", Protect:
 		case Bypass:
-			if len(tp.Target) > 0 || len(tp.NoEffect.Codes) > 0 || len(tp.NoEffect.Patterns) > 0 || tp.Probe != nil || tp.Key != nil {
-				return nil, bad("mode bypass takes no target, no_effect, probe or key (a bypassed call is not recorded)")
+			if len(tp.Target) > 0 || len(tp.NoEffect.Codes) > 0 || len(tp.NoEffect.Patterns) > 0 || tp.Probe != nil || tp.Key != nil ||
+				tp.Repeats != "" || tp.RepeatWindow != 0 {
+				return nil, bad("mode bypass takes no target, no_effect, probe, key, repeats or repeat_window (a bypassed call is not recorded)")
 			}
 		default:
 			return nil, bad("mode %q: want %q or %q", tp.Mode, Protect, Bypass)
@@ -267,6 +302,18 @@ func ParseJSON(data []byte) (*Policy, error) {
 		}
 		if k := tp.Key; k != nil && (k.Argument == "") == (k.Meta == "") {
 			return nil, bad("key: set exactly one of argument (an argument name) or meta (a _meta field name)")
+		}
+		switch tp.Repeats {
+		case "", RepeatsReplay:
+		case RepeatsWindow, RepeatsSend:
+			if tp.Key != nil {
+				return nil, bad("repeats %q with key: upstream deduplicates by toolfence's key, which a new intent shares, so it would answer the earlier call again; leave repeats %q", tp.Repeats, RepeatsReplay)
+			}
+		default:
+			return nil, bad("repeats %q: want %q, %q or %q", tp.Repeats, RepeatsWindow, RepeatsReplay, RepeatsSend)
+		}
+		if tp.RepeatWindow != 0 && tp.RepeatMode() != RepeatsWindow {
+			return nil, bad("repeat_window applies to repeats %q only (this tool's is %q)", RepeatsWindow, tp.RepeatMode())
 		}
 		p.Tools[name] = tp
 	}

@@ -33,7 +33,7 @@ func TestParsePolicyYAMLMeetsTheSameRules(t *testing.T) {
 		{"probe bad pointer", "tools:\n  a:\n    probe: {tool: b, found: /f, arguments: {id: id}}\n", `probe argument "id"`},
 		{"key with both", "tools:\n  a:\n    key: {argument: k, meta: m}\n", `key: set exactly one`},
 		{"key with neither", "tools:\n  a:\n    key: {}\n", `key: set exactly one`},
-		{"bypass with probe", "tools:\n  a:\n    mode: bypass\n    probe: {tool: b, found: /f}\n", `mode bypass takes no target, no_effect, probe or key`},
+		{"bypass with probe", "tools:\n  a:\n    mode: bypass\n    probe: {tool: b, found: /f}\n", `mode bypass takes no target, no_effect, probe, key, repeats or repeat_window`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := policy.Parse([]byte(tc.doc))
@@ -78,7 +78,7 @@ func TestParsePolicyRefusesAmbiguousKeys(t *testing.T) {
 		{"mode in another case", `{"tools": {"charge": {"Mode": "bypass"}}}`, `tool "charge": key "Mode": write it "mode" (keys are case-sensitive)`},
 		{"tools in another case", `{"Tools": {"charge": {"mode": "bypass"}}}`, `key "Tools": write it "tools"`},
 		{"no_effect key in another case", `{"tools": {"c": {"no_effect": {"Patterns": ["x"]}}}}`, `tool "c": no_effect: key "Patterns": write it "patterns"`},
-		{"unknown rule key", `{"tools": {"c": {"targets": ["/a"]}}}`, `tool "c": unknown key "targets" (want one of: key, lease, mode, no_effect, probe, target, timeout)`},
+		{"unknown rule key", `{"tools": {"c": {"targets": ["/a"]}}}`, `tool "c": unknown key "targets" (want one of: key, lease, mode, no_effect, probe, repeat_window, repeats, target, timeout)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := policy.Parse([]byte(tc.doc))
