@@ -51,7 +51,7 @@ var allowed = map[string][]string{
 	"httpguard": {"interceptor", "ledger", "residual"},
 	"consumer":  {"interceptor"},
 	"mcpserver": {"interceptor", "internal/httpserve", "internal/mcptrace", "lease", "ledger", "mcpwire", "residual"},
-	"mcpproxy":  {"interceptor", "internal/httpserve", "internal/mcptrace", "jsonptr", "lease", "mcpproxy/policy", "mcpproxy/transport", "mcpwire", "residual"},
+	"mcpproxy":  {"interceptor", "internal/httpserve", "internal/mcptrace", "jsonptr", "lease", "ledger", "mcpproxy/policy", "mcpproxy/transport", "mcpwire", "residual"},
 	// The proxy's pure policy language (interceptor only for ErrInvalidOptions) and its
 	// transports, which import nothing of the module.
 	"mcpproxy/policy":    {"interceptor", "jsonptr", "residual"},

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/toolfence/toolfence/interceptor"
+	"github.com/toolfence/toolfence/ledger"
 	"github.com/toolfence/toolfence/mcpproxy/transport"
 	"github.com/toolfence/toolfence/residual"
 )
@@ -76,19 +77,67 @@ func repeatQuestion(tool string, res *interceptor.Result, why string) question {
 			tool, res.RecordedAt.UTC().Format("2006-01-02 15:04:05"), why)}
 }
 
-// settleQuestion asks whether the earlier attempt v names took effect.
-func settleQuestion(tool string, v *interceptor.Violation, learned string) question {
+// settleQuestion asks whether the earlier attempt v names took effect: what it was (the
+// tool, with these arguments or others), when, and what upstream answered if anything.
+func settleQuestion(tool string, args json.RawMessage, v *interceptor.Violation, ended, learned string) question {
 	var b strings.Builder
-	fmt.Fprintf(&b, "An earlier call of the tool %q (attempt %d, begun %s UTC) may or may not have taken effect: toolfence never learned how it ended",
-		tool, v.Attempt, v.Since.UTC().Format("2006-01-02 15:04:05"))
-	if v.Cause != nil {
+	with := "with other arguments than this call's"
+	if v.RequestMatches {
+		with = "with the arguments " + truncate(string(args), 300)
+	}
+	fmt.Fprintf(&b, "An earlier call of the tool %q %s (attempt %d, begun %s UTC) may or may not have taken effect: toolfence never learned how it ended",
+		tool, with, v.Attempt, v.Since.UTC().Format("2006-01-02 15:04:05"))
+	if text := cmpStr(resultText(v.Result), ended); text != "" {
+		fmt.Fprintf(&b, "; what toolfence saw of it: %q", truncate(text, 300))
+	} else if v.Cause != nil {
 		fmt.Fprintf(&b, " (%s)", truncate(v.Cause.Error(), 300))
+	} else {
+		b.WriteString("; nothing of how it ended was recorded")
 	}
 	if learned != "" {
 		fmt.Fprintf(&b, "; asked, upstream said: %s", truncate(learned, 300))
 	}
 	b.WriteString(". Until that is settled the call is not sent again. Did the earlier call take effect?")
 	return question{kind: askSettle, key: v.Key, token: v.Token, message: b.String(), choices: []string{choiceYes, choiceNo, choiceDontKnow}}
+}
+
+// howItEnded is what was recorded of how the attempt v names ended (its error text: what
+// upstream answered, a timeout, a crash), "" when nothing was.
+func (s *session) howItEnded(ctx context.Context, v *interceptor.Violation) string {
+	r, err := s.p.ic.Ledger().Get(ctx, ledger.GetParams{Namespace: s.p.ic.Namespace(), Key: v.Key})
+	if err != nil {
+		return ""
+	}
+	for _, a := range r.Attempts {
+		if a.Token == v.Token {
+			return strings.TrimPrefix(a.Error, isErrorPrefix)
+		}
+	}
+	return ""
+}
+
+// resultText is the text of a recorded tool result (its text blocks), or the result itself
+// when it is not one; "" for none.
+func resultText(result []byte) string {
+	if len(result) == 0 {
+		return ""
+	}
+	var r struct {
+		Content []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	if json.Unmarshal(result, &r) != nil || r.Content == nil {
+		return string(result)
+	}
+	var texts []string
+	for _, c := range r.Content {
+		if c.Type == "text" {
+			texts = append(texts, c.Text)
+		}
+	}
+	return strings.Join(texts, "\n")
 }
 
 // elicitParams are the params of an elicitation (form) asking q.

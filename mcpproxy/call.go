@@ -423,7 +423,7 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 			if learned, resolved = s.settle(ctx, bctx, v, params.Name, rule, args); resolved || v.Kind != interceptor.UnknownOutcome {
 				return resolved
 			}
-			q := settleQuestion(params.Name, v, learned)
+			q := settleQuestion(params.Name, args, v, s.howItEnded(bctx, v), learned)
 			choice := answer.about(askSettle, v.Token)
 			if choice == "" && s.canAsk() {
 				choice, asked = s.ask(ctx, req, q)

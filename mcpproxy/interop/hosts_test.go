@@ -53,10 +53,23 @@ func (w *world) goSDK(argv []string) *goHost {
 // goSDKCmd is goSDK for a command of the caller's (started here, with the world's env).
 func (w *world) goSDKCmd(cmd *exec.Cmd) *goHost {
 	w.t.Helper()
+	return w.goSDKWith(cmd, nil)
+}
+
+// goSDKElicit is goSDK for a host whose user answers elicitations with elicit.
+func (w *world) goSDKElicit(argv []string, elicit func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error)) *goHost {
+	w.t.Helper()
+	return w.goSDKWith(exec.Command(argv[0], argv[1:]...), elicit)
+}
+
+// goSDKWith is goSDKCmd with an elicitation handler (nil: none, the capability undeclared).
+func (w *world) goSDKWith(cmd *exec.Cmd, elicit func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error)) *goHost {
+	w.t.Helper()
 	h := &goHost{progress: make(chan *mcp.ProgressNotificationParams, 16)}
 	cmd.Env, cmd.Stderr = w.env(), w.stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "go-sdk-host", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) { h.progress <- r.Params },
+		ElicitationHandler:          elicit,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -242,6 +255,14 @@ func (w *world) tsRunHTTP(nodeBin, url, token string, calls []tsCall) ([]byte, [
 
 func (w *world) tsJob(nodeBin string, spec map[string]any) ([]byte, []outcome) {
 	w.t.Helper()
+	tools, outs, _ := w.tsJobAsked(nodeBin, spec)
+	return tools, outs
+}
+
+// tsJobAsked is tsJob that also returns the messages of the elicitations the host answered
+// (spec "elicit": the answers, in order).
+func (w *world) tsJobAsked(nodeBin string, spec map[string]any) ([]byte, []outcome, []string) {
+	w.t.Helper()
 	job, err := json.Marshal(spec)
 	require.NoError(w.t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -256,6 +277,7 @@ func (w *world) tsJob(nodeBin string, spec map[string]any) ([]byte, []outcome) {
 		Error   string            `json:"error"`
 		Tools   json.RawMessage   `json:"tools"`
 		Results []json.RawMessage `json:"results"`
+		Asked   []string          `json:"asked"`
 	}
 	require.NoError(w.t, json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &rep), "host.mjs printed no report (%v)\nstdout: %s\nstderr: %s", runErr, stdout.String(), w.stderr)
 	require.Empty(w.t, rep.Error, "TypeScript SDK host failed at %s\nstderr: %s", rep.Step, w.stderr)
@@ -264,7 +286,7 @@ func (w *world) tsJob(nodeBin string, spec map[string]any) ([]byte, []outcome) {
 	for _, r := range rep.Results {
 		outs = append(outs, parseOutcome(w.t, r))
 	}
-	return rep.Tools, outs
+	return rep.Tools, outs, rep.Asked
 }
 
 // callTask makes a task-augmented tools/call (params.task) and returns its result.
