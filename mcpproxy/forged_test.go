@@ -133,6 +133,7 @@ func TestProxyDroppedAnswersDoNotFloodTheLog(t *testing.T) {
 	t.Parallel()
 	logs := &lockedBuffer{}
 	r := newRig(t, mcpproxy.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))}, nil)
+	r.nothingSentUpstream(t, 1) // the host speaks first: the proxy reads upstream from then on
 	const n = 2000
 	for i := range n {
 		id, _ := jsonrpc.MakeID(float64(1000 + i))

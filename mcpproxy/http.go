@@ -106,7 +106,10 @@ type HTTPServer struct {
 	closed   bool
 
 	inFlight httpserve.InFlight // POSTs in progress, under MaxInFlight and MaxInFlightTotal
-	mux      *transport.Mux     // the shared upstream of stateless requests (SharedUpstream)
+	mux      *transport.Mux     // the shared upstream of stateless requests (link.go), under mu
+	// statelessDirect: the HTTP upstream speaks a stateless revision; each stateless request
+	// dials its own connection (under mu).
+	statelessDirect bool
 	// statelessCalls are the stateless requests in flight, by owner and host id (under mu),
 	// for the host's notifications/cancelled.
 	statelessCalls map[string]*downConn
@@ -151,11 +154,7 @@ func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
 	h := &HTTPServer{p: p, opts: opts, log: log, ctx: ctx, stop: stop,
 		spaces: map[string]*Proxy{p.ic.Namespace(): p}, sessions: map[string]*httpSession{}, opening: map[string]int{}}
 	if opts.SharedUpstream {
-		h.mux = &transport.Mux{Dial: opts.Dial, OnNotice: func(n *jsonrpc.Request) {
-			if n.Method == "notifications/tools/list_changed" {
-				p.stateless.resetAll()
-			}
-		}}
+		h.mux = h.newMux(true)
 	}
 	h.wg.Add(1)
 	go func() {
@@ -512,8 +511,11 @@ func (h *HTTPServer) Close() error {
 	h.wg.Wait()
 	// Stateless hosts can no longer continue their multi-round calls.
 	h.p.abandonRounds(nil, "the proxy shut down")
-	if h.mux != nil {
-		_ = h.mux.Close()
+	h.mu.Lock()
+	mux := h.mux
+	h.mu.Unlock()
+	if mux != nil {
+		_ = mux.Close()
 	}
 	return nil
 }

@@ -133,11 +133,7 @@ func (h *HTTPServer) serveStateless(w http.ResponseWriter, r *http.Request, ns, 
 		http.Error(w, "toolfence proxy: namespace unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	dial := h.opts.Dial
-	if h.mux != nil {
-		dial = h.mux.Open
-	}
-	up, closer, err := dial(h.ctx)
+	up, closer, err := h.dialStateless(h.ctx)
 	if err != nil {
 		h.log.Error("toolfence proxy: cannot reach the upstream", "err", err)
 		writeRPCError(w, req.ID, &jsonrpc.Error{Code: transport.CodeUpstreamHTTP, Message: "toolfence proxy: cannot reach the upstream server: " + err.Error()})

@@ -171,7 +171,11 @@ func (p *Proxy) serve(ctx context.Context, down, up mcp.Connection, stateless bo
 	s.upSess = newUpstreamSession()
 	s.idSpace = ReservedIDPrefix + s.upSess + ":"
 	upErr, downErr := make(chan error, 1), make(chan error, 1)
-	go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }()
+	s.readUp = func() { go func() { upErr <- s.readUpstream(ctx); close(s.upDone) }() }
+	if stateless {
+		s.decided = true // its upstream connection speaks the host's revision already
+		s.readUp()
+	}
 	go func() { downErr <- s.readDownstream(ctx); close(s.downDone) }()
 	var err error
 	select {
@@ -204,7 +208,14 @@ func (p *Proxy) serve(ctx context.Context, down, up mcp.Connection, stateless bo
 	s.relayed = nil
 	s.mu.Unlock()
 	_ = down.Close()
-	_ = up.Close()
+	s.mu.Lock()
+	b := s.bridged
+	s.mu.Unlock()
+	if b != nil {
+		_ = b.Close() // and the upstream's own connection under it
+	} else {
+		_ = up.Close()
+	}
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
@@ -225,6 +236,8 @@ type session struct {
 	idSpace  string // prefix of the proxy's own upstream request ids: "toolfence-proxy:<upSess>:"
 	upDone   chan struct{}
 	downDone chan struct{} // closed when the host's side ended (readDownstream returned)
+	decided  bool          // the upstream connection is set for the host's revision (link.go); readDownstream's
+	readUp   func()        // starts reading the upstream (once decided)
 
 	mu          sync.Mutex
 	waiting     map[string]chan *jsonrpc.Response  // our request id → its answer
@@ -240,6 +253,7 @@ type session struct {
 	hostInfo    json.RawMessage                    // the host\'s clientInfo (initialize\'s, or its latest stateless request\'s)
 	hostCaps    json.RawMessage                    // the host's client capabilities (initialize's, or its latest stateless request's)
 	stateless   bool                               // one stateless HTTP request: its host continues in other requests
+	bridged     io.Closer                          // the bridge decide put over the upstream's connection, if any (link.go)
 }
 
 func (s *session) readDownstream(ctx context.Context) error {
@@ -256,6 +270,15 @@ func (s *session) readDownstream(ctx context.Context) error {
 		}
 		if err := ctx.Err(); err != nil {
 			return err // the session ended while this message was read: nothing is relayed
+		}
+		if !s.decided {
+			handled, err := s.decide(ctx, msg)
+			if err != nil {
+				return err
+			}
+			if handled {
+				continue
+			}
 		}
 		if req, ok := msg.(*jsonrpc.Request); ok {
 			if req.IsCall() && req.Method != "tools/call" {

@@ -36,9 +36,19 @@ func roundRig(t *testing.T) (*rig, *lease.Fake) {
 func (r *rig) openRound(t *testing.T) {
 	t.Helper()
 	r.callDeploy(t, 1, "")
+	r.discovered(t)
 	r.listed(t, confirmDef)
 	r.up.answer(t, r.up.nextReq(t).ID, askResult("s1"))
 	r.hostResult(t, 1)
+}
+
+// discovered answers the proxy's server/discover, which comes before a stateless host's
+// first request is relayed: upstream speaks 2026-07-28 too.
+func (r *rig) discovered(t *testing.T) {
+	t.Helper()
+	d := r.up.nextReq(t)
+	require.Equal(t, "server/discover", d.Method)
+	r.up.answer(t, d.ID, `{"resultType":"complete","supportedVersions":["2026-07-28","2025-11-25"],"capabilities":{"tools":{}}}`)
 }
 
 func (r *rig) callDeploy(t *testing.T, id float64, extra string) {
@@ -52,6 +62,7 @@ func (r *rig) callDeploy(t *testing.T, id float64, extra string) {
 func TestProxyMultiRoundCallIsOneLogicalCall(t *testing.T) {
 	r, _ := roundRig(t)
 	r.callDeploy(t, 1, "")
+	r.discovered(t)
 	list := r.up.nextReq(t)
 	require.Equal(t, "tools/list", list.Method)
 	var lp struct {
@@ -178,6 +189,7 @@ func TestProxyRoundWithTamperedStateEndsAsUpstreamSays(t *testing.T) {
 func TestProxyUnknownResultTypeIsNotSuccess(t *testing.T) {
 	r, _ := roundRig(t)
 	r.callDeploy(t, 1, "")
+	r.discovered(t)
 	r.listed(t, confirmDef)
 	r.up.answer(t, r.up.nextReq(t).ID, `{"resultType":"later","content":[{"type":"text","text":"deployed"}]}`)
 	require.Contains(t, r.hostResult(t, 1), "unknown")

@@ -33,9 +33,12 @@ type lineConn struct {
 	once   sync.Once
 	queue  []jsonrpc.Message // the rest of a batch; used by Read only
 	raw    []byte            // the line of the message Read returned last, when it held only that one
-	// watched is the ctx whose end interrupts src (see Read); unwatch undoes that.
+	// watched is the ctx whose end interrupts src (see Read); unwatch undoes that; gen
+	// counts the watches (under dmu), so that only the current one sets the deadline.
 	watched context.Context
 	unwatch func() bool
+	dmu     sync.Mutex
+	gen     uint64
 }
 
 // deadliner is a reader whose pending Read a deadline ends: a pipe or socket *os.File read
@@ -156,13 +159,29 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if d, ok := c.src.(deadliner); ok && ctx.Done() != nil && ctx != c.watched {
-		// Once per context, not per Read: Serve reads a whole session under one.
-		if c.unwatch != nil && !c.unwatch() {
-			_ = d.SetReadDeadline(time.Time{}) // the last context ended: read again
+	if d, ok := c.src.(deadliner); ok && ctx != c.watched && (ctx.Done() != nil || c.watched != nil) {
+		// Once per context, not per Read: Serve reads a whole session under one. The
+		// watch of the last context is undone under dmu, and a watch that fires late (its
+		// context ended while this one began) sees that it is no longer the current one.
+		c.dmu.Lock()
+		if c.unwatch != nil {
+			c.unwatch()
+			c.unwatch = nil
 		}
+		c.gen++
+		gen := c.gen
+		_ = d.SetReadDeadline(time.Time{}) // the last context may have ended: read again
+		c.dmu.Unlock()
 		c.watched = ctx
-		c.unwatch = context.AfterFunc(ctx, func() { _ = d.SetReadDeadline(time.Unix(1, 0)) })
+		if ctx.Done() != nil {
+			c.unwatch = context.AfterFunc(ctx, func() {
+				c.dmu.Lock()
+				defer c.dmu.Unlock()
+				if c.gen == gen {
+					_ = d.SetReadDeadline(time.Unix(1, 0))
+				}
+			})
+		}
 	}
 	c.raw = nil
 	if len(c.queue) > 0 {

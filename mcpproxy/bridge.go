@@ -1,0 +1,598 @@
+package mcpproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolfence/toolfence/mcpproxy/transport"
+)
+
+// A host and its upstream need not speak the same revision. Relayed unchanged, a
+// conversation is in the host's revision; when the upstream does not serve it, the proxy
+// bridges with one of two connections over the upstream's (docs/proxy.md "Protocol
+// revisions"):
+//
+//   - legacyUp: a stateless (2026-07-28) host in front of a 2025-11-25-only upstream. The
+//     proxy initializes one upstream session itself (declaring no client capabilities: a
+//     stateless host cannot be sent requests), answers server/discover from its
+//     InitializeResult, and gives every result a resultType. The upstream's own requests
+//     (sampling, elicitation, roots) are refused; ping is answered.
+//   - statelessUp: a 2025-11-25 host in front of a 2026-07-28-only upstream. The proxy
+//     answers initialize from server/discover, ping and logging/setLevel itself, carries the
+//     host's revision, capabilities and log level in each request's _meta, and turns an
+//     input_required answer into the host's own requests (elicitation/create,
+//     sampling/createMessage, roots/list), sending the call again with their answers, as a
+//     2026-07-28 client does: the host and the proxy's guard see one call and one answer.
+
+// bridgeIDPrefix begins the ids of the requests the bridges send themselves (to the upstream
+// or to the host).
+const bridgeIDPrefix = "toolfence-bridge:"
+
+// supportsStateless reports whether a server/discover answer lists a stateless revision.
+func supportsStateless(resp *jsonrpc.Response) bool {
+	if resp == nil || resp.Error != nil {
+		return false
+	}
+	var d struct {
+		SupportedVersions []string `json:"supportedVersions"`
+	}
+	if json.Unmarshal(resp.Result, &d) != nil {
+		return false
+	}
+	for _, v := range d.SupportedVersions {
+		if v == transport.Rev20260728 {
+			return true
+		}
+	}
+	return false
+}
+
+// bridge is what both bridges share: the upstream connection, a reader of it, and the
+// messages for the proxy that did not come from upstream as they are.
+type bridge struct {
+	up   mcp.Connection
+	out  chan jsonrpc.Message // for Read
+	done chan struct{}
+	once sync.Once
+
+	mu      sync.Mutex
+	seq     uint64
+	waiting map[string]chan *jsonrpc.Response // own request id → its answer
+	readErr error
+}
+
+func newBridge(up mcp.Connection) bridge {
+	return bridge{up: up, out: make(chan jsonrpc.Message, 64), done: make(chan struct{}), waiting: map[string]chan *jsonrpc.Response{}}
+}
+
+// nextID is a fresh id of the bridge's own.
+func (b *bridge) nextID() (jsonrpc.ID, string) {
+	b.mu.Lock()
+	b.seq++
+	n := b.seq
+	b.mu.Unlock()
+	s := bridgeIDPrefix + strconv.FormatUint(n, 10)
+	id, _ := jsonrpc.MakeID(s)
+	return id, s
+}
+
+// emit hands msg to Read.
+func (b *bridge) emit(msg jsonrpc.Message) {
+	select {
+	case b.out <- msg:
+	case <-b.done:
+	}
+}
+
+// Read returns the next message for the proxy; io.EOF (or the upstream's error) once the
+// upstream ended.
+func (b *bridge) Read(ctx context.Context) (jsonrpc.Message, error) {
+	select {
+	case m := <-b.out:
+		return m, nil
+	case <-b.done:
+		select {
+		case m := <-b.out:
+			return m, nil
+		default:
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return nil, cmpError(b.readErr, io.EOF)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func cmpError(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
+}
+
+// ask sends a request of the bridge's own upstream and waits for its answer (within 30 s).
+func (b *bridge) ask(ctx context.Context, method string, params any) (*jsonrpc.Response, error) {
+	id, key := b.nextID()
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan *jsonrpc.Response, 1)
+	b.mu.Lock()
+	b.waiting[key] = ch
+	b.mu.Unlock()
+	if err := b.up.Write(ctx, &jsonrpc.Request{ID: id, Method: method, Params: raw}); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%s: no answer from upstream: %w", method, ctx.Err())
+	case <-b.done:
+		return nil, ErrUpstreamGone
+	}
+}
+
+// answered routes an answer to a request of the bridge's own; false when it is not one.
+func (b *bridge) answered(r *jsonrpc.Response) bool {
+	key, ok := r.ID.Raw().(string)
+	if !ok {
+		return false
+	}
+	b.mu.Lock()
+	ch := b.waiting[key]
+	delete(b.waiting, key)
+	b.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	ch <- r
+	return true
+}
+
+// read runs handle on every upstream message until the upstream ends.
+func (b *bridge) read(handle func(jsonrpc.Message)) {
+	for {
+		msg, err := b.up.Read(context.Background())
+		var bad *transport.BadLineError
+		if errors.As(err, &bad) {
+			continue
+		}
+		if err != nil {
+			b.mu.Lock()
+			b.readErr = err
+			b.mu.Unlock()
+			b.once.Do(func() { close(b.done) })
+			return
+		}
+		if r, ok := msg.(*jsonrpc.Response); ok && b.answered(r) {
+			continue
+		}
+		handle(msg)
+	}
+}
+
+// Close closes the upstream connection.
+func (b *bridge) Close() error {
+	err := b.up.Close()
+	b.once.Do(func() { close(b.done) })
+	return err
+}
+
+// SessionID is the upstream's.
+func (b *bridge) SessionID() string { return b.up.SessionID() }
+
+// legacyUp serves stateless hosts over a 2025-11-25 upstream session (see above).
+type legacyUp struct {
+	bridge
+	initOnce sync.Once
+	initRes  json.RawMessage // the upstream's InitializeResult
+	initErr  error
+	calls    sync.Map // idKey of a request sent upstream → struct{}: its result gets a resultType
+}
+
+var _ mcp.Connection = (*legacyUp)(nil)
+
+// newLegacyUp bridges stateless hosts to up, a connection to a 2025-11-25 upstream not yet
+// initialized.
+func newLegacyUp(up mcp.Connection) *legacyUp {
+	l := &legacyUp{bridge: newBridge(up)}
+	go l.read(l.handle)
+	return l
+}
+
+// initialize opens the upstream session once: initialize (no client capabilities), then
+// notifications/initialized.
+func (l *legacyUp) initialize(ctx context.Context) error {
+	l.initOnce.Do(func() {
+		r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125, "capabilities": map[string]any{},
+			"clientInfo": proxyInfo})
+		switch {
+		case err != nil:
+			l.initErr = fmt.Errorf("initializing the upstream session: %w", err)
+		case r.Error != nil:
+			l.initErr = fmt.Errorf("initializing the upstream session: %w", r.Error)
+		default:
+			l.initRes = r.Result
+			l.initErr = l.up.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)})
+		}
+	})
+	return l.initErr
+}
+
+// Write sends msg upstream: server/discover is answered from the session's
+// InitializeResult; a request's result will carry a resultType.
+func (l *legacyUp) Write(ctx context.Context, msg jsonrpc.Message) error {
+	if err := l.initialize(ctx); err != nil {
+		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+			l.emit(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: transport.CodeUpstreamHTTP,
+				Message: "toolfence proxy: the upstream (2025-11-25) could not be initialized for a stateless host: " + err.Error()}})
+			return nil
+		}
+		return err
+	}
+	req, ok := msg.(*jsonrpc.Request)
+	if ok && req.Method == "server/discover" && req.IsCall() {
+		l.emit(&jsonrpc.Response{ID: req.ID, Result: discoverFromInit(l.initRes)})
+		return nil
+	}
+	if ok && req.IsCall() {
+		l.calls.Store(hostKey(req.ID), struct{}{})
+	}
+	if ok && transport.ReadMeta(req.Params).HasMeta {
+		// In the upstream's revision: no stateless _meta (an HTTP upstream would take its
+		// protocol version for the request's and refuse it).
+		out := *req
+		out.Params = transport.WithMeta(req.Params, map[string]any{transport.MetaProtocolVersion: nil,
+			transport.MetaClientCapabilities: nil, transport.MetaClientInfo: nil, transport.MetaLogLevel: nil})
+		msg = &out
+	}
+	return l.up.Write(ctx, msg)
+}
+
+// handle passes an upstream message on: a result with a resultType; the upstream's ping is
+// answered and its other requests refused (a stateless host takes none).
+func (l *legacyUp) handle(msg jsonrpc.Message) {
+	switch m := msg.(type) {
+	case *jsonrpc.Response:
+		if _, ok := l.calls.LoadAndDelete(hostKey(m.ID)); ok && m.Result != nil {
+			m.Result = withResultType(m.Result)
+		}
+		l.emit(m)
+	case *jsonrpc.Request:
+		if !m.IsCall() {
+			l.emit(m)
+			return
+		}
+		resp := &jsonrpc.Response{ID: m.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
+			Message: "toolfence proxy: the host speaks " + transport.Rev20260728 + " (stateless) and cannot be sent " + m.Method}}
+		if m.Method == "ping" {
+			resp = &jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)}
+		}
+		_ = l.up.Write(context.Background(), resp)
+	}
+}
+
+// discoverFromInit is a DiscoverResult made from an upstream's InitializeResult: its
+// capabilities, serverInfo (in _meta) and instructions, the revisions the proxy serves.
+func discoverFromInit(init json.RawMessage) json.RawMessage {
+	var r struct {
+		Capabilities json.RawMessage `json:"capabilities"`
+		ServerInfo   json.RawMessage `json:"serverInfo"`
+		Instructions string          `json:"instructions,omitempty"`
+	}
+	_ = json.Unmarshal(init, &r)
+	out := map[string]any{
+		"resultType":        resultComplete,
+		"supportedVersions": []string{transport.Rev20260728, transport.Rev20251125},
+		"capabilities":      cmpRaw(r.Capabilities, json.RawMessage(`{}`)),
+		"ttlMs":             0,
+		"cacheScope":        "private",
+	}
+	if r.Instructions != "" {
+		out["instructions"] = r.Instructions
+	}
+	if len(r.ServerInfo) > 0 {
+		out["_meta"] = map[string]any{transport.MetaServerInfo: r.ServerInfo}
+	}
+	b, _ := json.Marshal(out)
+	return b
+}
+
+func cmpRaw(a, b json.RawMessage) json.RawMessage {
+	if len(a) > 0 && string(a) != "null" {
+		return a
+	}
+	return b
+}
+
+// statelessUp serves a 2025-11-25 host session over a 2026-07-28-only upstream (see above).
+type statelessUp struct {
+	bridge
+
+	smu     sync.Mutex
+	caps    json.RawMessage // the host's, from initialize
+	info    json.RawMessage
+	level   string
+	pending map[string]*bridgedCall // idKey of a call in flight → what to send again after input_required
+	toHost  map[string]*bridgedCall // own request id sent to the host → the call it answers for
+}
+
+// bridgedCall is a host call that may come back input_required: its request, and the
+// answers collected for the current round.
+type bridgedCall struct {
+	req       *jsonrpc.Request
+	keys      map[string]string          // own request id → input request key
+	responses map[string]json.RawMessage // input request key → the host's result
+	state     string
+	rounds    int
+}
+
+var _ mcp.Connection = (*statelessUp)(nil)
+
+// newStatelessUp bridges a session host to up, a connection to a stateless-only upstream.
+func newStatelessUp(up mcp.Connection) *statelessUp {
+	s := &statelessUp{bridge: newBridge(up), pending: map[string]*bridgedCall{}, toHost: map[string]*bridgedCall{}}
+	go s.read(s.handle)
+	return s
+}
+
+// maxBridgedRounds bounds the input_required rounds of one bridged call.
+const maxBridgedRounds = 10
+
+// meta is the _meta a request carries upstream for the host.
+func (s *statelessUp) meta() map[string]any {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	m := map[string]any{
+		transport.MetaProtocolVersion:    transport.Rev20260728,
+		transport.MetaClientCapabilities: cmpRaw(s.caps, json.RawMessage(`{}`)),
+	}
+	if len(s.info) > 0 {
+		m[transport.MetaClientInfo] = s.info
+	}
+	if s.level != "" {
+		m[transport.MetaLogLevel] = s.level
+	}
+	return m
+}
+
+// Write takes a message of the proxy (the host's, relayed, or the proxy's own).
+func (s *statelessUp) Write(ctx context.Context, msg jsonrpc.Message) error {
+	switch m := msg.(type) {
+	case *jsonrpc.Response:
+		s.hostAnswer(ctx, m)
+		return nil
+	case *jsonrpc.Request:
+		switch {
+		case m.Method == "initialize" && m.IsCall():
+			return s.initialize(ctx, m)
+		case m.Method == "notifications/initialized":
+			return nil
+		case m.Method == "ping" && m.IsCall():
+			s.emit(&jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)})
+			return nil
+		case m.Method == "logging/setLevel" && m.IsCall():
+			var p struct {
+				Level string `json:"level"`
+			}
+			_ = json.Unmarshal(m.Params, &p)
+			s.smu.Lock()
+			s.level = p.Level
+			s.smu.Unlock()
+			s.emit(&jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)})
+			return nil
+		case m.IsCall():
+			out := *m
+			if transport.ReadMeta(m.Params).Version == "" {
+				out.Params = transport.WithMeta(m.Params, s.meta())
+			}
+			s.smu.Lock()
+			s.pending[hostKey(m.ID)] = &bridgedCall{req: &out}
+			s.smu.Unlock()
+			return s.up.Write(ctx, &out)
+		default:
+			return s.up.Write(ctx, m)
+		}
+	}
+	return nil
+}
+
+// initialize answers the host's initialize from the upstream's server/discover.
+func (s *statelessUp) initialize(ctx context.Context, req *jsonrpc.Request) error {
+	var p struct {
+		ProtocolVersion string          `json:"protocolVersion"`
+		Capabilities    json.RawMessage `json:"capabilities"`
+		ClientInfo      json.RawMessage `json:"clientInfo"`
+	}
+	_ = json.Unmarshal(req.Params, &p)
+	s.smu.Lock()
+	s.caps, s.info = p.Capabilities, p.ClientInfo
+	s.smu.Unlock()
+	go func() {
+		r, err := s.ask(context.WithoutCancel(ctx), "server/discover", map[string]any{"_meta": s.meta()})
+		switch {
+		case err != nil:
+			s.emit(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: transport.CodeUpstreamHTTP, Message: "toolfence proxy: server/discover upstream: " + err.Error()}})
+		case r.Error != nil:
+			s.emit(&jsonrpc.Response{ID: req.ID, Error: r.Error})
+		default:
+			s.emit(&jsonrpc.Response{ID: req.ID, Result: initFromDiscover(r.Result, p.ProtocolVersion)})
+		}
+	}()
+	return nil
+}
+
+// initFromDiscover is an InitializeResult made from a DiscoverResult: the host's revision
+// when it is one the proxy serves a session in (else 2025-11-25), the upstream's
+// capabilities, serverInfo and instructions.
+func initFromDiscover(d json.RawMessage, asked string) json.RawMessage {
+	var r struct {
+		Capabilities json.RawMessage            `json:"capabilities"`
+		Instructions string                     `json:"instructions,omitempty"`
+		Meta         map[string]json.RawMessage `json:"_meta"`
+	}
+	_ = json.Unmarshal(d, &r)
+	version := transport.Rev20251125
+	switch asked {
+	case "2025-06-18", "2025-03-26", "2024-11-05":
+		version = asked
+	}
+	out := map[string]any{"protocolVersion": version, "capabilities": cmpRaw(r.Capabilities, json.RawMessage(`{}`)),
+		"serverInfo": cmpRaw(r.Meta[transport.MetaServerInfo], json.RawMessage(`{"name":"upstream","version":"unknown"}`))}
+	if r.Instructions != "" {
+		out["instructions"] = r.Instructions
+	}
+	b, _ := json.Marshal(out)
+	return b
+}
+
+// handle passes an upstream message on; an input_required answer to a call in flight
+// becomes the host's requests for its inputs (hostRequests).
+func (s *statelessUp) handle(msg jsonrpc.Message) {
+	r, ok := msg.(*jsonrpc.Response)
+	if !ok {
+		s.emit(msg)
+		return
+	}
+	k := hostKey(r.ID)
+	s.smu.Lock()
+	c := s.pending[k]
+	s.smu.Unlock()
+	if c == nil || !inputRequired(r) || c.rounds >= maxBridgedRounds {
+		s.smu.Lock()
+		delete(s.pending, k)
+		s.smu.Unlock()
+		s.emit(r)
+		return
+	}
+	var ir struct {
+		InputRequests map[string]struct {
+			Method string          `json:"method"`
+			Params json.RawMessage `json:"params"`
+		} `json:"inputRequests"`
+		RequestState string `json:"requestState"`
+	}
+	_ = json.Unmarshal(r.Result, &ir)
+	s.smu.Lock()
+	c.rounds++
+	c.state, c.keys, c.responses = ir.RequestState, map[string]string{}, map[string]json.RawMessage{}
+	var reqs []*jsonrpc.Request
+	for key, in := range ir.InputRequests {
+		id, idText := s.nextID()
+		c.keys[idText] = key
+		s.toHost[idText] = c
+		reqs = append(reqs, &jsonrpc.Request{ID: id, Method: in.Method, Params: in.Params})
+	}
+	s.smu.Unlock()
+	if len(reqs) == 0 { // load shedding: send it again as it was
+		s.again(c)
+		return
+	}
+	for _, q := range reqs {
+		s.emit(q) // the proxy relays it to the host, whose answer comes back to Write
+	}
+}
+
+// hostAnswer takes the host's answer to one of the bridge's requests; once every input of
+// the round is answered, the call goes upstream again with them.
+func (s *statelessUp) hostAnswer(ctx context.Context, r *jsonrpc.Response) {
+	idText, ok := r.ID.Raw().(string)
+	if !ok {
+		return
+	}
+	s.smu.Lock()
+	c := s.toHost[idText]
+	delete(s.toHost, idText)
+	if c == nil {
+		s.smu.Unlock()
+		_ = s.up.Write(ctx, r) // not the bridge's: upstream's own (there are none in 2026-07-28)
+		return
+	}
+	key := c.keys[idText]
+	if r.Error != nil {
+		errJSON, _ := json.Marshal(r.Error)
+		c.responses[key] = errJSON
+	} else {
+		c.responses[key] = r.Result
+	}
+	complete := len(c.responses) == len(c.keys)
+	s.smu.Unlock()
+	if complete {
+		s.again(c)
+	}
+}
+
+// again sends call c upstream again with the answers of its round and its requestState.
+func (s *statelessUp) again(c *bridgedCall) {
+	s.smu.Lock()
+	var doc map[string]json.RawMessage
+	_ = json.Unmarshal(c.req.Params, &doc)
+	if doc == nil {
+		doc = map[string]json.RawMessage{}
+	}
+	doc["inputResponses"], _ = json.Marshal(c.responses)
+	if c.state != "" {
+		doc["requestState"], _ = json.Marshal(c.state)
+	} else {
+		delete(doc, "requestState")
+	}
+	params, _ := json.Marshal(doc)
+	out := *c.req
+	out.Params = params
+	s.smu.Unlock()
+	if err := s.up.Write(context.Background(), &out); err != nil {
+		s.smu.Lock()
+		delete(s.pending, hostKey(c.req.ID))
+		s.smu.Unlock()
+		s.emit(&jsonrpc.Response{ID: c.req.ID, Error: &jsonrpc.Error{Code: transport.CodeUpstreamHTTP, Message: "toolfence proxy: sending the call again with its inputs: " + err.Error()}})
+	}
+}
+
+// probeDiscover asks conn, which nobody else reads yet, server/discover in the stateless
+// revision and returns its answer (within 10 s); what else conn sends meanwhile comes back
+// in extra, in order.
+func probeDiscover(ctx context.Context, conn mcp.Connection) (resp *jsonrpc.Response, extra []jsonrpc.Message, err error) {
+	id, _ := jsonrpc.MakeID(bridgeIDPrefix + "discover")
+	params := transport.WithMeta(nil, map[string]any{transport.MetaProtocolVersion: transport.Rev20260728,
+		transport.MetaClientCapabilities: map[string]any{}, transport.MetaClientInfo: proxyInfo})
+	if err := conn.Write(ctx, &jsonrpc.Request{ID: id, Method: "server/discover", Params: params}); err != nil {
+		return nil, nil, err
+	}
+	return readAnswer(ctx, conn, id, 10*time.Second)
+}
+
+// readAnswer reads conn, which nobody else reads yet, until the answer to id (within
+// timeout); what else it reads meanwhile comes back in extra, in order.
+func readAnswer(ctx context.Context, conn mcp.Connection, id jsonrpc.ID, timeout time.Duration) (*jsonrpc.Response, []jsonrpc.Message, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var extra []jsonrpc.Message
+	for {
+		msg, err := conn.Read(ctx)
+		var bad *transport.BadLineError
+		if errors.As(err, &bad) {
+			continue
+		}
+		if err != nil {
+			return nil, extra, err
+		}
+		if r, ok := msg.(*jsonrpc.Response); ok && hostKey(r.ID) == hostKey(id) {
+			return r, extra, nil
+		}
+		extra = append(extra, msg)
+	}
+}
