@@ -26,6 +26,9 @@ import (
 // other request is refused (method not found). Meant for stateless (2026-07-28) exchanges,
 // where a server sends nothing outside the requests it answers.
 //
+// A connection that does not read stalls no other: once 64 notifications wait unread for
+// it, the next ones for it are dropped (its answers never are).
+//
 // The shared connection is dialed on the first Open and again on an Open after it ended;
 // when it ends, every connection open on it reads io.EOF.
 type Mux struct {
@@ -51,6 +54,9 @@ type muxShared struct {
 	next  uint64
 	conns map[uint64]*muxConn
 }
+
+// muxMaxNotes is how many notifications a connection holds unread; more are dropped.
+const muxMaxNotes = 64
 
 // muxPrefix begins every id and token the mux rewrites.
 const muxPrefix = "tfmux:"
@@ -83,7 +89,7 @@ func (m *Mux) Open(ctx context.Context) (mcp.Connection, io.Closer, error) {
 	sh.mu.Lock()
 	sh.next++
 	c := &muxConn{sh: sh, n: sh.next, prefix: muxPrefix + strconv.FormatUint(sh.next, 10) + ":",
-		in: make(chan jsonrpc.Message, 64), closed: make(chan struct{})}
+		ready: make(chan struct{}, 1), closed: make(chan struct{})}
 	sh.conns[c.n] = c
 	sh.mu.Unlock()
 	return c, c, nil
@@ -260,9 +266,15 @@ type muxConn struct {
 	sh     *muxShared
 	n      uint64
 	prefix string
-	in     chan jsonrpc.Message
 	once   sync.Once
 	closed chan struct{}
+
+	// What upstream sent the connection and Read has not returned yet. deliver, on the
+	// shared reader, never waits: a connection that does not read must not stall the others.
+	qmu   sync.Mutex
+	queue []jsonrpc.Message
+	notes int           // the notifications in queue, at most muxMaxNotes
+	ready chan struct{} // holds a token when something was queued since Read last looked
 
 	mu     sync.Mutex
 	seq    uint64
@@ -316,32 +328,77 @@ func (c *muxConn) original(w string) (json.RawMessage, bool) {
 	return v, ok
 }
 
-// deliver hands msg to Read (dropped once the connection is closed).
+// deliver queues msg for Read without waiting. A notification is dropped when muxMaxNotes
+// wait unread (progress is advisory, and the connection is not keeping up); an answer
+// never is (there is one per request the connection sent). Everything is dropped once the
+// connection is closed.
 func (c *muxConn) deliver(msg jsonrpc.Message) {
+	_, note := msg.(*jsonrpc.Request)
+	c.qmu.Lock()
 	select {
-	case c.in <- msg:
 	case <-c.closed:
-	case <-c.sh.done:
+		c.qmu.Unlock()
+		return
+	default:
+	}
+	if note && c.notes >= muxMaxNotes {
+		c.qmu.Unlock()
+		return
+	}
+	c.queue = append(c.queue, msg)
+	if note {
+		c.notes++
+	}
+	c.qmu.Unlock()
+	select {
+	case c.ready <- struct{}{}:
+	default: // Read has a token already
 	}
 }
 
-// Read returns the next message upstream sent this connection; io.EOF once it or the shared
-// connection ended.
+// pop takes the first queued message.
+func (c *muxConn) pop() (jsonrpc.Message, bool) {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if len(c.queue) == 0 {
+		return nil, false
+	}
+	m := c.queue[0]
+	c.queue[0] = nil
+	c.queue = c.queue[1:]
+	if len(c.queue) == 0 {
+		c.queue = nil // let the array go
+	}
+	if _, note := m.(*jsonrpc.Request); note {
+		c.notes--
+	}
+	return m, true
+}
+
+// Read returns the next message upstream sent this connection; io.EOF once the connection
+// is closed, or once the shared connection ended and what it sent before is read.
 func (c *muxConn) Read(ctx context.Context) (jsonrpc.Message, error) {
-	select {
-	case m := <-c.in:
-		return m, nil
-	case <-c.closed:
-		return nil, io.EOF
-	case <-c.sh.done:
+	for {
 		select {
-		case m := <-c.in:
-			return m, nil
+		case <-c.closed:
+			return nil, io.EOF
 		default:
 		}
-		return nil, io.EOF
-	case <-ctx.Done():
-		return nil, ctx.Err()
+		if m, ok := c.pop(); ok {
+			return m, nil
+		}
+		select {
+		case <-c.ready:
+		case <-c.closed:
+			return nil, io.EOF
+		case <-c.sh.done: // nothing is delivered any more
+			if m, ok := c.pop(); ok {
+				return m, nil
+			}
+			return nil, io.EOF
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 
@@ -420,7 +477,10 @@ func (c *muxConn) rewriteCancelled(params json.RawMessage) json.RawMessage {
 // Close ends this connection (not the shared one).
 func (c *muxConn) Close() error {
 	c.once.Do(func() {
+		c.qmu.Lock()
 		close(c.closed)
+		c.queue, c.notes = nil, 0
+		c.qmu.Unlock()
 		c.sh.mu.Lock()
 		delete(c.sh.conns, c.n)
 		c.sh.mu.Unlock()

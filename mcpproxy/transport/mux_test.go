@@ -844,3 +844,49 @@ func serveReverse(u *fakeUpstream, n, batch int) error {
 	}
 	return nil
 }
+
+// TestMuxSlowConnection: a connection that reads nothing stalls no other connection, nor
+// Mux.Close: past muxMaxNotes notifications queued for it, the next are dropped, its
+// answers never are (there is at most one per request it sent).
+func TestMuxSlowConnection(t *testing.T) {
+	h := newMux(t, true)
+	a, b := h.open(t), h.open(t)
+	u := h.up(t)
+	require.NoError(t, a.Write(context.Background(), call(float64(1), "tools/call", `{"_meta":{"progressToken":"p"}}`)))
+	ra := u.nextReq(t)
+	require.NoError(t, b.Write(context.Background(), call(float64(1), "tools/call", `{}`)))
+	rb := u.nextReq(t)
+	token := rewritten(t, ra.Params, "_meta.progressToken")
+	sent := make(chan error, 1)
+	go func() { // the pipe blocks these writes while the mux does not read
+		for i := range 3 * muxMaxNotes {
+			if err := u.conn.Write(context.Background(), notification("notifications/progress", fmt.Sprintf(`{"progressToken":%q,"progress":%d}`, token, i))); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- u.conn.Write(context.Background(), result(ra.ID, `{"who":"a"}`))
+	}()
+	select {
+	case err := <-sent:
+		require.NoError(t, err)
+	case <-time.After(muxWait):
+		t.Fatal("the mux stopped reading upstream: a connection that does not read stalls all")
+	}
+	u.send(t, result(rb.ID, `{"who":"b"}`))
+	require.JSONEq(t, `{"who":"b"}`, string(readResp(t, b).Result), "a connection that does not read stalls another")
+	for i := range muxMaxNotes {
+		require.JSONEq(t, fmt.Sprintf(`{"progressToken":"p","progress":%d}`, i), string(readNote(t, a).Params))
+	}
+	require.JSONEq(t, `{"who":"a"}`, string(readResp(t, a).Result))
+	h.fence(t, u, a, b)
+
+	// Full again, unread: Close ends all the same.
+	require.NoError(t, a.Write(context.Background(), call(float64(2), "tools/call", `{"_meta":{"progressToken":"q"}}`)))
+	token = rewritten(t, u.nextReq(t).Params, "_meta.progressToken")
+	for i := range 2 * muxMaxNotes {
+		u.send(t, notification("notifications/progress", fmt.Sprintf(`{"progressToken":%q,"progress":%d}`, token, i)))
+	}
+	h.fence(t, u, b)
+	require.NoError(t, h.m.Close())
+}
