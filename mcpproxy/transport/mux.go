@@ -30,7 +30,8 @@ import (
 // it, the next ones for it are dropped (its answers never are).
 //
 // The shared connection is dialed on the first Open and again on an Open after it ended;
-// when it ends, every connection open on it reads io.EOF.
+// when it ends, every connection open on it reads io.EOF and it is closed (with Dial's
+// closer).
 type Mux struct {
 	// Dial opens the shared upstream connection; closer ends it (the child's process group).
 	Dial func(ctx context.Context) (mcp.Connection, io.Closer, error)
@@ -41,14 +42,15 @@ type Mux struct {
 	mu     sync.Mutex
 	cur    *muxShared
 	closed bool
+	live   sync.WaitGroup // the shared connections dialed, until each is closed
 }
 
 // muxShared is one dialed upstream connection and the connections open on it.
 type muxShared struct {
 	up     mcp.Connection
 	closer io.Closer
-	done   chan struct{} // closed when the reader ended
-	err    error         // why, once done
+	done   chan struct{} // closed when the reader ended: nothing more is delivered
+	shut   sync.Once     // closes up and closer
 
 	mu    sync.Mutex
 	next  uint64
@@ -84,7 +86,11 @@ func (m *Mux) Open(ctx context.Context) (mcp.Connection, io.Closer, error) {
 		}
 		sh = &muxShared{up: up, closer: closer, done: make(chan struct{}), conns: map[uint64]*muxConn{}}
 		m.cur = sh
-		go sh.read(m.OnNotice)
+		m.live.Add(1)
+		go func() {
+			defer m.live.Done()
+			sh.read(m.OnNotice)
+		}()
 	}
 	sh.mu.Lock()
 	sh.next++
@@ -96,20 +102,17 @@ func (m *Mux) Open(ctx context.Context) (mcp.Connection, io.Closer, error) {
 }
 
 // Close ends the shared upstream connection (every open connection reads io.EOF) and
-// refuses further Opens.
+// refuses further Opens. It returns once every shared connection it dialed is closed
+// (their closers returned).
 func (m *Mux) Close() error {
 	m.mu.Lock()
 	sh := m.cur
 	m.closed, m.cur = true, nil
 	m.mu.Unlock()
-	if sh == nil {
-		return nil
+	if sh != nil {
+		sh.close()
 	}
-	_ = sh.up.Close()
-	if sh.closer != nil {
-		_ = sh.closer.Close()
-	}
-	<-sh.done
+	m.live.Wait()
 	return nil
 }
 
@@ -126,18 +129,25 @@ func (m *Mux) Conns() int {
 	return len(sh.conns)
 }
 
-// read delivers what upstream sends until it ends.
+// close closes the upstream connection and then its closer, once.
+func (sh *muxShared) close() {
+	sh.shut.Do(func() {
+		_ = sh.up.Close()
+		if sh.closer != nil {
+			_ = sh.closer.Close()
+		}
+	})
+}
+
+// read delivers what upstream sends until it ends, then closes it: a stdio child that
+// closed its stdout is ended with its process group, not left to the next Open's dial.
 func (sh *muxShared) read(onNotice func(*jsonrpc.Request)) {
-	var err error
 	defer func() {
-		sh.mu.Lock()
-		sh.err = err
-		sh.mu.Unlock()
 		close(sh.done)
+		sh.close()
 	}()
 	for {
-		var msg jsonrpc.Message
-		msg, err = sh.up.Read(context.Background())
+		msg, err := sh.up.Read(context.Background())
 		var bad *BadLineError
 		if errors.As(err, &bad) {
 			continue // not JSON-RPC: no connection's

@@ -34,6 +34,15 @@ type fakeUpstream struct {
 	got    chan jsonrpc.Message // what the mux wrote, in order
 	done   chan struct{}        // closed when the reading of got ended
 	closes atomic.Int32         // calls of the closer the dial returned
+	closed chan struct{}        // closed by the first call of the closer
+}
+
+// close is the closer of the dial that made u.
+func (u *fakeUpstream) close() error {
+	if u.closes.Add(1) == 1 {
+		close(u.closed)
+	}
+	return nil
 }
 
 // newFakeUpstream returns the mux's end of a new pair of pipes and the fake server on the
@@ -45,7 +54,7 @@ func newFakeUpstream() (mcp.Connection, *fakeUpstream) {
 		_ = downR.Close()
 		return downW.Close()
 	})
-	u := &fakeUpstream{got: make(chan jsonrpc.Message, 1<<14), done: make(chan struct{})}
+	u := &fakeUpstream{got: make(chan jsonrpc.Message, 1<<14), done: make(chan struct{}), closed: make(chan struct{})}
 	u.conn = newLineConn(upR, upW, func() error {
 		_ = upR.Close()
 		return upW.Close()
@@ -129,7 +138,7 @@ func newMux(t *testing.T, noticed bool) *muxHarness {
 		h.mu.Lock()
 		h.ups = append(h.ups, u)
 		h.mu.Unlock()
-		return conn, closerFunc(func() error { u.closes.Add(1); return nil }), nil
+		return conn, closerFunc(u.close), nil
 	}}
 	if noticed {
 		h.m.OnNotice = func(n *jsonrpc.Request) { h.notices <- n }
@@ -596,7 +605,8 @@ func TestMuxReadContext(t *testing.T) {
 }
 
 // TestMuxUpstreamEnds: when upstream ends, every connection reads what was already sent
-// it, then io.EOF, and its writes fail with io.EOF; the next Open dials a new shared
+// it, then io.EOF, and its writes fail with io.EOF; the ended connection's closer is
+// called (a stdio child's process group ends), once; the next Open dials a new shared
 // connection, which the old connections never see.
 func TestMuxUpstreamEnds(t *testing.T) {
 	h := newMux(t, true)
@@ -614,6 +624,11 @@ func TestMuxUpstreamEnds(t *testing.T) {
 		require.ErrorIs(t, err, io.EOF)
 		require.ErrorIs(t, c.Write(context.Background(), call(float64(2), "tools/list", "")), io.EOF)
 	}
+	select {
+	case <-u.closed:
+	case <-time.After(muxWait):
+		t.Fatal("the ended upstream connection's closer was not called")
+	}
 	c := h.open(t)
 	require.Equal(t, 2, h.dials())
 	u2 := h.up(t)
@@ -625,6 +640,9 @@ func TestMuxUpstreamEnds(t *testing.T) {
 	require.JSONEq(t, `{"new":true}`, string(readResp(t, c).Result))
 	_, err := a.Read(context.Background())
 	require.ErrorIs(t, err, io.EOF)
+	require.NoError(t, h.m.Close())
+	require.Equal(t, int32(1), u.closes.Load())
+	require.Equal(t, int32(1), u2.closes.Load())
 }
 
 // TestMuxClose: Mux.Close ends the shared connection (its closer called once), every
