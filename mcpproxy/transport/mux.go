@@ -16,8 +16,10 @@ import (
 
 // Mux shares one upstream connection (a stdio child) among many connections, each of which
 // speaks as if it had the upstream to itself: what it sends is rewritten on the way up so
-// that what comes back reaches it alone. Request ids and progress tokens get a prefix naming
-// the connection ("tfmux:<n>:"), as do the request ids notifications/cancelled names; an
+// that what comes back reaches it alone. Its request ids and progress tokens are replaced
+// by ids of the mux's own, naming the connection ("tfmux:<n>:<seq>"), as is the request id
+// its notifications/cancelled names when that request is in flight (one naming an id of
+// the mux's that is not its own is dropped: it cannot cancel another's request); an
 // upstream answer, progress notification or cancellation goes to the connection its id or
 // token names, with the connection's own id or token back in place, and nowhere else. A
 // notification of a stateless listen stream (its _meta subscriptionId is the listen
@@ -431,7 +433,11 @@ func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		out.ID = c.wrapID(req.ID)
 		out.Params = c.rewriteToken(out.ID, req.Params)
 	case req.Method == "notifications/cancelled":
-		out.Params = c.rewriteCancelled(req.Params)
+		params, ok := c.rewriteCancelled(req.Params)
+		if !ok {
+			return nil // names another connection's request: not this one's to cancel
+		}
+		out.Params = params
 	}
 	return c.sh.up.Write(ctx, &out)
 }
@@ -456,32 +462,35 @@ func (c *muxConn) rewriteToken(id jsonrpc.ID, params json.RawMessage) json.RawMe
 }
 
 // rewriteCancelled rewrites the request id a notifications/cancelled names, when it is one
-// of this connection's requests in flight.
-func (c *muxConn) rewriteCancelled(params json.RawMessage) json.RawMessage {
+// of this connection's requests in flight; other params pass unchanged, except that ok is
+// false (send nothing) when the id is in the mux's space: it can only name another
+// connection's request, or nothing.
+func (c *muxConn) rewriteCancelled(params json.RawMessage) (_ json.RawMessage, ok bool) {
 	var doc map[string]json.RawMessage
 	if json.Unmarshal(params, &doc) != nil {
-		return params
+		return params, true
 	}
 	var v any
 	if json.Unmarshal(doc["requestId"], &v) != nil {
-		return params
+		return params, true
 	}
 	id, err := jsonrpc.MakeID(v)
 	if err != nil {
-		return params
+		return params, true
 	}
 	c.mu.Lock()
-	w, ok := c.byOrig[idKey(id)]
+	w, mine := c.byOrig[idKey(id)]
 	c.mu.Unlock()
-	if !ok {
-		return params
+	if !mine {
+		s, _ := v.(string)
+		return params, !strings.HasPrefix(s, muxPrefix)
 	}
 	doc["requestId"], _ = json.Marshal(w)
 	out, err := json.Marshal(doc)
 	if err != nil {
-		return params
+		return params, true
 	}
-	return out
+	return out, true
 }
 
 // Close ends this connection (not the shared one).

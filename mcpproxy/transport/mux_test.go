@@ -908,3 +908,20 @@ func TestMuxSlowConnection(t *testing.T) {
 	h.fence(t, u, b)
 	require.NoError(t, h.m.Close())
 }
+
+// TestMuxCancelOthers: a connection cannot cancel another's request by naming its
+// rewritten id: a cancellation naming an id in the mux's space that is not one of its own
+// requests in flight reaches nobody.
+func TestMuxCancelOthers(t *testing.T) {
+	h := newMux(t, true)
+	a, b := h.open(t), h.open(t)
+	u := h.up(t)
+	require.NoError(t, a.Write(context.Background(), call(float64(1), "tools/call", `{"_meta":{"progressToken":1}}`)))
+	ra := u.nextReq(t)
+	for _, named := range []any{ra.ID.Raw(), rewritten(t, ra.Params, "_meta.progressToken"), "tfmux:1:2", "tfmux:"} {
+		params, err := json.Marshal(map[string]any{"requestId": named})
+		require.NoError(t, err)
+		require.NoError(t, b.Write(context.Background(), notification("notifications/cancelled", string(params))))
+	}
+	h.fence(t, u, a, b)
+}
