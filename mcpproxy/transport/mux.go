@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -182,13 +183,13 @@ func (sh *muxShared) request(m *jsonrpc.Request, onNotice func(*jsonrpc.Request)
 	}
 	switch m.Method {
 	case "notifications/progress":
-		if c, params, ok := sh.routeField(m.Params, "progressToken"); ok {
+		if c, params, ok := sh.routeField(m.Params, "progressToken", (*muxConn).token); ok {
 			m.Params = params
 			c.deliver(m)
 			return
 		}
 	case "notifications/cancelled":
-		if c, params, ok := sh.routeField(m.Params, "requestId"); ok {
+		if c, params, ok := sh.routeField(m.Params, "requestId", (*muxConn).idJSON); ok {
 			m.Params = params
 			c.deliver(m)
 			return
@@ -200,7 +201,7 @@ func (sh *muxShared) request(m *jsonrpc.Request, onNotice func(*jsonrpc.Request)
 		var sub string
 		if json.Unmarshal(m.Params, &p) == nil && json.Unmarshal(p.Meta[MetaSubscriptionID], &sub) == nil {
 			if c := sh.conn(sub); c != nil {
-				if orig, ok := c.original(sub); ok {
+				if orig, ok := c.idJSON(sub); ok {
 					m.Params = WithMeta(m.Params, map[string]any{MetaSubscriptionID: orig})
 					c.deliver(m)
 					return
@@ -228,8 +229,8 @@ func (sh *muxShared) route(id jsonrpc.ID) (*muxConn, jsonrpc.ID, bool) {
 }
 
 // routeField finds the connection a rewritten params field (a progress token, a cancelled
-// request's id) names, and params with the connection's own value back in it.
-func (sh *muxShared) routeField(params json.RawMessage, field string) (*muxConn, json.RawMessage, bool) {
+// request's id) names, and params with the connection's own value (from orig) back in it.
+func (sh *muxShared) routeField(params json.RawMessage, field string, orig func(*muxConn, string) (json.RawMessage, bool)) (*muxConn, json.RawMessage, bool) {
 	var doc map[string]json.RawMessage
 	if json.Unmarshal(params, &doc) != nil {
 		return nil, nil, false
@@ -242,11 +243,11 @@ func (sh *muxShared) routeField(params json.RawMessage, field string) (*muxConn,
 	if c == nil {
 		return nil, nil, false
 	}
-	orig, ok := c.original(s)
+	v, ok := orig(c, s)
 	if !ok {
 		return nil, nil, false
 	}
-	doc[field] = orig
+	doc[field] = v
 	out, err := json.Marshal(doc)
 	if err != nil {
 		return nil, nil, false
@@ -290,54 +291,97 @@ type muxConn struct {
 
 	mu     sync.Mutex
 	seq    uint64
-	ids    map[string]jsonrpc.ID      // rewritten id → the connection's, until answered
-	byOrig map[string]string          // the connection's id (idKey) → rewritten
-	values map[string]json.RawMessage // rewritten progress token or id → the connection's JSON
+	reqs   map[string]*muxReq // rewritten id → the request, until answered
+	byOrig map[string]string  // idKey of the connection's id → the rewritten id of its latest request
+}
+
+// muxReq is a request of a connection, in flight.
+type muxReq struct {
+	id    jsonrpc.ID      // the connection's id
+	token json.RawMessage // its params._meta.progressToken as sent; nil when none
 }
 
 var _ mcp.Connection = (*muxConn)(nil)
 
-// wrapID rewrites a request id of this connection, remembering it until its answer.
-func (c *muxConn) wrapID(id jsonrpc.ID) jsonrpc.ID {
+// muxTokenSuffix ends the progress token the mux puts in place of a request's, after the
+// request's rewritten id.
+const muxTokenSuffix = ":token"
+
+// wrap rewrites a request of this connection: its id, and params._meta.progressToken if
+// any, remembering both until its answer.
+func (c *muxConn) wrap(id jsonrpc.ID, params json.RawMessage) (jsonrpc.ID, json.RawMessage) {
+	token := progressToken(params)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.seq++
 	w := c.prefix + strconv.FormatUint(c.seq, 10)
-	if c.ids == nil {
-		c.ids, c.byOrig, c.values = map[string]jsonrpc.ID{}, map[string]string{}, map[string]json.RawMessage{}
+	if c.reqs == nil {
+		c.reqs, c.byOrig = map[string]*muxReq{}, map[string]string{}
 	}
-	c.ids[w] = id
+	c.reqs[w] = &muxReq{id: id, token: token}
 	c.byOrig[idKey(id)] = w
-	c.values[w], _ = json.Marshal(id.Raw())
+	c.mu.Unlock()
+	if token != nil {
+		params = WithMeta(params, map[string]any{"progressToken": w + muxTokenSuffix})
+	}
 	wid, _ := jsonrpc.MakeID(w)
-	return wid
+	return wid, params
 }
 
-// unwrapID returns the connection's id of a rewritten one, forgetting it.
+// progressToken is params._meta.progressToken as sent, or nil.
+func progressToken(params json.RawMessage) json.RawMessage {
+	if !bytes.Contains(params, []byte(`"progressToken"`)) {
+		return nil
+	}
+	var doc struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	if json.Unmarshal(params, &doc) != nil {
+		return nil
+	}
+	return doc.Meta["progressToken"]
+}
+
+// unwrapID returns the connection's id of a rewritten one, forgetting the request.
 func (c *muxConn) unwrapID(w string) (*muxConn, jsonrpc.ID, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	id, ok := c.ids[w]
+	r, ok := c.reqs[w]
 	if !ok {
 		return nil, jsonrpc.ID{}, false
 	}
-	delete(c.ids, w)
-	delete(c.byOrig, idKey(id))
-	delete(c.values, w)
-	for k := range c.values { // tokens of the answered request
-		if strings.HasPrefix(k, w+":") {
-			delete(c.values, k)
-		}
+	delete(c.reqs, w)
+	if k := idKey(r.id); c.byOrig[k] == w {
+		delete(c.byOrig, k) // unless a later request reused the id
 	}
-	return c, id, true
+	return c, r.id, true
 }
 
-// original is the connection's JSON value of a rewritten token or id.
-func (c *muxConn) original(w string) (json.RawMessage, bool) {
+// idJSON is the connection's id, as JSON, of a rewritten id of a request in flight.
+func (c *muxConn) idJSON(w string) (json.RawMessage, bool) {
+	c.mu.Lock()
+	r, ok := c.reqs[w]
+	c.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	b, err := json.Marshal(r.id.Raw())
+	return b, err == nil
+}
+
+// token is the connection's progress token, as sent, of a rewritten one of a request in
+// flight.
+func (c *muxConn) token(w string) (json.RawMessage, bool) {
+	w, ok := strings.CutSuffix(w, muxTokenSuffix)
+	if !ok {
+		return nil, false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	v, ok := c.values[w]
-	return v, ok
+	r, ok := c.reqs[w]
+	if !ok || r.token == nil {
+		return nil, false
+	}
+	return r.token, true
 }
 
 // deliver queues msg for Read without waiting. A notification is dropped when muxMaxNotes
@@ -430,8 +474,7 @@ func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	out := *req
 	switch {
 	case req.IsCall():
-		out.ID = c.wrapID(req.ID)
-		out.Params = c.rewriteToken(out.ID, req.Params)
+		out.ID, out.Params = c.wrap(req.ID, req.Params)
 	case req.Method == "notifications/cancelled":
 		params, ok := c.rewriteCancelled(req.Params)
 		if !ok {
@@ -440,25 +483,6 @@ func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		out.Params = params
 	}
 	return c.sh.up.Write(ctx, &out)
-}
-
-// rewriteToken rewrites params._meta.progressToken of the request rewritten to id, if any,
-// into "<id>:token".
-func (c *muxConn) rewriteToken(id jsonrpc.ID, params json.RawMessage) json.RawMessage {
-	if !strings.Contains(string(params), `"progressToken"`) {
-		return params
-	}
-	var doc struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
-	}
-	if json.Unmarshal(params, &doc) != nil || doc.Meta["progressToken"] == nil {
-		return params
-	}
-	w := id.Raw().(string) + ":token"
-	c.mu.Lock()
-	c.values[w] = doc.Meta["progressToken"]
-	c.mu.Unlock()
-	return WithMeta(params, map[string]any{"progressToken": w})
 }
 
 // rewriteCancelled rewrites the request id a notifications/cancelled names, when it is one

@@ -308,14 +308,14 @@ func rewritten(t *testing.T, params json.RawMessage, path string) string {
 func routes(c *muxConn) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.ids) + len(c.byOrig) + len(c.values)
+	return len(c.reqs) + len(c.byOrig)
 }
 
 // inFlight is how many of c's requests await their answer.
 func inFlight(c *muxConn) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.ids)
+	return len(c.reqs)
 }
 
 // TestMuxSameIDs: two connections sending a request with the same id at once each get
@@ -924,4 +924,46 @@ func TestMuxCancelOthers(t *testing.T) {
 		require.NoError(t, b.Write(context.Background(), notification("notifications/cancelled", string(params))))
 	}
 	h.fence(t, u, a, b)
+}
+
+// TestMuxTokensAreNotIDs: a request's rewritten id and its rewritten progress token are
+// different routes: a progress notification naming the request's id, or a cancellation
+// or a listen notification naming its token, is no connection's.
+func TestMuxTokensAreNotIDs(t *testing.T) {
+	h := newMux(t, true)
+	a := h.open(t)
+	u := h.up(t)
+	require.NoError(t, a.Write(context.Background(), call(float64(1), "subscriptions/listen", `{"_meta":{"progressToken":"p"}}`)))
+	r := u.nextReq(t)
+	id, token := r.ID.Raw().(string), rewritten(t, r.Params, "_meta.progressToken")
+	u.send(t, notification("notifications/progress", fmt.Sprintf(`{"progressToken":%q}`, id)),
+		notification("notifications/cancelled", fmt.Sprintf(`{"requestId":%q}`, token)),
+		notification("notifications/resources/updated", fmt.Sprintf(`{"_meta":{%q:%q}}`, MetaSubscriptionID, token)))
+	for _, method := range []string{"notifications/progress", "notifications/cancelled", "notifications/resources/updated"} {
+		require.Equal(t, method, h.notice(t).Method)
+	}
+	h.fence(t, u, a)
+	require.Equal(t, 1, inFlight(a))
+}
+
+// TestMuxReusedID: a connection that sends a second request under the id of one still in
+// flight (a client's bug) gets each answered once, and its cancellation of that id, after
+// the first is answered, names the second.
+func TestMuxReusedID(t *testing.T) {
+	h := newMux(t, true)
+	a := h.open(t)
+	u := h.up(t)
+	require.NoError(t, a.Write(context.Background(), call(float64(1), "tools/call", `{"n":1}`)))
+	r1 := u.nextReq(t)
+	require.NoError(t, a.Write(context.Background(), call(float64(1), "tools/call", `{"n":2}`)))
+	r2 := u.nextReq(t)
+	require.NotEqual(t, r1.ID, r2.ID)
+	u.send(t, result(r1.ID, `{"n":1}`), result(r1.ID, `{"n":1}`))
+	require.JSONEq(t, `{"n":1}`, string(readResp(t, a).Result))
+	require.NoError(t, a.Write(context.Background(), notification("notifications/cancelled", `{"requestId":1}`)))
+	require.JSONEq(t, fmt.Sprintf(`{"requestId":%q}`, r2.ID.Raw()), string(u.nextReq(t).Params))
+	u.send(t, result(r2.ID, `{"n":2}`))
+	require.JSONEq(t, `{"n":2}`, string(readResp(t, a).Result))
+	h.fence(t, u, a)
+	require.Zero(t, routes(a))
 }
