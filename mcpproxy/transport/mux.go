@@ -2,11 +2,13 @@ package transport
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -274,6 +276,9 @@ func (sh *muxShared) conn(s string) *muxConn {
 	return sh.conns[n]
 }
 
+// errMuxClosed is the error of a Write on a closed connection of a Mux.
+var errMuxClosed = errors.New("transport: the connection is closed")
+
 // muxConn is one connection on a shared upstream connection.
 type muxConn struct {
 	sh     *muxShared
@@ -293,10 +298,12 @@ type muxConn struct {
 	seq    uint64
 	reqs   map[string]*muxReq // rewritten id → the request, until answered
 	byOrig map[string]string  // idKey of the connection's id → the rewritten id of its latest request
+	gone   bool               // closed: no request is remembered any more
 }
 
 // muxReq is a request of a connection, in flight.
 type muxReq struct {
+	seq   uint64          // its rewritten id is the connection's prefix and seq
 	id    jsonrpc.ID      // the connection's id
 	token json.RawMessage // its params._meta.progressToken as sent; nil when none
 }
@@ -308,23 +315,27 @@ var _ mcp.Connection = (*muxConn)(nil)
 const muxTokenSuffix = ":token"
 
 // wrap rewrites a request of this connection: its id, and params._meta.progressToken if
-// any, remembering both until its answer.
-func (c *muxConn) wrap(id jsonrpc.ID, params json.RawMessage) (jsonrpc.ID, json.RawMessage) {
+// any, remembering both until its answer. It fails once the connection is closed.
+func (c *muxConn) wrap(id jsonrpc.ID, params json.RawMessage) (jsonrpc.ID, json.RawMessage, error) {
 	token := progressToken(params)
 	c.mu.Lock()
+	if c.gone {
+		c.mu.Unlock()
+		return jsonrpc.ID{}, nil, errMuxClosed
+	}
 	c.seq++
 	w := c.prefix + strconv.FormatUint(c.seq, 10)
 	if c.reqs == nil {
 		c.reqs, c.byOrig = map[string]*muxReq{}, map[string]string{}
 	}
-	c.reqs[w] = &muxReq{id: id, token: token}
+	c.reqs[w] = &muxReq{seq: c.seq, id: id, token: token}
 	c.byOrig[idKey(id)] = w
 	c.mu.Unlock()
 	if token != nil {
 		params = WithMeta(params, map[string]any{"progressToken": w + muxTokenSuffix})
 	}
 	wid, _ := jsonrpc.MakeID(w)
-	return wid, params
+	return wid, params, nil
 }
 
 // progressToken is params._meta.progressToken as sent, or nil.
@@ -462,7 +473,7 @@ func (c *muxConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	select {
 	case <-c.closed:
-		return errors.New("transport: the connection is closed")
+		return errMuxClosed
 	case <-c.sh.done:
 		return fmt.Errorf("transport: the shared upstream ended: %w", io.EOF)
 	default:
@@ -474,7 +485,10 @@ func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	out := *req
 	switch {
 	case req.IsCall():
-		out.ID, out.Params = c.wrap(req.ID, req.Params)
+		var err error
+		if out.ID, out.Params, err = c.wrap(req.ID, req.Params); err != nil {
+			return err
+		}
 	case req.Method == "notifications/cancelled":
 		params, ok := c.rewriteCancelled(req.Params)
 		if !ok {
@@ -517,7 +531,9 @@ func (c *muxConn) rewriteCancelled(params json.RawMessage) (_ json.RawMessage, o
 	return out, true
 }
 
-// Close ends this connection (not the shared one).
+// Close ends this connection (not the shared one): it forgets the connection's requests in
+// flight and cancels them upstream (notifications/cancelled, in the order they were sent),
+// as the end of a connection of its own would have ended them; their answers are dropped.
 func (c *muxConn) Close() error {
 	c.once.Do(func() {
 		c.qmu.Lock()
@@ -527,6 +543,20 @@ func (c *muxConn) Close() error {
 		c.sh.mu.Lock()
 		delete(c.sh.conns, c.n)
 		c.sh.mu.Unlock()
+		c.mu.Lock()
+		pending := make([]*muxReq, 0, len(c.reqs))
+		for _, r := range c.reqs {
+			pending = append(pending, r)
+		}
+		c.reqs, c.byOrig, c.gone = nil, nil, true
+		c.mu.Unlock()
+		slices.SortFunc(pending, func(a, b *muxReq) int { return cmp.Compare(a.seq, b.seq) })
+		for _, r := range pending {
+			params, _ := json.Marshal(map[string]string{"requestId": c.prefix + strconv.FormatUint(r.seq, 10), "reason": "the connection closed"})
+			if c.sh.up.Write(context.Background(), &jsonrpc.Request{Method: "notifications/cancelled", Params: params}) != nil {
+				break // the shared connection is down: nothing to cancel
+			}
+		}
 	})
 	return nil
 }

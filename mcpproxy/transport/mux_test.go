@@ -587,6 +587,7 @@ func TestMuxConnClose(t *testing.T) {
 	_, err := a.Read(context.Background())
 	require.ErrorIs(t, err, io.EOF)
 	require.Error(t, a.Write(context.Background(), call(float64(2), "tools/list", "")))
+	require.Equal(t, "notifications/cancelled", u.nextReq(t).Method) // TestMuxCloseCancels
 	u.send(t, notification("notifications/progress", fmt.Sprintf(`{"progressToken":%q}`, rewritten(t, r.Params, "_meta.progressToken"))))
 	require.Equal(t, "notifications/progress", h.notice(t).Method)
 	u.send(t, result(r.ID, `{}`))
@@ -966,4 +967,31 @@ func TestMuxReusedID(t *testing.T) {
 	require.JSONEq(t, `{"n":2}`, string(readResp(t, a).Result))
 	h.fence(t, u, a)
 	require.Zero(t, routes(a))
+}
+
+// TestMuxCloseCancels: closing a connection forgets its requests in flight and cancels
+// them upstream, in the order they were sent (as its own upstream connection's end would
+// have ended them: a listen stream must not outlive its listener in the shared server);
+// answered requests are not cancelled.
+func TestMuxCloseCancels(t *testing.T) {
+	h := newMux(t, true)
+	a, b := h.open(t), h.open(t)
+	u := h.up(t)
+	var sent []*jsonrpc.Request
+	for i, method := range []string{"subscriptions/listen", "tools/call", "resources/read"} {
+		require.NoError(t, a.Write(context.Background(), call(float64(i), method, `{}`)))
+		sent = append(sent, u.nextReq(t))
+	}
+	u.send(t, result(sent[1].ID, `{}`))
+	require.Equal(t, int64(1), readResp(t, a).ID.Raw())
+	require.NoError(t, a.Close())
+	require.Zero(t, routes(a), "a closed connection remembers no request")
+	for _, r := range []*jsonrpc.Request{sent[0], sent[2]} {
+		n := u.nextReq(t)
+		require.Equal(t, "notifications/cancelled", n.Method)
+		require.False(t, n.IsCall())
+		require.JSONEq(t, fmt.Sprintf(`{"requestId":%q,"reason":"the connection closed"}`, r.ID.Raw()), string(n.Params))
+	}
+	require.NoError(t, a.Close())
+	h.fence(t, u, b)
 }
