@@ -496,7 +496,11 @@ func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		}
 		out.Params = params
 	}
-	return c.sh.up.Write(ctx, &out)
+	err := c.sh.up.Write(ctx, &out)
+	if err != nil && req.IsCall() {
+		c.unwrapID(out.ID.Raw().(string)) // not sent: no answer will come
+	}
+	return err
 }
 
 // rewriteCancelled rewrites the request id a notifications/cancelled names, when it is one

@@ -119,6 +119,8 @@ func (u *fakeUpstream) hangUp() { _ = u.conn.Close() }
 type muxHarness struct {
 	m       *Mux
 	notices chan *jsonrpc.Request
+	// wrap, if set, wraps the mux's end of each dial.
+	wrap func(mcp.Connection) mcp.Connection
 
 	mu    sync.Mutex
 	ups   []*fakeUpstream
@@ -138,6 +140,9 @@ func newMux(t *testing.T, noticed bool) *muxHarness {
 		h.mu.Lock()
 		h.ups = append(h.ups, u)
 		h.mu.Unlock()
+		if h.wrap != nil {
+			conn = h.wrap(conn)
+		}
 		return conn, closerFunc(u.close), nil
 	}}
 	if noticed {
@@ -994,4 +999,26 @@ func TestMuxCloseCancels(t *testing.T) {
 	}
 	require.NoError(t, a.Close())
 	h.fence(t, u, b)
+}
+
+// failWrites fails the Writes of requests of method "fail".
+type failWrites struct{ mcp.Connection }
+
+func (f failWrites) Write(ctx context.Context, m jsonrpc.Message) error {
+	if r, ok := m.(*jsonrpc.Request); ok && r.Method == "fail" {
+		return errors.New("write failed")
+	}
+	return f.Connection.Write(ctx, m)
+}
+
+// TestMuxFailedWrite: a request that could not be written upstream is Write's error and
+// is not remembered; the connection goes on.
+func TestMuxFailedWrite(t *testing.T) {
+	h := newMux(t, true)
+	h.wrap = func(c mcp.Connection) mcp.Connection { return failWrites{c} }
+	a := h.open(t)
+	u := h.up(t)
+	require.Error(t, a.Write(context.Background(), call(float64(1), "fail", `{"_meta":{"progressToken":1}}`)))
+	require.Zero(t, routes(a))
+	h.fence(t, u, a)
 }
