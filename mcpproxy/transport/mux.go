@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +55,7 @@ type Mux struct {
 type muxShared struct {
 	up     mcp.Connection
 	closer io.Closer
+	scope  string        // the TaskScope of its connections
 	done   chan struct{} // closed when the reader ended: nothing more is delivered
 	shut   sync.Once     // closes up and closer
 
@@ -89,7 +91,7 @@ func (m *Mux) Open(ctx context.Context) (mcp.Connection, io.Closer, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		sh = &muxShared{up: up, closer: closer, done: make(chan struct{}), conns: map[uint64]*muxConn{}}
+		sh = &muxShared{up: up, closer: closer, scope: "mux-" + rand.Text(), done: make(chan struct{}), conns: map[uint64]*muxConn{}}
 		m.cur = sh
 		m.live.Add(1)
 		go func() {
@@ -568,5 +570,6 @@ func (c *muxConn) Close() error {
 // SessionID is "": the shared connection is nobody's session.
 func (c *muxConn) SessionID() string { return "" }
 
-// TaskScope names the shared connection: task ids belong to its server (the child).
-func (c *muxConn) TaskScope() string { return fmt.Sprintf("mux-%p", c.sh) }
+// TaskScope names the shared connection ("mux-" and a random id of its own, never another's,
+// even in another process): task ids belong to its server (the child).
+func (c *muxConn) TaskScope() string { return c.sh.scope }

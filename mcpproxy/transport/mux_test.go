@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1021,4 +1022,27 @@ func TestMuxFailedWrite(t *testing.T) {
 	require.Error(t, a.Write(context.Background(), call(float64(1), "fail", `{"_meta":{"progressToken":1}}`)))
 	require.Zero(t, routes(a))
 	h.fence(t, u, a)
+}
+
+// TestMuxTaskScope: every shared connection has a task scope of its own, never one an
+// earlier shared connection had (its task ids, recorded in the ledger as handles, mean
+// nothing to a new child), even once the earlier one is collected; its connections share
+// it.
+func TestMuxTaskScope(t *testing.T) {
+	h := newMux(t, true)
+	seen := map[string]bool{}
+	for range 50 {
+		a, b := h.open(t), h.open(t)
+		require.NotEmpty(t, a.TaskScope())
+		require.Equal(t, a.TaskScope(), b.TaskScope())
+		require.False(t, seen[a.TaskScope()], "scope %s again", a.TaskScope())
+		seen[a.TaskScope()] = true
+		h.up(t).hangUp()
+		_, err := a.Read(context.Background())
+		require.ErrorIs(t, err, io.EOF)
+		h.mu.Lock()
+		h.conns = nil // let the ended shared connection be collected
+		h.mu.Unlock()
+		runtime.GC()
+	}
 }
