@@ -33,13 +33,17 @@ import (
 // where a server sends nothing outside the requests it answers.
 //
 // A connection that does not read stalls no other: once 64 notifications wait unread for
-// it, the next ones for it are dropped (its answers never are).
+// it, the next ones for it are dropped (its answers never are). Closing a connection
+// cancels its requests still in flight upstream, as the end of an upstream of its own would
+// have ended them (a listen stream must not outlive its listener in the shared server).
 //
 // The shared connection is dialed on the first Open and again on an Open after it ended;
-// when it ends, every connection open on it reads io.EOF and it is closed (with Dial's
-// closer).
+// when it ends, every connection open on it reads what was sent it, then io.EOF, and it is
+// closed (with Dial's closer). A Mux needs Dial; its methods are safe for concurrent use.
 type Mux struct {
-	// Dial opens the shared upstream connection; closer ends it (the child's process group).
+	// Dial opens the shared upstream connection (its Close must end a pending Read); closer,
+	// if not nil, ends what is behind it (a stdio child's process group). ctx is the one of
+	// the Open that dials: it may bound the dial, but the connection must outlive it.
 	Dial func(ctx context.Context) (mcp.Connection, io.Closer, error)
 	// OnNotice, if set, gets the notifications upstream sends that belong to no connection
 	// (say notifications/tools/list_changed), on the reading goroutine: it must not block.
@@ -71,12 +75,17 @@ const muxMaxNotes = 64
 const muxPrefix = "tfmux:"
 
 // Open returns a new connection on the shared upstream connection (dialing it when there is
-// none alive) and its closer, which is the connection's Close.
+// none alive; concurrent Opens wait for one dial) and its closer, which is the connection's
+// Close. It returns Dial's error when the dial fails (the next Open dials again), and an
+// error once the Mux is closed or when it has no Dial.
 func (m *Mux) Open(ctx context.Context) (mcp.Connection, io.Closer, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, nil, errors.New("transport: the shared upstream is closed")
+	}
+	if m.Dial == nil {
+		return nil, nil, errors.New("transport: Mux.Dial is nil: nothing to dial the shared upstream with")
 	}
 	sh := m.cur
 	if sh != nil {
@@ -123,7 +132,9 @@ func (m *Mux) Close() error {
 	return nil
 }
 
-// Conns returns how many connections are open on the shared upstream connection.
+// Conns returns how many connections are open (not closed) on the shared upstream
+// connection last dialed, even if it has ended since; 0 when none was dialed or the Mux is
+// closed.
 func (m *Mux) Conns() int {
 	m.mu.Lock()
 	sh := m.cur
@@ -471,7 +482,10 @@ func (c *muxConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	}
 }
 
-// Write sends msg upstream with this connection's ids and tokens rewritten.
+// Write sends msg upstream with this connection's ids and tokens rewritten (see Mux); a
+// response is dropped (upstream's requests reach no connection: the mux answers them). It
+// fails once the connection is closed, with an error wrapping io.EOF once the shared
+// connection ended, and with upstream's Write error (the request is then forgotten).
 func (c *muxConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	select {
 	case <-c.closed:

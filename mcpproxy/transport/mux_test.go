@@ -674,10 +674,12 @@ func TestMuxClose(t *testing.T) {
 }
 
 // TestMuxDial: concurrent Opens dial once; a failed dial is Open's error and the next
-// Open dials again.
+// Open dials again; without Dial, Open is an error naming it.
 func TestMuxDial(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	defer goleak.VerifyNone(t, ignore)
+	_, _, err := new(Mux).Open(context.Background())
+	require.ErrorContains(t, err, "Mux.Dial is nil")
 	var dials atomic.Int32
 	boom := errors.New("boom")
 	var ups []*fakeUpstream
@@ -689,7 +691,7 @@ func TestMuxDial(t *testing.T) {
 		ups = append(ups, u)
 		return conn, nil, nil
 	}}
-	_, _, err := m.Open(context.Background())
+	_, _, err = m.Open(context.Background())
 	require.ErrorIs(t, err, boom)
 	require.Zero(t, m.Conns())
 	var wg sync.WaitGroup
