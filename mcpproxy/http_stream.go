@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -55,13 +56,17 @@ type downConn struct {
 	standalone *sseStream            // the GET stream, if open
 	recent     []*sseStream          // open POST streams, oldest first
 	pending    [][]byte              // messages no stream could take yet
+	// Resumption (a session's SSE streams; see http_resume.go).
+	streams  map[int]*sseStream // resumable streams by number: attached, detached or retained
+	retained []*sseStream       // streams without a connection a host may resume, oldest first
+	lastNum  int                // number of the session's newest stream
 }
 
 var _ mcp.Connection = (*downConn)(nil)
 
 func newDownConn(id string, log *slog.Logger) *downConn {
 	return &downConn{id: id, log: log, incoming: make(chan jsonrpc.Message, 64), done: make(chan struct{}),
-		byRequest: map[string]*sseStream{}, byProgress: map[string]*sseStream{}}
+		byRequest: map[string]*sseStream{}, byProgress: map[string]*sseStream{}, streams: map[int]*sseStream{}}
 }
 
 // SessionID returns the session's Mcp-Session-Id.
@@ -146,12 +151,14 @@ func (c *downConn) Write(_ context.Context, msg jsonrpc.Message) error {
 				c.log.Warn("toolfence proxy: an answer for the host was dropped and its stream ended: the host does not read the stream, whose queue is full (its outcome is in the ledger)",
 					"session", c.id, "queued", maxStreamMessages, "bytes", maxStreamBytes)
 			}
+			c.heldWithout(st)
 		}
 		return nil
 	}
 	req, _ := msg.(*jsonrpc.Request)
 	note := req != nil && !req.IsCall() // may be dropped when its stream is full
 	deliver := func(st *sseStream) bool {
+		defer c.heldWithout(st)
 		switch st.push(data, "", note) {
 		case pushed:
 			return true
@@ -192,19 +199,41 @@ func (c *downConn) Write(_ context.Context, msg jsonrpc.Message) error {
 	return nil
 }
 
-// sseStream is one HTTP response carrying messages to the host.
+// sseStream is one HTTP response carrying messages to the host. A stream of a session
+// is resumable (num > 0): its events have ids, and the events its writers took stay in
+// its log, so that a host whose connection dropped can resume it with a GET carrying
+// Last-Event-ID (http_resume.go); the queue and the log share its bounds.
 type sseStream struct {
 	mu      sync.Mutex
-	queue   [][]byte
-	notes   []bool          // notes[i]: queue[i] is a notification (it may be dropped)
-	bytes   int             // of queue, at most maxStreamBytes (but for one message)
+	queue   []event         // not yet taken by a writer
+	log     []event         // taken by a writer, oldest first (resumable streams only)
+	bytes   int             // of queue and log, at most maxStreamBytes (but for one message)
+	trimmed int             // the index of the newest event dropped from log: no resuming before it
 	dropped int             // notifications dropped because queue was full
-	stop    chan struct{}   // closed when the stream overflowed: its writer stops at once
+	stop    chan struct{}   // closed when its writer must stop at once: overflow, or taken over
 	waiting map[string]bool // answers it still carries (none for GET)
 	ended   bool            // no more messages: it is done or its request is gone
 	// jsonOnly: the host takes one JSON body of answers; other messages go elsewhere.
 	jsonOnly bool
 	signal   chan struct{}
+	// num is the stream's number in its session (its event ids are "num_index"); 0 when it
+	// has no ids: a stateless request's, a JSON body.
+	num   int
+	next  int  // index of its newest event (the priming event is 0)
+	prime bool // its host speaks 2025-11-25 or later: the first writer sends a priming event
+	get   bool // the session's GET stream
+	// writer counts the writers attached in turn (a resumption takes the stream over);
+	// attached says whether the newest one still writes.
+	writer   int
+	attached bool
+}
+
+// event is one message of a stream for the host: its index (its event id with the
+// stream's number; 0 in a stream without ids) and whether it is a notification.
+type event struct {
+	data []byte
+	note bool
+	idx  int
 }
 
 func newStream() *sseStream {
@@ -222,32 +251,41 @@ const (
 )
 
 // push queues data; answer is the hostKey data answers ("" for other messages), note says
-// data is a notification. When the queue is full (maxStreamMessages, maxStreamBytes) a
-// notification is dropped; any other message first drops the queued notifications, and
-// when it still does not fit, ends the stream: what it queued stays for leftovers (forget
-// sends its requests on the next stream) and data is not queued. A jsonOnly stream holds
-// only the answers to its own POST and is not bounded here.
+// data is a notification. Room is made first by dropping the oldest events of the log
+// (the replay of a resumption reaches back less far). When the queue is still full
+// (maxStreamMessages, maxStreamBytes) a notification is dropped; any other message first
+// drops the queued notifications, and when it still does not fit, ends the stream: what
+// it queued stays for leftovers (forget sends its requests on the next stream) and data
+// is not queued. A jsonOnly stream holds only the answers to its own POST and is not
+// bounded here.
 func (s *sseStream) push(data []byte, answer string, note bool) pushResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended || (s.waiting != nil && len(s.waiting) == 0) || (s.jsonOnly && answer == "") {
 		return refused
 	}
-	if !s.jsonOnly && s.full(len(data)) {
-		if note {
-			s.dropped++
-			return dropped
-		}
-		s.dropNotes()
+	if !s.jsonOnly {
+		s.trimLog(len(data))
 		if s.full(len(data)) {
-			s.ended = true
-			close(s.stop)
-			s.wake()
-			return overflowed
+			if note {
+				s.dropped++
+				return dropped
+			}
+			s.dropNotes()
+			if s.full(len(data)) {
+				s.ended = true
+				close(s.stop)
+				s.wake()
+				return overflowed
+			}
 		}
 	}
-	s.queue = append(s.queue, data)
-	s.notes = append(s.notes, note)
+	e := event{data: data, note: note}
+	if s.num > 0 {
+		s.next++
+		e.idx = s.next
+	}
+	s.queue = append(s.queue, e)
 	s.bytes += len(data)
 	if answer != "" {
 		delete(s.waiting, answer)
@@ -261,19 +299,30 @@ func (s *sseStream) full(n int) bool {
 	return len(s.queue) > 0 && (len(s.queue) >= maxStreamMessages || s.bytes+n > maxStreamBytes)
 }
 
+// trimLog drops the oldest events of the log until n more bytes fit the stream's bounds
+// beside the queue, or the log is empty.
+func (s *sseStream) trimLog(n int) {
+	for len(s.log) > 0 && (len(s.queue)+len(s.log) >= maxStreamMessages || s.bytes+n > maxStreamBytes) {
+		s.bytes -= len(s.log[0].data)
+		s.trimmed = s.log[0].idx
+		s.log[0] = event{}
+		s.log = s.log[1:]
+	}
+}
+
 // dropNotes drops the queued notifications, counting them.
 func (s *sseStream) dropNotes() {
-	q, notes := s.queue[:0], s.notes[:0]
-	for i, data := range s.queue {
-		if s.notes[i] {
+	q := s.queue[:0]
+	for _, e := range s.queue {
+		if e.note {
 			s.dropped++
-			s.bytes -= len(data)
+			s.bytes -= len(e.data)
 			continue
 		}
-		q, notes = append(q, data), append(notes, false)
+		q = append(q, e)
 	}
 	clear(s.queue[len(q):])
-	s.queue, s.notes = q, notes
+	s.queue = q
 }
 
 // wake tells the writer there is something to do.
@@ -291,30 +340,45 @@ func (s *sseStream) droppedCount() int {
 	return s.dropped
 }
 
-// take returns the queued messages and whether the stream is complete: every answer has
-// come, or it was ended.
-func (s *sseStream) take() ([][]byte, bool) {
+// size is the bytes the stream holds (queue and log).
+func (s *sseStream) size() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.bytes
+}
+
+// take returns the queued messages for writer gen (moving them to the log of a resumable
+// stream) and whether the stream is complete: every answer has come, or it was ended. A
+// writer that was taken over (gen is not the newest) gets nothing and complete.
+func (s *sseStream) take(gen int) ([]event, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.writer {
+		return nil, true
+	}
 	q := s.queue
-	s.queue, s.notes, s.bytes = nil, nil, 0
+	s.queue = nil
+	if s.num > 0 {
+		s.log = append(s.log, q...)
+	} else {
+		for _, e := range q {
+			s.bytes -= len(e.data)
+		}
+	}
 	return q, s.ended || (s.waiting != nil && len(s.waiting) == 0)
 }
 
-// unshift puts q (taken by take) back at the front of the queue.
-func (s *sseStream) unshift(q [][]byte) {
+// unshift puts q (taken by take from a stream without ids) back at the front of the queue.
+func (s *sseStream) unshift(q []event) {
 	if len(q) == 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	notes := make([]bool, len(q))
-	for i, d := range q {
-		notes[i] = isNote(d)
-		s.bytes += len(d)
+	for _, e := range q {
+		s.bytes += len(e.data)
 	}
 	s.queue = append(q, s.queue...)
-	s.notes = append(notes, s.notes...)
 	s.wake()
 }
 
@@ -326,13 +390,13 @@ func (s *sseStream) end() {
 	s.wake()
 }
 
-// leftovers ends the stream and returns what its writer never took.
-func (s *sseStream) leftovers() [][]byte {
+// leftovers ends the stream and returns what no writer took.
+func (s *sseStream) leftovers() []event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ended = true
 	q := s.queue
-	s.queue, s.notes, s.bytes = nil, nil, 0
+	s.queue, s.log, s.bytes = nil, nil, 0
 	return q
 }
 
@@ -352,6 +416,9 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 		if st == nil {
 			st = newStream()
 			st.jsonOnly = !sse
+			if sse && !c.stateless {
+				c.resumable(st, r)
+			}
 		}
 		k := hostKey(req.ID)
 		st.waiting[k] = true
@@ -371,7 +438,7 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 	}
 	c.mu.Unlock()
 	if st != nil {
-		defer c.forget(st)
+		defer c.detach(st, 0)
 	}
 	for _, m := range msgs {
 		select {
@@ -395,14 +462,14 @@ func (c *downConn) servePOST(w http.ResponseWriter, r *http.Request, msgs []json
 		c.serveJSON(w, r, st, batch, idle)
 		return
 	}
-	c.stream(w, r, st, idle)
+	c.stream(w, r, st, 0, idle)
 }
 
 // serveJSON waits for every answer of st and writes them as one JSON body.
 func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStream, batch bool, idle func()) {
-	var all [][]byte
+	var all []event
 	for {
-		q, complete := st.take()
+		q, complete := st.take(0)
 		all = append(all, q...)
 		if complete {
 			break
@@ -418,8 +485,8 @@ func (c *downConn) serveJSON(w http.ResponseWriter, r *http.Request, st *sseStre
 	}
 	// Only answers were queued on st (jsonOnly).
 	answers := make([]json.RawMessage, len(all))
-	for i, d := range all {
-		answers[i] = d
+	for i, e := range all {
+		answers[i] = e.data
 	}
 	idle()
 	w.Header().Set("Content-Type", "application/json")
@@ -446,17 +513,20 @@ func (c *downConn) errorStatus(data []byte) int {
 	return 0
 }
 
-// stream writes st's messages as server-sent events until st is complete. A stateless
-// request's stream starts with its first message: when that is the whole answer and a
-// protocol error, it is answered as JSON with the error's status instead.
-func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream, idle func()) {
+// stream writes st's messages as server-sent events, as its writer gen, until st is
+// complete, the host goes away, the session ends or a resumption takes st over. A
+// resumable stream's events carry ids, and a fresh one of a 2025-11-25 host starts with a
+// priming event (an id, the retry time, no data). A stateless request's stream starts
+// with its first message: when that is the whole answer and a protocol error, it is
+// answered as JSON with the error's status instead.
+func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream, gen int, idle func()) {
 	flush := func() {
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
 		}
 	}
 	for c.stateless {
-		q, complete := st.take()
+		q, complete := st.take(gen)
 		if len(q) == 0 && !complete {
 			select {
 			case <-st.signal:
@@ -468,11 +538,11 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream,
 			}
 		}
 		if complete && len(q) == 1 {
-			if status := c.errorStatus(q[0]); status != 0 {
+			if status := c.errorStatus(q[0].data); status != 0 {
 				idle()
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(status)
-				_, _ = w.Write(q[0])
+				_, _ = w.Write(q[0].data)
 				return
 			}
 		}
@@ -482,25 +552,38 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream,
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
+	st.mu.Lock()
+	num, stop := st.num, st.stop
+	prime := st.prime && gen == 0
+	st.mu.Unlock()
+	if prime {
+		_, _ = fmt.Fprintf(w, "id: %s\nretry: %d\ndata: \n\n", eventID(num, 0), hostRetry.Milliseconds())
+	}
 	flush()
-	// A stream that overflowed ends now, even while a write to a host that does not read
-	// blocks: its write deadline passes.
+	// A stream that overflowed, or was taken over, ends now, even while a write to a host
+	// that does not read blocks: its write deadline passes.
 	finished := make(chan struct{})
 	defer close(finished)
 	go func() {
 		select {
-		case <-st.stop:
+		case <-stop:
 			_ = http.NewResponseController(w).SetWriteDeadline(time.Now())
 		case <-finished:
 		}
 	}()
 	for {
-		q, complete := st.take()
+		q, complete := st.take(gen)
 		if complete {
 			idle() // the last answers follow
 		}
-		for _, d := range q {
-			if _, err := fmt.Fprintf(w, "event: message\ndata: %s\n\n", d); err != nil {
+		for _, e := range q {
+			var err error
+			if num > 0 {
+				_, err = fmt.Fprintf(w, "id: %s\nevent: message\ndata: %s\n\n", eventID(num, e.idx), e.data)
+			} else {
+				_, err = fmt.Fprintf(w, "event: message\ndata: %s\n\n", e.data)
+			}
+			if err != nil {
 				return
 			}
 		}
@@ -510,6 +593,7 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream,
 		}
 		select {
 		case <-st.signal:
+		case <-stop:
 		case <-r.Context().Done():
 			return
 		case <-c.done:
@@ -521,21 +605,26 @@ func (c *downConn) stream(w http.ResponseWriter, r *http.Request, st *sseStream,
 // forget ends st (its writer has returned) and drops it from the routing tables; its
 // unanswered requests' answers will be dropped.
 func (c *downConn) forget(st *sseStream) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetLocked(st)
+}
+
+// forgetLocked is forget under c.mu.
+func (c *downConn) forgetLocked(st *sseStream) {
 	left := st.leftovers()
 	if n := st.droppedCount(); n > 0 {
 		c.log.Warn("toolfence proxy: a stream to the host ended; notifications were dropped from it while its queue was full", "session", c.id, "dropped", n)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	// What the host never got but answers waits for the next stream (an answer has no
 	// other stream to go to: its request's HTTP response is gone).
 	answers := 0
-	for _, data := range left {
-		if m, err := jsonrpc.DecodeMessage(data); err == nil {
+	for _, e := range left {
+		if m, err := jsonrpc.DecodeMessage(e.data); err == nil {
 			if _, answer := m.(*jsonrpc.Response); answer {
 				answers++
 			} else if len(c.pending) < maxPending {
-				c.pending = append(c.pending, data)
+				c.pending = append(c.pending, e.data)
 			}
 		}
 	}
@@ -552,11 +641,10 @@ func (c *downConn) forget(st *sseStream) {
 			delete(c.byProgress, k)
 		}
 	}
-	for i, s := range c.recent {
-		if s == st {
-			c.recent = append(c.recent[:i:i], c.recent[i+1:]...)
-			break
-		}
+	c.recent = slices.DeleteFunc(c.recent, func(s *sseStream) bool { return s == st })
+	c.retained = slices.DeleteFunc(c.retained, func(s *sseStream) bool { return s == st })
+	if c.streams[st.num] == st {
+		delete(c.streams, st.num)
 	}
 	if c.standalone == st {
 		c.standalone = nil
@@ -576,23 +664,29 @@ func (c *downConn) flushPending(st *sseStream) {
 }
 
 // serveGET opens the session's notification stream (replacing an older one) and writes to
-// it until the host goes away or the session ends.
+// it until the host goes away or the session ends. A GET with Last-Event-ID resumes the
+// stream of that event instead (resumeGET).
 func (c *downConn) serveGET(w http.ResponseWriter, r *http.Request) {
 	if !accepts(r, "text/event-stream") {
 		http.Error(w, "toolfence proxy: a GET must accept text/event-stream", http.StatusNotAcceptable)
 		return
 	}
-	st := &sseStream{signal: make(chan struct{}, 1), stop: make(chan struct{})} // waiting nil: never complete
+	if _, ok := r.Header["Last-Event-Id"]; ok {
+		c.resumeGET(w, r)
+		return
+	}
+	st := &sseStream{signal: make(chan struct{}, 1), stop: make(chan struct{}), get: true} // waiting nil: never complete
 	c.mu.Lock()
 	if c.standalone != nil {
 		c.standalone.end()
 	}
+	c.resumable(st, r)
 	c.standalone = st
 	c.flushPending(st)
 	c.mu.Unlock()
-	defer c.forget(st)
+	defer c.detach(st, 0)
 	w.Header().Set("Mcp-Session-Id", c.id)
-	c.stream(w, r, st, func() {}) // released when the handler returns
+	c.stream(w, r, st, 0, func() {}) // released when the handler returns
 }
 
 // accepts reports whether r's Accept header lists mediaType (or */*); an absent header

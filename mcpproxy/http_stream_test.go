@@ -79,8 +79,8 @@ func (r *streamRig) answer(t *testing.T) {
 func held(st *sseStream) (n, size int) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for _, d := range st.queue {
-		size += len(d)
+	for _, e := range st.queue {
+		size += len(e.data)
 	}
 	return len(st.queue), size
 }
@@ -100,9 +100,9 @@ func TestHTTPStreamQueueIsBounded(t *testing.T) {
 		require.Equal(t, 1, strings.Count(r.logs.String(), "notifications for the host are dropped"), r.logs.String())
 
 		r.answer(t)
-		q, complete := r.post.take()
+		q, complete := r.post.take(0)
 		require.Len(t, q, 1, "the POST stream carries its answer, and nothing else")
-		require.Contains(t, string(q[0]), `"id":1`)
+		require.Contains(t, string(q[0].data), `"id":1`)
 		require.True(t, complete)
 
 		r.c.forget(r.get)
@@ -124,9 +124,9 @@ func TestHTTPStreamQueueIsBounded(t *testing.T) {
 		n, _ := held(r.post)
 		require.Equal(t, maxStreamMessages, n)
 		r.answer(t)
-		q, complete := r.post.take()
+		q, complete := r.post.take(0)
 		require.Len(t, q, 1, "the queued notifications were dropped for the answer")
-		require.Contains(t, string(q[0]), `"id":1`)
+		require.Contains(t, string(q[0].data), `"id":1`)
 		require.True(t, complete)
 		require.Equal(t, 5000, r.post.droppedCount(), "every notification is counted, queued ones included")
 	})

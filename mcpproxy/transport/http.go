@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -28,7 +27,7 @@ import (
 // CodeUpstreamHTTP is the JSON-RPC error code of the answer the proxy makes up for a request
 // sent to an HTTP upstream that never answered it: the exchange failed (connection refused
 // or dropped, a non-2xx status, a body that is not JSON-RPC, the stream ended before the
-// answer). For a protected call it means an unknown outcome; do not list it in a policy's
+// answer and could not be resumed). For a protected call it means an unknown outcome; do not list it in a policy's
 // no_effect codes. It is in the implementation-defined server-error range that MCP leaves
 // to implementations (−32000…−32019; MCP reserves −32020…−32099); proxies before this
 // code was changed used −32099.
@@ -159,10 +158,12 @@ func DialUpstream(ctx context.Context, rawURL string, header http.Header) (mcp.C
 // call fails the whole connection. This connection posts each request in its own goroutine,
 // turns a failed exchange into a JSON-RPC error answer for that request only
 // (CodeUpstreamHTTP: an unknown outcome for a protected call), and opens the GET stream once
-// the host has sent notifications/initialized.
+// the host has sent notifications/initialized. A stream (a request's or the GET stream)
+// that ends early is resumed with Last-Event-ID when the upstream gave its events ids,
+// after the retry time it set (see DefaultRetry, MaxRetry, MaxResumes); never in the
+// stateless revision (2026-07-28), which has no resumption.
 //
-// Not supported: resuming a dropped stream with Last-Event-ID (the call's outcome is then
-// unknown), JSON-RPC batches in requests the proxy sends.
+// Not supported: JSON-RPC batches in requests the proxy sends.
 func (h HTTPUpstream) Connect(ctx context.Context) (mcp.Connection, error) {
 	u, err := CheckUpstreamURL(h.URL)
 	if err != nil {
@@ -178,7 +179,7 @@ func (h HTTPUpstream) Connect(ctx context.Context) (mcp.Connection, error) {
 	}
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	return &httpConn{
-		url: u.String(), name: redactedURL(u), header: h.Header.Clone(), client: client, log: log,
+		url: u.String(), name: redactedURL(u), header: h.Header.Clone(), client: client, log: log, backoff: DefaultRetry,
 		ctx: cctx, cancel: cancel, incoming: make(chan jsonrpc.Message, 64),
 		done: make(chan struct{}), failed: make(chan struct{}),
 	}, nil
@@ -190,6 +191,7 @@ type httpConn struct {
 	header    http.Header
 	client    *http.Client
 	log       *slog.Logger
+	backoff   time.Duration   // the least wait before resuming a stream after a failed attempt
 	ctx       context.Context // the connection's life; cancelled by Close
 	cancel    context.CancelFunc
 	incoming  chan jsonrpc.Message
@@ -205,6 +207,9 @@ type httpConn struct {
 	sessionID string
 	protocol  string
 	initID    string // idKey of the initialize request, until answered
+	// cancels are the requests in flight, by idKey: each closed when notifications/cancelled
+	// names its request (a stream of it that ended is not resumed then).
+	cancels map[string]chan struct{}
 	// listenReady is made when the GET stream starts and closed once its first request
 	// was answered.
 	listenReady chan struct{}
@@ -282,6 +287,9 @@ func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 			c.call(req, data, extra)
 		}()
 		return nil
+	}
+	if r, ok := msg.(*jsonrpc.Request); ok && r.Method == "notifications/cancelled" {
+		c.noteCancel(r.Params)
 	}
 	wctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 	defer cancel()
@@ -380,7 +388,9 @@ func (c *httpConn) setHeaders(req *http.Request) {
 // call posts one request and delivers what comes back until its answer; when no answer
 // comes, it delivers a CodeUpstreamHTTP error answer instead.
 func (c *httpConn) call(req *jsonrpc.Request, body []byte, extra http.Header) {
-	answered, err := c.exchange(req, body, extra)
+	cancelled := c.watchCancel(req.ID)
+	answered, err := c.exchange(req, body, extra, cancelled)
+	c.unwatchCancel(req.ID)
 	if answered {
 		return
 	}
@@ -403,8 +413,9 @@ func (c *httpConn) call(req *jsonrpc.Request, body []byte, extra http.Header) {
 }
 
 // exchange posts req and delivers the messages of its answer, reporting whether the answer
-// to req was among them.
-func (c *httpConn) exchange(req *jsonrpc.Request, data []byte, extra http.Header) (answered bool, err error) {
+// to req was among them. A stream that ends before the answer is resumed (resume) unless
+// the upstream broke the protocol on it; cancelled closes when req is cancelled.
+func (c *httpConn) exchange(req *jsonrpc.Request, data []byte, extra http.Header, cancelled <-chan struct{}) (answered bool, err error) {
 	resp, err := c.post(c.ctx, data, extra)
 	if err != nil {
 		return false, err
@@ -455,25 +466,34 @@ func (c *httpConn) exchange(req *jsonrpc.Request, data []byte, extra http.Header
 		}
 		return answered, nil
 	case "text/event-stream":
-		err := readEvents(resp.Body, func(data []byte) error {
-			if err := take(data); err != nil {
-				return err
-			}
+		// read reads one stream (the POST's, then each resumed one) until the answer.
+		read := func(body io.Reader, cur *sseCursor) (bool, error) {
+			err := readEvents(body, cur, func(data []byte) error {
+				if err := take(data); err != nil {
+					return brokenStream{err}
+				}
+				if answered {
+					return errStop
+				}
+				return nil
+			})
 			if answered {
-				return errStop
+				return true, nil
 			}
-			return nil
-		})
-		if errors.Is(err, errStop) {
-			err = nil
+			return false, err
 		}
-		return answered, err
+		cur := &sseCursor{}
+		ok, err := read(resp.Body, cur)
+		var broken brokenStream
+		if ok || errors.As(err, &broken) || c.ctx.Err() != nil {
+			return ok, err
+		}
+		resp.Body.Close()
+		return c.resume(req, cur, err, cancelled, read)
 	default:
 		return false, fmt.Errorf("content type %q: want application/json or text/event-stream", ct)
 	}
 }
-
-var errStop = errors.New("stop")
 
 // DecodeMessages decodes a JSON-RPC message or a batch of them (a JSON array) as
 // jsonrpc.DecodeMessage does each. It returns an error saying the body is not JSON-RPC
@@ -497,46 +517,6 @@ func DecodeMessages(body []byte) ([]jsonrpc.Message, error) {
 		msgs = append(msgs, m)
 	}
 	return msgs, nil
-}
-
-// readEvents calls fn with the data of each server-sent event of r until r ends or fn
-// returns an error. An event larger than MaxUpstreamMessage is an error.
-func readEvents(r io.Reader, fn func(data []byte) error) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), MaxUpstreamMessage)
-	var data bytes.Buffer
-	event := ""
-	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 {
-			if data.Len() > 0 && (event == "" || event == "message") {
-				if err := fn(bytes.Clone(data.Bytes())); err != nil {
-					return err
-				}
-			}
-			data.Reset()
-			event = ""
-			continue
-		}
-		field, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimPrefix(value, []byte(" "))
-		switch string(field) {
-		case "data":
-			if data.Len() > 0 {
-				data.WriteByte('\n')
-			}
-			if data.Len()+len(value) > MaxUpstreamMessage {
-				return fmt.Errorf("an event exceeds %d bytes", MaxUpstreamMessage)
-			}
-			data.Write(value)
-		case "event":
-			event = string(value)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return io.ErrUnexpectedEOF
 }
 
 // deliver hands msg to Read, noting the protocol version of the initialize answer.
@@ -579,12 +559,17 @@ func (c *httpConn) startListening() <-chan struct{} {
 // listenAnswered closes listenReady once.
 func (c *httpConn) listenAnswered() { c.readyOnce.Do(func() { close(c.listenReady) }) }
 
-// listen reads the upstream's notification stream, opening it again when it drops (after
-// 1 s, up to 5 failures in a row). An upstream without one (405, any 4xx) is left alone.
+// listen reads the upstream's notification stream, opening it again when it drops: after
+// the stream's retry time (DefaultRetry without one; after a failure at least
+// DefaultRetry, doubling), resuming it with Last-Event-ID once the upstream gave its
+// events ids (never in a stateless revision), until MaxResumes attempts in a row fail.
+// An upstream without one (405, any 4xx) is left alone; one that cannot resume it from
+// the last event id (a 4xx) is asked for a new stream.
 func (c *httpConn) listen() {
+	cur := &sseCursor{}
 	failures := 0
-	for failures < 5 {
-		got, retry := c.listenOnce()
+	for failures < MaxResumes {
+		got, retry := c.listenOnce(cur)
 		if !retry {
 			return
 		}
@@ -593,25 +578,27 @@ func (c *httpConn) listen() {
 		} else {
 			failures++
 		}
+		t := time.NewTimer(cur.wait(failures, c.backoff))
 		select {
 		case <-c.ctx.Done():
+			t.Stop()
 			return
-		case <-time.After(time.Second):
+		case <-t.C:
 		}
 	}
 	c.log.Warn("toolfence proxy: the HTTP upstream's notification stream keeps failing; notifications outside calls are lost", "upstream", c.name)
 }
 
-// listenOnce reads one GET stream; got: it delivered a message; retry: try again.
-func (c *httpConn) listenOnce() (got, retry bool) {
-	req, err := http.NewRequestWithContext(c.ctx, http.MethodGet, c.url, nil)
-	if err != nil {
-		c.listenAnswered()
-		return false, false
+// listenOnce reads one GET stream, resuming cur's; got: it delivered a message or a new
+// event id; retry: try again.
+func (c *httpConn) listenOnce(cur *sseCursor) (got, retry bool) {
+	last := ""
+	c.mu.Lock()
+	if !Stateless(c.protocol) {
+		last = cur.lastID
 	}
-	c.setHeaders(req)
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := c.client.Do(req)
+	c.mu.Unlock()
+	resp, err := c.get(last)
 	c.listenAnswered()
 	if err != nil {
 		return false, c.ctx.Err() == nil
@@ -619,12 +606,15 @@ func (c *httpConn) listenOnce() (got, retry bool) {
 	defer resp.Body.Close()
 	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
-		if resp.StatusCode == http.StatusNotFound && req.Header.Get("Mcp-Session-Id") != "" {
-			c.fail(fmt.Errorf("%w (HTTP 404 from %s)", ErrUpstreamSession, c.name))
+		if last != "" && resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusNotFound {
+			c.log.Warn("toolfence proxy: the HTTP upstream cannot resume its notification stream (Last-Event-ID); opening a new one, notifications since its last event may be lost",
+				"upstream", c.name, "status", resp.StatusCode)
+			cur.lastID = ""
+			return false, true
 		}
 		return false, resp.StatusCode >= 500
 	}
-	err = readEvents(resp.Body, func(data []byte) error {
+	_ = readEvents(resp.Body, cur, func(data []byte) error {
 		msgs, err := DecodeMessages(data)
 		if err != nil {
 			c.log.Warn("toolfence proxy: the HTTP upstream sent a message that is not JSON-RPC on its notification stream", "upstream", c.name)
@@ -636,8 +626,7 @@ func (c *httpConn) listenOnce() (got, retry bool) {
 		}
 		return nil
 	})
-	_ = err
-	return got, c.ctx.Err() == nil
+	return got || cur.lastID != last, c.ctx.Err() == nil
 }
 
 func (c *httpConn) fail(err error) {
