@@ -44,8 +44,21 @@ type HTTPOptions struct {
 	// Defaults to mcpwire.DefaultMaxSessions.
 	MaxSessions int
 	// SessionIdle ends a session (and its upstream) without requests for this long.
-	// Defaults to mcpwire.DefaultSessionIdle.
+	// Defaults to mcpwire.DefaultSessionIdle, or mcpwire.DefaultChildIdle with Children.
 	SessionIdle time.Duration
+	// Children says that Dial starts a child process for each session (a stdio upstream),
+	// which holds memory while the session lives. Then only a POST in progress keeps a
+	// session from being ended by SessionIdle, MaxSessions or MaxChildren (an open
+	// notification stream does not, as for the Go SDK's own server's SessionTimeout), and
+	// sessions are capped by MaxChildren over all tokens.
+	Children bool
+	// MaxChildren caps the sessions open at once over all tokens when Children is set, the
+	// ones still ending (their child not yet exited) included. A new session at the cap
+	// waits for an ending one, else ends the least recently used session without a POST in
+	// progress (one without a notification stream first) and waits for its child to exit;
+	// when every session has a POST in progress it gets 429 with Retry-After. Defaults to
+	// mcpwire.DefaultMaxChildren; ignored without Children.
+	MaxChildren int
 	// MaxBody bounds a request body. Defaults to the interceptor's MaxArgs plus 1 MiB.
 	MaxBody int64
 	// MaxDepth caps how deeply a POST's JSON nests objects and arrays; a deeper one gets
@@ -101,8 +114,9 @@ type HTTPServer struct {
 
 	mu       sync.Mutex
 	spaces   map[string]*Proxy
-	sessions map[string]*httpSession
-	opening  map[string]int // owner → initializes in progress
+	sessions map[string]*httpSession // until their upstream is closed (a child has exited)
+	opening  map[string]int          // owner → initializes in progress
+	openings int                     // initializes in progress over all owners
 	closed   bool
 
 	inFlight httpserve.InFlight // POSTs in progress, under MaxInFlight and MaxInFlightTotal
@@ -121,7 +135,8 @@ type httpSession struct {
 	id, owner  string
 	conn       *downConn
 	lastActive time.Time
-	inFlight   int
+	posts      int           // POSTs (and DELETEs) in progress
+	streams    int           // notification streams (GET) open
 	done       chan struct{} // closed once Serve returned and the upstream is closed
 }
 
@@ -133,6 +148,8 @@ func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
 		return nil, errors.New("mcpproxy: HTTPOptions.Dial is required")
 	case opts.MaxSessions < 0, opts.SessionIdle < 0, opts.MaxBody < 0:
 		return nil, errors.New("mcpproxy: negative HTTP limit")
+	case opts.MaxChildren < 0:
+		return nil, errors.New("mcpproxy: HTTPOptions.MaxChildren must not be negative")
 	case opts.MaxDepth < 0, opts.MaxValues < 0, opts.MaxInFlight < 0, opts.MaxInFlightTotal < 0:
 		return nil, errors.New("mcpproxy: HTTPOptions.MaxDepth, MaxValues, MaxInFlight and MaxInFlightTotal must not be negative")
 	}
@@ -141,6 +158,10 @@ func (p *Proxy) NewHTTPServer(opts HTTPOptions) (*HTTPServer, error) {
 	opts.MaxValues = cmp.Or(opts.MaxValues, mcpwire.DefaultMaxValues)
 	opts.MaxInFlight = cmp.Or(opts.MaxInFlight, mcpwire.DefaultMaxInFlight)
 	opts.MaxInFlightTotal = cmp.Or(opts.MaxInFlightTotal, mcpwire.DefaultMaxInFlightTotal)
+	opts.MaxChildren = cmp.Or(opts.MaxChildren, mcpwire.DefaultMaxChildren)
+	if opts.Children {
+		opts.SessionIdle = cmp.Or(opts.SessionIdle, mcpwire.DefaultChildIdle)
+	}
 	opts.SessionIdle = cmp.Or(opts.SessionIdle, mcpwire.DefaultSessionIdle)
 	opts.MaxBody = cmp.Or(opts.MaxBody, int64(p.ic.Settings().MaxArgs)+1<<20)
 	if opts.Clock == nil {
@@ -273,7 +294,7 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if id == "" {
 		http.Error(w, "toolfence proxy: no Mcp-Session-Id: send initialize first (this server keeps a session per host)", http.StatusBadRequest)
 		return
-	} else if sess = h.use(id, owner); sess == nil {
+	} else if sess = h.use(id, owner, r.Method == http.MethodGet); sess == nil {
 		http.Error(w, "toolfence proxy: unknown or ended session (Mcp-Session-Id): initialize a new one", http.StatusNotFound)
 		return
 	}
@@ -281,7 +302,7 @@ func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// (idle), so a host that has its answer never finds its session still busy (a new
 	// session at the cap ends the least recently used idle one).
 	var released sync.Once
-	idle := func() { released.Do(func() { h.release(sess) }) }
+	idle := func() { released.Do(func() { h.release(sess, r.Method == http.MethodGet) }) }
 	defer idle()
 	switch r.Method {
 	case http.MethodDelete:
@@ -339,12 +360,12 @@ func loopbackHost(hostport string) bool {
 	return httpserve.LoopbackHost(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
 }
 
-// open makes room under owner's cap, dials the upstream and starts a session relayed by p,
-// in flight (release it). It answers 429, 502 or 503 and returns nil when it cannot.
+// open makes room under owner's cap (and MaxChildren), dials the upstream and starts a
+// session relayed by p, in flight (release it). It answers 429, 502 or 503 and returns nil
+// when it cannot.
 func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owner string) *httpSession {
-	if !h.makeRoom(owner) {
-		busy(w, time.Minute, fmt.Sprintf(
-			"toolfence proxy: busy: this token holds %d sessions, each with a request in flight; end one (DELETE) or retry later", h.opts.MaxSessions))
+	if full, retry := h.makeRoom(r.Context(), owner); full != "" {
+		busy(w, retry, "toolfence proxy: busy: "+full)
 		return nil
 	}
 	defer func() {
@@ -352,6 +373,7 @@ func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owne
 		if h.opening[owner]--; h.opening[owner] <= 0 {
 			delete(h.opening, owner)
 		}
+		h.openings--
 		h.mu.Unlock()
 	}()
 	up, closer, err := h.opts.Dial(h.ctx)
@@ -362,7 +384,7 @@ func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owne
 	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	s := &httpSession{id: "tf-proxy-" + hex.EncodeToString(b[:]), owner: owner, inFlight: 1,
+	s := &httpSession{id: "tf-proxy-" + hex.EncodeToString(b[:]), owner: owner, posts: 1,
 		lastActive: h.opts.Clock.Now(), done: make(chan struct{})}
 	s.conn = newDownConn(s.id, h.log)
 	h.mu.Lock()
@@ -399,9 +421,18 @@ func (h *HTTPServer) open(w http.ResponseWriter, r *http.Request, p *Proxy, owne
 	return s
 }
 
-// makeRoom ends owner's least recently used idle session while its sessions and the
-// initializes in progress reach the cap, then holds a place; false when none can end.
-func (h *HTTPServer) makeRoom(owner string) bool {
+// childEndWait bounds how long a new session waits at MaxChildren for an ending session's
+// child to exit (it gets EOF, SIGTERM 2 s later, SIGKILL 2 s after that).
+const childEndWait = 10 * time.Second
+
+// makeRoom holds a place for a new session of owner: while owner's sessions and initializes
+// in progress reach MaxSessions it ends owner's least recently used idle session; with
+// Children, while all sessions (ending ones included) and initializes reach MaxChildren it
+// waits for an ending session's child to exit, ending the least recently used idle session
+// of any owner first when none is ending. It returns why it cannot (and when to retry),
+// or "" once the place is held.
+func (h *HTTPServer) makeRoom(ctx context.Context, owner string) (full string, retry time.Duration) {
+	var timeout <-chan time.Time
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for {
@@ -412,38 +443,110 @@ func (h *HTTPServer) makeRoom(owner string) bool {
 				continue
 			}
 			n++
-			if s.inFlight == 0 && (lru == nil || s.lastActive.Before(lru.lastActive)) {
+			if !h.holds(s) && (lru == nil || s.lastActive.Before(lru.lastActive)) {
 				lru = s
 			}
 		}
-		if n < h.opts.MaxSessions {
-			h.opening[owner]++
-			return true
+		if n >= h.opts.MaxSessions {
+			if lru == nil {
+				return fmt.Sprintf("this token holds %d sessions, each with a request in flight; end one (DELETE) or retry later", h.opts.MaxSessions), time.Minute
+			}
+			h.log.Info("toolfence proxy: ended the least recently used session of a token at its cap", "session", lru.id)
+			lru.conn.Close()
+			continue
 		}
-		if lru == nil {
-			return false
+		if h.opts.Children && len(h.sessions)+h.openings >= h.opts.MaxChildren {
+			ending := h.endingChild()
+			if ending == nil {
+				return fmt.Sprintf("%d sessions hold a child process of the upstream (the cap over all tokens), each with a request in flight; retry later, or end a session (DELETE)", h.opts.MaxChildren), 5 * time.Second
+			}
+			if timeout == nil {
+				timeout = h.opts.Clock.After(childEndWait)
+			}
+			h.mu.Unlock()
+			gaveUp := false
+			select {
+			case <-ending:
+			case <-timeout:
+				gaveUp = true
+			case <-ctx.Done():
+				gaveUp = true
+			}
+			h.mu.Lock()
+			if gaveUp {
+				return fmt.Sprintf("%d sessions hold a child process of the upstream (the cap over all tokens) and the ones ended to make room have not exited yet; retry later", h.opts.MaxChildren), 5 * time.Second
+			}
+			continue
 		}
-		h.log.Info("toolfence proxy: ended the least recently used session of a token at its cap", "session", lru.id)
-		lru.conn.Close()
+		h.opening[owner]++
+		h.openings++
+		return "", 0
 	}
 }
 
-// use marks a live session of owner in flight, or returns nil.
-func (h *HTTPServer) use(id, owner string) *httpSession {
+// endingChild returns the done channel of a session that is ending (its child not yet
+// exited); when none is, it ends the least recently used session not held by a POST (one
+// without a notification stream first) and returns its channel; nil when every session is
+// held. Call with mu held.
+func (h *HTTPServer) endingChild() <-chan struct{} {
+	// before says whether a is to end before b: without a notification stream (its host
+	// may be gone), then the least recently used.
+	before := func(a, b *httpSession) bool {
+		if (a.streams == 0) != (b.streams == 0) {
+			return a.streams == 0
+		}
+		return a.lastActive.Before(b.lastActive)
+	}
+	var lru *httpSession
+	for _, s := range h.sessions {
+		if s.conn.isClosed() {
+			return s.done
+		}
+		if !h.holds(s) && (lru == nil || before(s, lru)) {
+			lru = s
+		}
+	}
+	if lru == nil {
+		return nil
+	}
+	h.log.Info("toolfence proxy: ended the least recently used session at the cap of child processes", "session", lru.id, "max_children", h.opts.MaxChildren)
+	lru.conn.Close()
+	return lru.done
+}
+
+// holds reports whether s is in use so that no bound may end it: a POST in progress, or,
+// unless its upstream is a child of its own (Children), an open notification stream. Call
+// with mu held.
+func (h *HTTPServer) holds(s *httpSession) bool {
+	return s.posts > 0 || (!h.opts.Children && s.streams > 0)
+}
+
+// use marks a live session of owner in use (a notification stream when get), or returns
+// nil.
+func (h *HTTPServer) use(id, owner string, get bool) *httpSession {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s, ok := h.sessions[id]
 	if !ok || s.owner != owner || s.conn.isClosed() {
 		return nil
 	}
-	s.inFlight++
+	if get {
+		s.streams++
+	} else {
+		s.posts++
+	}
 	return s
 }
 
-func (h *HTTPServer) release(s *httpSession) {
+// release ends a use of s that use (or open) began, and marks s active now.
+func (h *HTTPServer) release(s *httpSession, get bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s.inFlight--
+	if get {
+		s.streams--
+	} else {
+		s.posts--
+	}
 	s.lastActive = h.opts.Clock.Now()
 }
 
@@ -451,15 +554,16 @@ func (h *HTTPServer) release(s *httpSession) {
 // closes the upstream session.
 func (h *HTTPServer) end(s *httpSession) { s.conn.Close() }
 
-// Sweep ends every session without a request in flight that has been idle for
-// SessionIdle (by Clock) and returns how many it ended. The server sweeps every
-// SessionIdle/4 (at least every second) on its own.
+// Sweep ends every session without a request in flight (with Children: without a POST in
+// progress; an open notification stream does not count) whose last request ended
+// SessionIdle ago or more (by Clock), and returns how many it ended. The server sweeps
+// every SessionIdle/4 (at least every second) on its own.
 func (h *HTTPServer) Sweep() int {
 	now := h.opts.Clock.Now()
 	h.mu.Lock()
 	var stale []*httpSession
 	for _, s := range h.sessions {
-		if s.inFlight == 0 && !s.conn.isClosed() && now.Sub(s.lastActive) >= h.opts.SessionIdle {
+		if !h.holds(s) && !s.conn.isClosed() && now.Sub(s.lastActive) >= h.opts.SessionIdle {
 			stale = append(stale, s)
 		}
 	}

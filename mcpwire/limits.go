@@ -23,4 +23,11 @@ const (
 	DefaultSessionIdle = 30 * time.Minute
 	// DefaultMaxSessions caps the HTTP sessions one token holds at once.
 	DefaultMaxSessions = 64
+	// DefaultChildIdle ends a proxy session whose upstream is a child process of its own
+	// (toolfence proxy --http -- CMD) after this long without a request: a child holds
+	// tens of megabytes (docs/limits.md, "Memory per host session").
+	DefaultChildIdle = 5 * time.Minute
+	// DefaultMaxChildren caps the proxy sessions that hold a child process of their own at
+	// once, over all tokens.
+	DefaultMaxChildren = 16
 )

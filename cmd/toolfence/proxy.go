@@ -43,6 +43,7 @@ type proxyFlags struct {
 	pins        string
 	repeatWin   time.Duration
 	roundWait   time.Duration
+	maxChildren int
 }
 
 func newProxyCmd(a *app) *cobra.Command {
@@ -61,11 +62,17 @@ Hosts reach the proxy on stdin/stdout (the default: put "toolfence proxy --store
 "Authorization: Bearer TOKEN" with a token of --token-file (the format of serve: lines
 "TOKEN NAMESPACE" or just "TOKEN" for --namespace, or JSON; not readable by other users) or
 $` + tokenEnv + `; a missing or unknown token gets 401. Each token's calls are keyed in its
-namespace. Each host session gets its own upstream session: a child process per session
-(killed with its process group when the session ends) or a new HTTP session upstream. A
-session ends on DELETE, after --session-idle without requests, or when its token opens more
-than --max-sessions; --max-conns, --idle-timeout, --read-timeout and --header-timeout bound
-connections as for serve. As for serve, a POST whose JSON nests deeper than --max-depth or
+namespace. Each host session (MCP 2025-11-25 and before: initialize, Mcp-Session-Id) gets
+its own upstream session: a child process per session (killed with its process group when
+the session ends) or a new HTTP session upstream. Stateless hosts (2026-07-28) get no
+session: their requests share one child. A session ends on DELETE, after --session-idle
+without requests (default 5m with -- CMD, 30m with --upstream; with -- CMD an open
+notification stream does not keep a session, only a request in progress does), or when its
+token opens more than --max-sessions. With -- CMD at most --max-children sessions (default
+16; each child takes some 11 MB for a Go server, 68 MB for a Node one) are open over all
+tokens: a new one ends the least recently used idle session and waits for its child to
+exit, or gets 429 with Retry-After when every session has a request in progress. --max-conns, --idle-timeout,
+--read-timeout and --header-timeout bound connections as for serve. As for serve, a POST whose JSON nests deeper than --max-depth or
 holds more than --max-values values gets 400 before it is decoded, and one past
 --max-inflight requests in progress for its token (or --max-inflight-total over all tokens)
 gets 429 with Retry-After; nothing of a refused request is relayed. Without any token only a
@@ -140,6 +147,12 @@ Example:
 	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "--http: bearer tokens (\"TOKEN [NAMESPACE]\" lines or JSON, as serve's); each token's sessions live in its namespace")
 	cmd.Flags().StringVar(&f.pins, "pins", "", "catalog pins (toolfence proxy lock); default: the --config path with .pins.json, when it exists")
 	f.net.addShared(cmd.Flags())
+	// A session with a stdio upstream holds a child process: it ends sooner by default.
+	idle := cmd.Flags().Lookup("session-idle")
+	idle.DefValue = mcpwire.DefaultChildIdle.String() + " with -- CMD, " + mcpwire.DefaultSessionIdle.String() + " with --upstream"
+	idle.Usage = "--http: end a session and its upstream session (a child process with -- CMD) after this long without requests; with -- CMD an open notification stream does not count"
+	cmd.Flags().IntVar(&f.maxChildren, "max-children", mcpwire.DefaultMaxChildren,
+		"--http with -- CMD: sessions (each with a child process) open at once over all tokens; a new one ends the least recently used idle one, else gets 429")
 	a.addTelemetryFlags(cmd.Flags(), &f.metrics)
 	a.postgresFlags(cmd)
 	cmd.AddCommand(newProxyLockCmd(a), newProxyCheckCmd(a))
@@ -231,6 +244,9 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	var tokens mcpwire.Tokens
 	var limits httpserve.Limits
 	if f.http != "" {
+		if err := f.sessionBounds(cmd, len(args) > 0); err != nil {
+			return err
+		}
 		var opts mcpserver.Options
 		if err := f.net.applyProxy(&opts); err != nil {
 			return err
@@ -305,7 +321,8 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 			return f.upstream(ctx, args, a.stderr, log)
 		},
 		SharedUpstream: len(args) > 0, // a stdio child: stateless hosts share one
-		Tokens:         tokens, MaxSessions: f.net.maxSessions, SessionIdle: f.net.sessionIdle, Logger: log,
+		Children:       len(args) > 0, MaxChildren: f.maxChildren,
+		Tokens: tokens, MaxSessions: f.net.maxSessions, SessionIdle: f.net.sessionIdle, Logger: log,
 		MaxDepth: f.net.maxDepth, MaxValues: f.net.maxValues, MaxInFlight: f.net.maxInFlight, MaxInFlightTotal: f.net.maxTotal,
 	})
 	if err != nil {
@@ -313,6 +330,25 @@ func (a *app) proxy(cmd *cobra.Command, f *proxyFlags, args []string) error {
 	}
 	defer h.Close()
 	return h.ListenAndServe(ctx, f.http, limits, func(addr net.Addr) { serving(a.stderr, addr, tokens) })
+}
+
+// sessionBounds sets the default of --session-idle by the upstream (children: a stdio
+// upstream, a child process per session) and checks --max-children: positive, and given
+// only with a stdio upstream.
+func (f *proxyFlags) sessionBounds(cmd *cobra.Command, children bool) error {
+	if !cmd.Flags().Changed("session-idle") {
+		f.net.sessionIdle = mcpwire.DefaultSessionIdle
+		if children {
+			f.net.sessionIdle = mcpwire.DefaultChildIdle
+		}
+	}
+	switch {
+	case f.maxChildren <= 0:
+		return usagef("--max-children must be positive")
+	case !children && cmd.Flags().Changed("max-children"):
+		return usagef("--max-children applies to a stdio upstream (-- CMD) only: an --upstream session starts no process")
+	}
+	return nil
 }
 
 // applyProxy checks the limits addShared adds, refusing values that are not positive, and

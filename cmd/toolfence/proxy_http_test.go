@@ -38,7 +38,9 @@ func TestProxyHTTPUsage(t *testing.T) {
 	fails(t, exitUsage, []string{"--token-file applies to --http only"}, with("--token-file", "x", "--", "true")...)
 	fails(t, exitUsage, []string{"non-loopback address without a bearer token"}, with("--http", "0.0.0.0:0", "--", "true")...)
 	fails(t, exitUsage, []string{"--max-sessions must be positive"}, with("--http", "127.0.0.1:0", "--max-sessions", "0", "--", "true")...)
-	for _, flag := range []string{"--max-depth", "--max-values", "--max-inflight", "--max-inflight-total"} {
+	fails(t, exitUsage, []string{"--session-idle must be positive"}, with("--http", "127.0.0.1:0", "--session-idle", "0s", "--", "true")...)
+	fails(t, exitUsage, []string{"--max-children applies to a stdio upstream (-- CMD) only"}, with("--http", "127.0.0.1:0", "--max-children", "4", "--upstream", "http://127.0.0.1:1/mcp")...)
+	for _, flag := range []string{"--max-depth", "--max-values", "--max-inflight", "--max-inflight-total", "--max-children"} {
 		fails(t, exitUsage, []string{flag + " must be positive"}, with("--http", "127.0.0.1:0", flag, "0", "--", "true")...)
 		fails(t, exitUsage, []string{flag + " must be positive"}, with("--http", "127.0.0.1:0", flag, "-1", "--", "true")...)
 	}
