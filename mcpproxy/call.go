@@ -522,7 +522,7 @@ func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool
 		p.rounds.end(rd)
 	}
 	up := "the upstream of " + tool
-	rep := classify(rule.NoEffect, resp, callErr)
+	rep := s.withKnownRefusal(tool, resp, classify(rule.NoEffect, resp, callErr))
 	if rep.Handle != "" {
 		// A task id means something in its upstream session (or, stateless, its server) only.
 		rt, _ := transport.ResultType(resp.Result)

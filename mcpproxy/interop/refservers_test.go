@@ -49,7 +49,9 @@ type refStep struct {
 	name string // what the call is: normal work or the mistake it makes
 	tool string
 	args map[string]any
-	kept bool // the call leaves a residual: a protected tool (not read-only) the server lists
+	want refWant // refOK unless set
+	text string  // a part of the answer's text (refServerError, refUnlisted)
+	kept bool    // the call leaves a residual: a protected tool (not read-only) the server lists
 }
 
 // refRun makes steps' calls in order through argv with a host of kind ("go-sdk", "ts-sdk")
