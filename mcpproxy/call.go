@@ -131,8 +131,15 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	defer func() {
 		if resp != nil {
 			endCall(span, resp) // before the host can see the answer, so its trace is complete
-			if s.answerResponse(ctx, resp) && done.key != "" {
-				s.p.seen.deliver(done.key, done.token, s.p.clock().Now()) // the host had it
+			// Recorded as delivered before it is written: the host may send its next call as
+			// soon as it reads the answer, and that call must find it delivered (repeat.go).
+			// Undone when the answer did not reach the host.
+			undo := func() {}
+			if done.key != "" {
+				undo = s.p.seen.deliver(done.key, done.token, s.p.clock().Now())
+			}
+			if !s.answerResponse(ctx, resp) {
+				undo()
 			}
 		}
 	}()
