@@ -153,6 +153,11 @@ func fsSession(root, outside string) []refStep {
 		{name: "mistake: a parent directory that does not exist", tool: "write_file", args: map[string]any{"path": in("nodir", "x.txt"), "content": "x"},
 			want: refServerError, text: "ENOENT", kept: true},
 		{name: "read a file", tool: "read_text_file", args: map[string]any{"path": in("docs", "notes.txt")}},
+		// A user has a file written A, then B, then A again: the third write is a new intent
+		// (another write came between), sent, and A is on disk at the end.
+		{name: "write a.txt A", tool: "write_file", args: map[string]any{"path": in("a.txt"), "content": "A"}, kept: true},
+		{name: "write a.txt B", tool: "write_file", args: map[string]any{"path": in("a.txt"), "content": "B"}, kept: true},
+		{name: "write a.txt A again", tool: "write_file", args: map[string]any{"path": in("a.txt"), "content": "A"}, kept: true},
 		{name: "move a file", tool: "move_file", args: map[string]any{"source": in("todo.txt"), "destination": in("done.txt")}, kept: true},
 		{name: "mistake: moving onto an existing file", tool: "move_file", args: map[string]any{"source": in("docs", "notes.txt"), "destination": in("done.txt")},
 			want: refServerError, text: "Destination already exists", kept: true},
@@ -201,7 +206,7 @@ func memSession() []refStep {
 // against each reference server, through the proxy with default settings, by the Go SDK
 // host and the TypeScript SDK host. The mistakes' answers reach the host as the server gave
 // them and are recorded failed (no key needs a person); the work is done exactly once
-// (checked on disk and in the memory file).
+// (checked on disk and in the memory file), and a file written A, B, then A again holds A.
 func TestRefServersSessionWithMistakes(t *testing.T) {
 	t.Parallel()
 	nodeBin := node(t)
@@ -220,6 +225,7 @@ func TestRefServersSessionWithMistakes(t *testing.T) {
 			outs := w.refRun(nodeBin, kind, w.refArgv("fs", nodeBin, fsServer, root), steps)
 			w.checkSession("fs", steps, outs)
 			requireTree(t, root, map[string]string{
+				"a.txt":          "A",
 				"docs/":          "",
 				"docs/notes.txt": "alpha\nbeta\ngamma\n",
 				"done.txt":       "v2: buy oat milk\n",

@@ -86,42 +86,6 @@ func (w *world) refRun(nodeBin, kind string, argv []string, steps []refStep) []o
 	return outs
 }
 
-// TestRefServerWriteAgain: a user has a file written A, then B, then A again, in one
-// session through the proxy with default settings: the third write is a new intent (another
-// write came between), sent, and A is on disk at the end. Go SDK and TypeScript SDK hosts.
-func TestRefServerWriteAgain(t *testing.T) {
-	t.Parallel()
-	nodeBin := node(t)
-	fsServer := refServer(t, "server-filesystem")
-	for _, kind := range refHosts {
-		t.Run("host="+kind, func(t *testing.T) {
-			t.Parallel()
-			w := setup(t, "", "")
-			root := filepath.Join(w.dir, "root")
-			require.NoError(t, os.Mkdir(root, 0o700))
-			file := filepath.Join(root, "a.txt")
-			write := func(content string) refStep {
-				return refStep{name: "write " + content, tool: "write_file", args: map[string]any{"path": file, "content": content}, kept: true}
-			}
-			steps := []refStep{write("A"), write("B"), write("A")}
-			outs := w.refRun(nodeBin, kind, w.refArgv("fs", nodeBin, fsServer, root), steps)
-			for i, o := range outs {
-				require.False(t, o.IsError, "write %d: %s", i, o.Raw)
-				require.False(t, o.Replayed, "write %d is sent: %s", i, o.Raw)
-			}
-			b, err := os.ReadFile(file)
-			require.NoError(t, err)
-			require.Equal(t, "A", string(b))
-			var attempts []int
-			for _, r := range w.residuals() {
-				require.Equal(t, residual.Succeeded, r.State)
-				attempts = append(attempts, r.AttemptCount)
-			}
-			require.ElementsMatch(t, []int{2, 1}, attempts, "A's key twice (a new attempt over its success), B's once")
-		})
-	}
-}
-
 // TestRefServerProxyKilledMidEdit: the proxy is SIGKILLed while server-filesystem works on
 // an edit_file call (the file is a FIFO: the server's read of it blocks, and the test's open
 // of it for writing returns only once the server opened it, so the call is in the server's
