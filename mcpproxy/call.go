@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -131,8 +132,15 @@ func (s *session) call(ctx context.Context, c hostCall) {
 	defer func() {
 		if resp != nil {
 			endCall(span, resp) // before the host can see the answer, so its trace is complete
-			if s.answerResponse(ctx, resp) && done.key != "" {
-				s.p.seen.deliver(done.key, done.token, s.p.clock().Now()) // the host had it
+			// Recorded as delivered before it is written: the host may send its next call as
+			// soon as it reads the answer, and that call must find it delivered (repeat.go).
+			// Undone when the answer did not reach the host.
+			undo := func() {}
+			if done.key != "" {
+				undo = s.p.seen.deliver(done.key, done.token, s.p.clock().Now())
+			}
+			if !s.answerResponse(ctx, resp) {
+				undo()
 			}
 		}
 	}()
@@ -522,7 +530,7 @@ func (s *session) conclude(ctx, bctx context.Context, req *jsonrpc.Request, tool
 		p.rounds.end(rd)
 	}
 	up := "the upstream of " + tool
-	rep := classify(rule.NoEffect, resp, callErr)
+	rep := s.withKnownRefusal(tool, resp, classify(rule.NoEffect, resp, callErr))
 	if rep.Handle != "" {
 		// A task id means something in its upstream session (or, stateless, its server) only.
 		rt, _ := transport.ResultType(resp.Result)
@@ -586,7 +594,8 @@ func (p *Proxy) target(tool string, rule policy.Rule, args json.RawMessage) (str
 // could not be a round) or a resultType the proxy does not know → unknown. A complete result
 // with isError false → succeeded; isError true → unknown unless its first text block is an MCP
 // SDK's refusal (sdkRefusals) or a no_effect pattern matches its text (failed); an MCP task result (the call was only queued upstream) → accepted, with the
-// task id as its handle, never succeeded; JSON-RPC method not found, invalid params or a
+// task id as its handle, never succeeded; JSON-RPC method not found, invalid params (but an
+// SDK's refusal of a tool's output, outputRefused) or a
 // no_effect code, or an HTTP upstream the proxy could not connect to (nothing sent) → failed; any other error, no answer, a timeout or a cancellation → unknown.
 func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) interceptor.Report {
 	if resp == nil {
@@ -599,6 +608,8 @@ func classify(rule policy.NoEffect, resp *jsonrpc.Response, callErr error) inter
 		if errors.As(resp.Error, &we) {
 			rep.Error = fmt.Sprintf("JSON-RPC error %d: %s", we.Code, we.Message)
 			switch {
+			case we.Code == jsonrpc.CodeInvalidParams && outputRefused(we.Message):
+				// The tool ran; the SDK refused what it returned.
 			case we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams || rule.HasCode(we.Code),
 				refusedBeforeRunning(we.Code):
 				rep.Outcome = residual.Failed
@@ -711,7 +722,8 @@ func withBlock(result json.RawMessage, at int, text string) json.RawMessage {
 //
 //   - "MCP error -32602: " and "MCP error -32601: ": the TypeScript SDK (McpError's message
 //     "MCP error <code>: …"), for invalid params (arguments failing the inputSchema) and an
-//     unknown tool or method, which it answers as an isError result, not a JSON-RPC error.
+//     unknown tool or method, which it answers as an isError result, not a JSON-RPC error
+//     (but not its refusal of a tool's output, given after the tool ran: sdkOutputRefusals).
 //   - `validating "arguments": `: the Go SDK (go-sdk v1.8.0 mcp/server.go), arguments
 //     failing the tool's inputSchema.
 //   - "Input validation error: ": the Python SDK's low-level server, arguments failing the
@@ -726,9 +738,26 @@ var sdkRefusals = [...]string{
 	"Input validation error: ",
 }
 
+// sdkOutputRefusals are the starts of the TypeScript SDK's answers for a tool whose output
+// breaks its outputSchema, given after the tool's handler ran (so it may have acted) though
+// with the invalid-params code that otherwise says a call was refused before it ran:
+//
+//   - "MCP error -32602: Output validation error: ": an isError result (SDK 1.23 and later);
+//   - "Tool NAME has an output schema but no structured content was provided" and "Invalid
+//     structured content for tool NAME: ": JSON-RPC error -32602 messages (before 1.23).
+var sdkOutputRefusals = regexp.MustCompile(`^(MCP error -32602: Output validation error: |Invalid structured content for tool |Tool .* has an output schema but no structured content was provided$)`)
+
+// outputRefused reports whether text (a JSON-RPC error's message or an isError result's
+// first text block) is the TypeScript SDK's refusal of a tool's output (sdkOutputRefusals).
+func outputRefused(text string) bool { return sdkOutputRefusals.MatchString(text) }
+
 // sdkRefusal reports whether first, the first text block of an isError result, starts as
-// one of sdkRefusals.
+// one of sdkRefusals, and is not an SDK's refusal of the output of a tool that ran
+// (outputRefused).
 func sdkRefusal(first string) bool {
+	if outputRefused(first) {
+		return false
+	}
 	for _, p := range sdkRefusals {
 		if strings.HasPrefix(first, p) {
 			return true

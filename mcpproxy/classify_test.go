@@ -81,3 +81,34 @@ func TestClassifyUnreachableHTTPUpstreamIsFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestClassifyOutputRefusalMayHaveActed: the TypeScript SDK's answers for a tool whose output
+// breaks its outputSchema come after the tool ran, with the invalid-params code: unknown,
+// as an isError result (SDK 1.23 and later) and as a JSON-RPC -32602 error (before 1.23). Its
+// refusals of arguments and unknown tools stay failed.
+func TestClassifyOutputRefusalMayHaveActed(t *testing.T) {
+	isError := func(text string) *jsonrpc.Response {
+		b, _ := json.Marshal(map[string]any{"isError": true, "content": []any{map[string]any{"type": "text", "text": text}}})
+		return &jsonrpc.Response{Result: b}
+	}
+	rpcError := func(msg string) *jsonrpc.Response {
+		return &jsonrpc.Response{Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}}
+	}
+	for _, c := range []struct {
+		name string
+		resp *jsonrpc.Response
+		want residual.State
+	}{
+		{"isError output invalid", isError("MCP error -32602: Output validation error: Invalid structured content for tool record: expected string at id"), residual.Unknown},
+		{"isError output missing", isError("MCP error -32602: Output validation error: Tool record has an output schema but no structured content was provided"), residual.Unknown},
+		{"-32602 output missing", rpcError("Tool record has an output schema but no structured content was provided"), residual.Unknown},
+		{"-32602 output invalid", rpcError("Invalid structured content for tool record: Expected string, received number"), residual.Unknown},
+		{"isError input invalid", isError("MCP error -32602: Input validation error: Invalid arguments for tool record: Required"), residual.Failed},
+		{"isError unknown tool", isError("MCP error -32602: Tool recrod not found"), residual.Failed},
+		{"-32602 input invalid", rpcError("Invalid arguments for tool record: Required"), residual.Failed},
+	} {
+		if rep := classify(policy.NoEffect{}, c.resp, nil); rep.Outcome != c.want {
+			t.Errorf("%s: outcome %s, want %s (%s)", c.name, rep.Outcome, c.want, rep.Error)
+		}
+	}
+}

@@ -88,18 +88,25 @@ type rig struct {
 	ic       *interceptor.Interceptor
 	l        *badger.Ledger
 	cfg      mcpproxy.Options
+	wrapDown func(mcp.Connection) mcp.Connection // nil, or what the proxy's end of the host connection is wrapped in
 }
 
 // newRig serves one host session through a proxy over a fresh store; the interceptor's
 // and ledger's clock is clock (nil: the real one).
 func newRig(t *testing.T, cfg mcpproxy.Options, clock lease.Clock) *rig {
+	return newRigWrapped(t, cfg, clock, nil)
+}
+
+// newRigWrapped is newRig with the proxy's end of the host connection wrapped in wrapDown
+// (nil: not wrapped).
+func newRigWrapped(t *testing.T, cfg mcpproxy.Options, clock lease.Clock, wrapDown func(mcp.Connection) mcp.Connection) *rig {
 	l, err := badger.Open(filepath.Join(t.TempDir(), "store"), badger.Options{Clock: clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	ic, err := interceptor.New(l, interceptor.Options{LeaseTTL: 5 * time.Second, Clock: clock})
 	require.NoError(t, err)
 	cfg.ServerID = "fx"
-	r := &rig{ic: ic, l: l, cfg: cfg}
+	r := &rig{ic: ic, l: l, cfg: cfg, wrapDown: wrapDown}
 	r.reconnect(t)
 	return r
 }
@@ -114,6 +121,9 @@ func (r *rig) reconnect(t *testing.T) {
 	require.NoError(t, err)
 	up, err := upT.Connect(context.Background())
 	require.NoError(t, err)
+	if r.wrapDown != nil {
+		down = r.wrapDown(down)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { _ = p.Serve(ctx, down, up) }()

@@ -252,6 +252,8 @@ type session struct {
 	hostRev     string                             // the host\'s revision when stateless, else ""
 	hostInfo    json.RawMessage                    // the host\'s clientInfo (initialize\'s, or its latest stateless request\'s)
 	hostCaps    json.RawMessage                    // the host's client capabilities (initialize's, or its latest stateless request's)
+	initID      string                             // hostKey of the host's initialize until upstream answers it (known.go)
+	upName      string                             // the upstream's serverInfo name from that answer (known.go)
 	stateless   bool                               // one stateless HTTP request: its host continues in other requests
 	bridged     io.Closer                          // the bridge decide put over the upstream's connection, if any (link.go)
 }
@@ -423,6 +425,7 @@ func (s *session) readUpstream(ctx context.Context) error {
 				s.dropAnswer(m.ID)
 				continue
 			}
+			s.noteUpstream(m)
 			answered = span
 		case *jsonrpc.Request:
 			if m.Method == "notifications/tools/list_changed" {

@@ -65,21 +65,37 @@ type began struct {
 	at  time.Time
 }
 
-// deliver records that a host had the answer of key's outcome token at now.
-func (sn *seen) deliver(key string, token uint64, now time.Time) {
+// deliver records that a host had the answer of key's outcome token at now, and returns
+// its undo, for an answer that did not reach the host after all: it puts back what was
+// recorded of key before, unless key was delivered again meanwhile. (An undone key keeps
+// its place in order, so it may be forgotten early: counted as not delivered, a retry.)
+func (sn *seen) deliver(key string, token uint64, now time.Time) (undo func()) {
 	sn.mu.Lock()
 	defer sn.mu.Unlock()
 	if sn.delivered == nil {
 		sn.delivered = map[string]delivery{}
 	}
-	if _, ok := sn.delivered[key]; !ok {
+	prev, had := sn.delivered[key]
+	if !had {
 		if len(sn.order) >= maxSeen {
 			delete(sn.delivered, sn.order[0])
 			sn.order = sn.order[1:]
 		}
 		sn.order = append(sn.order, key)
 	}
-	sn.delivered[key] = delivery{token: token, at: now}
+	d := delivery{token: token, at: now}
+	sn.delivered[key] = d
+	return func() {
+		sn.mu.Lock()
+		defer sn.mu.Unlock()
+		switch {
+		case sn.delivered[key] != d:
+		case had:
+			sn.delivered[key] = prev
+		default:
+			delete(sn.delivered, key)
+		}
+	}
 }
 
 // start records that a call of operation op (in namespace ns) with key began at now.

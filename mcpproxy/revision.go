@@ -30,6 +30,7 @@ func (s *session) noteHost(req *jsonrpc.Request, meta transport.RequestMeta) {
 		_ = json.Unmarshal(req.Params, &p)
 		s.mu.Lock()
 		s.upRev, s.hostRev, s.hostCaps, s.hostInfo = "", "", p.Capabilities, p.ClientInfo
+		s.initID = hostKey(req.ID) // its answer names the upstream server (noteUpstream)
 		s.mu.Unlock()
 		return
 	}

@@ -37,9 +37,15 @@ func mode(m string) map[string]any { return map[string]any{mcpfixture.MetaMode: 
 // (checked by the callers' dispatch counts).
 func untilRefused(t *testing.T, h *goHost, want string) outcome {
 	t.Helper()
+	return untilCallRefused(t, h, mcpfixture.ToolAppend, args, want)
+}
+
+// untilCallRefused is untilRefused for a call of tool with callArgs.
+func untilCallRefused(t *testing.T, h *goHost, tool string, callArgs map[string]any, want string) outcome {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		o := h.call(t, mcpfixture.ToolAppend, args, nil)
+		o := h.call(t, tool, callArgs, nil)
 		require.True(t, o.IsError, "a blocked key answers isError: %s", o.Raw)
 		if o.Kind == want {
 			return o

@@ -163,8 +163,15 @@ type outcome struct {
 	IsError  bool
 	Texts    []string
 	Replayed bool
-	Kind     string // kind of the proxy's _meta error details, "" for none
+	Kind     string    // kind of the proxy's _meta error details, "" for none
+	RPCError *rpcError // a JSON-RPC error instead of a result (hosts that report it as one)
 	Raw      json.RawMessage
+}
+
+// rpcError is a JSON-RPC error a host got instead of a tool result.
+type rpcError struct {
+	Code    int64  `json:"code"`
+	Message string `json:"message"`
 }
 
 func (o outcome) text() string { return strings.Join(o.Texts, "\n") }
@@ -186,11 +193,12 @@ func decodeOutcome(raw []byte) (outcome, error) {
 		} `json:"content"`
 		IsError bool                       `json:"isError"`
 		Meta    map[string]json.RawMessage `json:"_meta"`
+		Error   *rpcError                  `json:"error"` // host.mjs's report of a JSON-RPC error
 	}
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return outcome{}, fmt.Errorf("not a tool result: %w: %s", err, raw)
 	}
-	o := outcome{IsError: r.IsError, Raw: raw}
+	o := outcome{IsError: r.IsError, RPCError: r.Error, Raw: raw}
 	for _, c := range r.Content {
 		if c.Type == "text" {
 			o.Texts = append(o.Texts, c.Text)

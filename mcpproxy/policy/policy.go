@@ -164,7 +164,8 @@ type KeyRule struct {
 // NoEffect are answers of a tool that prove it had no effect.
 type NoEffect struct {
 	// Codes are JSON-RPC error codes (besides -32601 method not found and -32602 invalid
-	// params, which always count).
+	// params, which always count, but for the TypeScript SDK's refusal of a tool's output,
+	// given after the tool ran: docs/proxy.md).
 	Codes []int64 `json:"codes"`
 	// Patterns are regular expressions (RE2) matched against the text content of an
 	// isError: true result; one match proves no effect.
