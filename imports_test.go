@@ -90,6 +90,7 @@ var allowed = map[string][]string{
 	"examples/payments":                          {},
 	"internal/fixture/pgcluster":                 {},
 	"internal/checks/proxybench":                 {},
+	"internal/checks/conformance":                {},
 	"examples/scripted":                          {},
 }
 
