@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,10 +23,10 @@ import (
 // revisions"):
 //
 //   - legacyUp: a stateless (2026-07-28) host in front of a 2025-11-25-only upstream. The
-//     proxy initializes one upstream session itself (declaring no client capabilities: a
-//     stateless host cannot be sent requests), answers server/discover from its
-//     InitializeResult, and gives every result a resultType. The upstream's own requests
-//     (sampling, elicitation, roots) are refused; ping is answered.
+//     proxy initializes one upstream session itself (declaring elicitation, sampling and
+//     roots), answers server/discover from its InitializeResult, and gives every result a
+//     resultType. The upstream's requests for input during a host's call become
+//     input_required rounds of that call (as a 2026-07-28 server asks); ping is answered.
 //   - statelessUp: a 2025-11-25 host in front of a 2026-07-28-only upstream. The proxy
 //     answers initialize from server/discover, ping and logging/setLevel itself, carries the
 //     host's revision, capabilities and log level in each request's _meta, and turns an
@@ -37,19 +38,35 @@ import (
 // or to the host).
 const bridgeIDPrefix = "toolfence-bridge:"
 
-// supportsStateless reports whether a server/discover answer lists a stateless revision.
+// supportsStateless reports whether a server/discover answer lists a stateless revision:
+// its supportedVersions, or those of its UnsupportedProtocolVersion error (-32022: the
+// server speaks other stateless revisions than the one asked; the host negotiates).
 func supportsStateless(resp *jsonrpc.Response) bool {
-	if resp == nil || resp.Error != nil {
+	if resp == nil {
 		return false
 	}
-	var d struct {
-		SupportedVersions []string `json:"supportedVersions"`
+	var versions []string
+	if resp.Error != nil {
+		var we *jsonrpc.Error
+		if !errors.As(resp.Error, &we) || we.Code != transport.CodeUnsupportedProtocol {
+			return false
+		}
+		var d struct {
+			Supported []string `json:"supported"`
+		}
+		_ = json.Unmarshal(we.Data, &d)
+		versions = d.Supported
+	} else {
+		var d struct {
+			SupportedVersions []string `json:"supportedVersions"`
+		}
+		if json.Unmarshal(resp.Result, &d) != nil {
+			return false
+		}
+		versions = d.SupportedVersions
 	}
-	if json.Unmarshal(resp.Result, &d) != nil {
-		return false
-	}
-	for _, v := range d.SupportedVersions {
-		if v == transport.Rev20260728 {
+	for _, v := range versions {
+		if transport.Stateless(v) {
 			return true
 		}
 	}
@@ -195,21 +212,43 @@ func (b *bridge) Close() error {
 // SessionID is the upstream's.
 func (b *bridge) SessionID() string { return b.up.SessionID() }
 
-// legacyUp serves stateless hosts over a 2025-11-25 upstream session (see above).
+// legacyUp serves stateless hosts over a 2025-11-25 upstream session (see above). An
+// upstream request of a host's call in flight (elicitation/create, sampling/createMessage,
+// roots/list) is put to the host as an input_required round of that call, with a
+// requestState of the bridge's; the host's continuation answers the upstream's request, and
+// the call's final answer goes out as the continuation's. An upstream request that belongs
+// to no call it can tell (several calls in flight on a stdio upstream) is refused.
 type legacyUp struct {
 	bridge
 	initOnce sync.Once
 	initRes  json.RawMessage // the upstream's InitializeResult
 	initErr  error
-	calls    sync.Map // idKey of a request sent upstream → struct{}: its result gets a resultType
+
+	lmu       sync.Mutex
+	inflight  map[string]*legacyCall // idKey of a request sent upstream → it, until answered
+	suspended map[string]*legacyCall // requestState → the call waiting for the host's input
 }
+
+// legacyCall is a request sent upstream for a stateless host.
+type legacyCall struct {
+	id      jsonrpc.ID // the id it was sent under
+	replyID jsonrpc.ID // the id its answer goes out with (a continuation's; valid when set)
+	input   bool       // tools/call, prompts/get or resources/read: it may need the host's input
+	asking  *jsonrpc.Request
+	queued  []*jsonrpc.Request // upstream requests of it not yet put to the host
+	state   string
+}
+
+// bridgeState begins the requestState of the bridge's own rounds.
+const bridgeState = bridgeIDPrefix + "round:"
 
 var _ mcp.Connection = (*legacyUp)(nil)
 
 // newLegacyUp bridges stateless hosts to up, a connection to a 2025-11-25 upstream not yet
-// initialized.
+// initialized. It declares the elicitation, sampling and roots capabilities: their requests
+// become rounds of the host's calls.
 func newLegacyUp(up mcp.Connection) *legacyUp {
-	l := &legacyUp{bridge: newBridge(up)}
+	l := &legacyUp{bridge: newBridge(up), inflight: map[string]*legacyCall{}, suspended: map[string]*legacyCall{}}
 	go l.read(l.handle)
 	return l
 }
@@ -218,8 +257,9 @@ func newLegacyUp(up mcp.Connection) *legacyUp {
 // notifications/initialized.
 func (l *legacyUp) initialize(ctx context.Context) error {
 	l.initOnce.Do(func() {
-		r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125, "capabilities": map[string]any{},
-			"clientInfo": proxyInfo})
+		r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125,
+			"capabilities": map[string]any{"elicitation": map[string]any{}, "sampling": map[string]any{}, "roots": map[string]any{}},
+			"clientInfo":   proxyInfo})
 		switch {
 		case err != nil:
 			l.initErr = fmt.Errorf("initializing the upstream session: %w", err)
@@ -250,7 +290,13 @@ func (l *legacyUp) Write(ctx context.Context, msg jsonrpc.Message) error {
 		return nil
 	}
 	if ok && req.IsCall() {
-		l.calls.Store(hostKey(req.ID), struct{}{})
+		if state := continuationState(req.Params); strings.HasPrefix(state, bridgeState) {
+			return l.continued(ctx, req, state)
+		}
+		l.lmu.Lock()
+		l.inflight[hostKey(req.ID)] = &legacyCall{id: req.ID,
+			input: req.Method == "tools/call" || req.Method == "prompts/get" || req.Method == "resources/read"}
+		l.lmu.Unlock()
 	}
 	if ok && transport.ReadMeta(req.Params).HasMeta {
 		// In the upstream's revision: no stateless _meta (an HTTP upstream would take its
@@ -263,27 +309,149 @@ func (l *legacyUp) Write(ctx context.Context, msg jsonrpc.Message) error {
 	return l.up.Write(ctx, msg)
 }
 
-// handle passes an upstream message on: a result with a resultType; the upstream's ping is
-// answered and its other requests refused (a stateless host takes none).
+// handle passes an upstream message on: a result with a resultType (and the id of the
+// continuation it now answers); the upstream's ping is answered, its requests for a host's
+// input become a round of the call they belong to, and its other requests are refused.
 func (l *legacyUp) handle(msg jsonrpc.Message) {
 	switch m := msg.(type) {
 	case *jsonrpc.Response:
-		if _, ok := l.calls.LoadAndDelete(hostKey(m.ID)); ok && m.Result != nil {
-			m.Result = withResultType(m.Result)
+		l.lmu.Lock()
+		c := l.inflight[hostKey(m.ID)]
+		delete(l.inflight, hostKey(m.ID))
+		if c != nil && c.state != "" {
+			delete(l.suspended, c.state)
+		}
+		l.lmu.Unlock()
+		if c != nil {
+			if m.Result != nil {
+				m.Result = withResultType(m.Result)
+			}
+			if c.replyID.IsValid() {
+				m.ID = c.replyID
+			}
 		}
 		l.emit(m)
 	case *jsonrpc.Request:
-		if !m.IsCall() {
+		switch {
+		case !m.IsCall():
 			l.emit(m)
-			return
+		case m.Method == "ping":
+			_ = l.up.Write(context.Background(), &jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)})
+		case m.Method == "elicitation/create" || m.Method == "sampling/createMessage" || m.Method == "roots/list":
+			if !l.round(m) {
+				l.refuse(m, "it belongs to no host call the proxy can tell")
+			}
+		default:
+			l.refuse(m, "a stateless host takes no requests")
 		}
-		resp := &jsonrpc.Response{ID: m.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
-			Message: "toolfence proxy: the host speaks " + transport.Rev20260728 + " (stateless) and cannot be sent " + m.Method}}
-		if m.Method == "ping" {
-			resp = &jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)}
-		}
-		_ = l.up.Write(context.Background(), resp)
 	}
+}
+
+// refuse answers an upstream request the bridge cannot put to a host.
+func (l *legacyUp) refuse(m *jsonrpc.Request, why string) {
+	_ = l.up.Write(context.Background(), &jsonrpc.Response{ID: m.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
+		Message: "toolfence proxy: the host speaks " + transport.Rev20260728 + " (stateless) and cannot be sent " + m.Method + ": " + why}})
+}
+
+// round puts the upstream request m to the host as an input_required round of the call it
+// belongs to (the request whose stream it came on, else the one call in flight that may
+// take input); false when there is none.
+func (l *legacyUp) round(m *jsonrpc.Request) bool {
+	l.lmu.Lock()
+	var c *legacyCall
+	if id, ok := transport.RelatedRequest(m); ok {
+		c = l.inflight[hostKey(id)]
+	} else {
+		for _, ic := range l.inflight {
+			if ic.input {
+				if c != nil {
+					c = nil // more than one: ambiguous
+					break
+				}
+				c = ic
+			}
+		}
+	}
+	if c == nil || !c.input {
+		l.lmu.Unlock()
+		return false
+	}
+	if c.asking != nil { // the host is answering another of its requests: this one waits
+		c.queued = append(c.queued, m)
+		l.lmu.Unlock()
+		return true
+	}
+	c.asking = m
+	if c.state == "" {
+		c.state = bridgeState + newUpstreamSession() + newUpstreamSession()
+		l.suspended[c.state] = c
+	}
+	reply := c.id
+	if c.replyID.IsValid() {
+		reply = c.replyID
+	}
+	l.lmu.Unlock()
+	l.emit(&jsonrpc.Response{ID: reply, Result: inputRequiredOf(m, c.state)})
+	return true
+}
+
+// inputRequiredOf is the input_required result asking the host upstream's request m.
+func inputRequiredOf(m *jsonrpc.Request, state string) json.RawMessage {
+	b, _ := json.Marshal(map[string]any{
+		"resultType":    resultInputRequired,
+		"inputRequests": map[string]any{"upstream": map[string]any{"method": m.Method, "params": m.Params}},
+		"requestState":  state,
+	})
+	return b
+}
+
+// continued takes a host's continuation of a round of the bridge's: its input answers the
+// upstream's request, and the call's final answer (or its next round) goes out under the
+// continuation's id. A continuation of a round the bridge no longer holds is refused.
+func (l *legacyUp) continued(ctx context.Context, req *jsonrpc.Request, state string) error {
+	l.lmu.Lock()
+	c := l.suspended[state]
+	if c == nil || c.asking == nil {
+		l.lmu.Unlock()
+		l.emit(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams,
+			Message: "toolfence proxy: requestState names no round in progress (it ended, or the proxy restarted); make the call again"}})
+		return nil
+	}
+	asked := c.asking
+	c.asking, c.replyID = nil, req.ID
+	var next *jsonrpc.Request
+	if len(c.queued) > 0 {
+		next, c.queued = c.queued[0], c.queued[1:]
+		c.asking = next
+	}
+	l.lmu.Unlock()
+	var p struct {
+		InputResponses map[string]json.RawMessage `json:"inputResponses"`
+	}
+	_ = json.Unmarshal(req.Params, &p)
+	answer := &jsonrpc.Response{ID: asked.ID, Result: p.InputResponses["upstream"]}
+	if answer.Result == nil {
+		answer = &jsonrpc.Response{ID: asked.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "the host gave no answer"}}
+	}
+	if err := l.up.Write(ctx, answer); err != nil {
+		return err
+	}
+	if next != nil {
+		l.emit(&jsonrpc.Response{ID: req.ID, Result: inputRequiredOf(next, state)})
+	}
+	return nil
+}
+
+// continuationState is the requestState of a call's params ("" for none).
+func continuationState(params json.RawMessage) string {
+	if !strings.Contains(string(params), `"requestState"`) {
+		return ""
+	}
+	var p struct {
+		RequestState string `json:"requestState"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return p.RequestState
 }
 
 // discoverFromInit is a DiscoverResult made from an upstream's InitializeResult: its

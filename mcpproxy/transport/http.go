@@ -444,8 +444,15 @@ func (c *httpConn) exchange(req *jsonrpc.Request, data []byte, extra http.Header
 			return err
 		}
 		for _, m := range msgs {
-			if r, ok := m.(*jsonrpc.Response); ok && idKey(r.ID) == want {
-				answered = true
+			switch r := m.(type) {
+			case *jsonrpc.Response:
+				if idKey(r.ID) == want {
+					answered = true
+				}
+			case *jsonrpc.Request:
+				if r.IsCall() {
+					r.Extra = related{req.ID} // a request of upstream's on this request's stream belongs to it
+				}
 			}
 			c.deliver(m)
 		}
@@ -493,6 +500,17 @@ func (c *httpConn) exchange(req *jsonrpc.Request, data []byte, extra http.Header
 	default:
 		return false, fmt.Errorf("content type %q: want application/json or text/event-stream", ct)
 	}
+}
+
+// related is the Extra of an upstream's request that came on the response stream of one of
+// the requests sent to it.
+type related struct{ id jsonrpc.ID }
+
+// RelatedRequest returns the id of the request whose response stream carried the upstream
+// request req (ok false when it came on no request's stream: the GET stream, stdio).
+func RelatedRequest(req *jsonrpc.Request) (jsonrpc.ID, bool) {
+	r, ok := req.Extra.(related)
+	return r.id, ok
 }
 
 // DecodeMessages decodes a JSON-RPC message or a batch of them (a JSON array) as

@@ -185,7 +185,8 @@ func runHost() error {
 	case "direct":
 		tr = &mcp.StreamableClientTransport{Endpoint: url}
 	case "proxy":
-		cmd := exec.Command(os.Getenv(toolfenceEnv), "proxy", "--store", os.Getenv(storeEnv), "--server-id", "conformance", "--upstream", url)
+		cmd := exec.Command(os.Getenv(toolfenceEnv), append(append([]string{"proxy", "--store", os.Getenv(storeEnv), "--server-id", "conformance"},
+			repeats...), "--upstream", url)...)
 		cmd.Stderr = os.Stderr
 		tr = &mcp.CommandTransport{Command: cmd}
 	default:
@@ -295,7 +296,7 @@ func TestClientSuite(t *testing.T) {
 		direct, proxy := merged[job{req, "", "direct"}], merged[job{req, "", "proxy"}]
 		rep = append(rep,
 			againstBaseline("client scenarios "+req+", go-sdk host directly", "client direct "+req, direct, base["client direct "+req]),
-			againstDirect("client scenarios "+req+", go-sdk host through toolfence proxy --upstream", direct, proxy))
+			againstDirect("client scenarios "+req+", go-sdk host through toolfence proxy --upstream", "client proxy "+req, direct, proxy, base["client proxy "+req]))
 	}
 	if !rep.failed() {
 		t.Logf("client scenarios %v:\n%s", clientScenarios, rep)

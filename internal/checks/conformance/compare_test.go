@@ -131,7 +131,7 @@ func TestAgainstDirect(t *testing.T) {
 			fail("event", "Received tool response", "Tool call failed")},
 		"initialize": nil,
 	})
-	sec := againstDirect("proxy", direct, via)
+	sec := againstDirect("proxy", "proxy-http 2026-07-28", direct, via, nil)
 	assert.Equal(t, []string{
 		"✗ initialize | init | Initializes → not reported through the proxy: the suite failed to run it: Error: HTTP 400: bad request (passes directly)",
 		"✗ sse-retry | last-id | Sends Last-Event-ID → WARNING: no Last-Event-ID (passes directly)",
@@ -140,12 +140,29 @@ func TestAgainstDirect(t *testing.T) {
 		"✗ tools_call | event | Received tool response → FAILURE: Tool call failed (fails only through the proxy: not reported directly)",
 		"✗ tools_call | info | Sent → FAILURE: not sent (fails only through the proxy: INFO directly)",
 	}, sec.problems)
-	rep := report{sec, againstDirect("same", direct, direct)}
+	rep := report{sec, againstDirect("same", "proxy-http 2026-07-28", direct, direct, nil)}
 	assert.True(t, rep.failed())
 	assert.False(t, report{rep[1]}.failed())
 	out := rep.String()
 	assert.True(t, strings.HasPrefix(out, "proxy: 1 passed, 5 failed, 0 neither (INFO/SKIPPED), 1 scenario(s) without results; 6 problem(s)\n    ✗ initialize"), out)
 	assert.Contains(t, out, "\nsame: 5 passed, 1 failed, 1 neither (INFO/SKIPPED); 0 problem(s)\n")
+}
+
+// TestAgainstDirectBaseline: a proxy-only failure listed with its reason is no problem; an
+// entry for a check that passes directly, or that does not fail through the proxy, is.
+func TestAgainstDirectBaseline(t *testing.T) {
+	t.Parallel()
+	direct := synthetic(t, "", "", map[string][]check{"polling": {pass("ok", "Works")}})
+	via := synthetic(t, "", "", map[string][]check{"polling": {pass("ok", "Works"), fail("event", "Received", "Tool call failed")}})
+	expect := map[string]expectation{"polling | event | Received": {reason: "the upstream dropped the answer"}}
+	assert.Empty(t, againstDirect("proxy", "proxy-http 2025-11-25", direct, via, expect).problems)
+	expect["polling | ok | Works"] = expectation{reason: "wrongly listed"}
+	assert.Equal(t, []string{`baseline entry under "proxy-http 2025-11-25" lists polling | ok | Works, which passes directly: a check that passes directly must pass through the proxy`},
+		againstDirect("proxy", "proxy-http 2025-11-25", direct, via, expect).problems)
+	delete(expect, "polling | ok | Works")
+	fixed := synthetic(t, "", "", map[string][]check{"polling": {pass("ok", "Works"), pass("event", "Received")}})
+	assert.Equal(t, []string{`stale baseline entry under "proxy-http 2025-11-25": polling | event | Received → SUCCESS now (reason given: the upstream dropped the answer)`},
+		againstDirect("proxy", "proxy-http 2025-11-25", direct, fixed, expect).problems)
 }
 
 // TestLoadBaseline: groups give each check its reason; an unknown run or field, a group

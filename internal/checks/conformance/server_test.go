@@ -23,7 +23,9 @@ var requirements = []requirement{{"2026-07-28", true}, {"2025-11-25", false}}
 
 // baselineRuns are the runs the baseline lists failing checks of.
 var baselineRuns = []string{"direct 2026-07-28", "direct 2025-11-25", "serve 2026-07-28", "serve 2025-11-25",
-	"client direct 2026-07-28", "client direct 2025-11-25"}
+	"client direct 2026-07-28", "client direct 2025-11-25",
+	"proxy-http 2026-07-28", "proxy-http 2025-11-25", "proxy-stdio 2026-07-28", "proxy-stdio 2025-11-25",
+	"client proxy 2026-07-28", "client proxy 2025-11-25"}
 
 // target is one server the suite runs against: it starts what the run needs in dir and
 // returns the URL of the MCP endpoint and how to stop it all.
@@ -41,6 +43,14 @@ var direct = target{"direct", "direct (everything-server)", func(dir string, req
 	return url, stopAll(dir, p), nil
 }}
 
+// repeats are the proxy's flags for the suite's identical calls: the suite makes the same
+// call (tool and arguments) in several scenarios, on purpose, soon after one another and
+// without elicitation, as a client that means each one does; --repeat-window 0 sends such a
+// call again once the earlier answer reached the host, as a user running such a client
+// would set it (docs/proxy.md "The same call again"). Retries of answers that never
+// arrived are still answered from the ledger.
+var repeats = []string{"--repeat-window", "0"}
+
 // proxies are the arrangements of toolfence proxy in front of the everything-server; each
 // run gets a fresh store.
 var proxies = []target{
@@ -49,8 +59,8 @@ var proxies = []target{
 		if err != nil {
 			return "", nil, err
 		}
-		p, url, err := startProc([]string{toolfenceBin, "proxy", "--http", "127.0.0.1:0", "--store", filepath.Join(dir, "store"),
-			"--server-id", "ev", "--upstream", upURL}, true)
+		p, url, err := startProc(append([]string{toolfenceBin, "proxy", "--http", "127.0.0.1:0", "--store", filepath.Join(dir, "store"),
+			"--server-id", "ev", "--upstream", upURL}, repeats...), true)
 		if err != nil {
 			stopAll(dir, up)()
 			return "", nil, err
@@ -58,8 +68,8 @@ var proxies = []target{
 		return url, stopAll(dir, p, up), nil
 	}},
 	{"proxy-stdio", "proxy, stdio upstream (--http, -- everything-server)", func(dir string, _ requirement) (string, func() string, error) {
-		p, url, err := startProc([]string{toolfenceBin, "proxy", "--http", "127.0.0.1:0", "--store", filepath.Join(dir, "store"),
-			"--server-id", "ev", "--", everythingBin}, true)
+		p, url, err := startProc(append(append([]string{toolfenceBin, "proxy", "--http", "127.0.0.1:0", "--store", filepath.Join(dir, "store"),
+			"--server-id", "ev"}, repeats...), "--", everythingBin), true)
 		if err != nil {
 			return "", nil, err
 		}
@@ -145,7 +155,7 @@ func TestServerSuite(t *testing.T) {
 				againstBaseline(serve.name, "serve "+req.name, runs[1].results, base["serve "+req.name]),
 			}
 			for i, tg := range proxies {
-				rep = append(rep, againstDirect(tg.name, runs[0].results, runs[2+i].results))
+				rep = append(rep, againstDirect(tg.name, tg.id+" "+req.name, runs[0].results, runs[2+i].results, base[tg.id+" "+req.name]))
 			}
 			var crashes []string
 			for i, r := range runs {
