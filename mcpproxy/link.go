@@ -2,6 +2,7 @@ package mcpproxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -48,13 +49,48 @@ func (s *session) decide(ctx context.Context, msg jsonrpc.Message) (handled bool
 		return true, fmt.Errorf("%w (%v)", ErrUpstreamGone, err)
 	}
 	if err != nil || supportsStateless(d) {
+		if err == nil {
+			s.nameUpstream(discoveredName(d.Result))
+		}
 		return false, nil // it speaks the host's revision (or cannot say: relayed as is)
 	}
 	s.p.log.Info("toolfence proxy: the upstream does not speak the host's stateless revision; bridging to a session of the proxy's own",
 		"server", s.p.cfg.ServerID)
 	b := newLegacyUp(s.up)
 	s.setBridge(b)
+	if b.initialize(ctx) == nil {
+		s.nameUpstream(initName(b.initRes))
+	}
 	return false, nil
+}
+
+// nameUpstream records the upstream server's name (known.go), once it is known.
+func (s *session) nameUpstream(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if name != "" {
+		s.upName = name
+	}
+}
+
+// discoveredName is the serverInfo name a DiscoverResult gives in its _meta.
+func discoveredName(d json.RawMessage) string {
+	var r struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	_ = json.Unmarshal(d, &r)
+	return initName(json.RawMessage(`{"serverInfo":` + string(cmpRaw(r.Meta[transport.MetaServerInfo], json.RawMessage(`{}`))) + `}`))
+}
+
+// initName is the serverInfo name of an InitializeResult.
+func initName(init json.RawMessage) string {
+	var r struct {
+		ServerInfo struct {
+			Name string `json:"name"`
+		} `json:"serverInfo"`
+	}
+	_ = json.Unmarshal(init, &r)
+	return r.ServerInfo.Name
 }
 
 // decideSession relays a 2025-11-25 host's initialize and its answer; an upstream that
@@ -83,6 +119,7 @@ func (s *session) decideSession(ctx context.Context, req *jsonrpc.Request, early
 			return true, b.Write(ctx, req)
 		}
 	}
+	s.noteUpstream(resp)
 	*early = append(*early, resp)
 	return true, nil
 }

@@ -88,13 +88,6 @@ func withResultType(result json.RawMessage) json.RawMessage {
 	return out
 }
 
-// upRevision is the revision of the upstream conversation when it is stateless, else "".
-func (s *session) upRevision() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.upRev
-}
-
 // ownParams returns the params of a request of the proxy's own in the upstream
 // conversation's revision: unchanged in a session, with the revision, the host's
 // capabilities and the proxy's clientInfo in _meta when it is stateless (params that carry

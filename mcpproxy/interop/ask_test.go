@@ -158,3 +158,31 @@ func TestRepeatWithoutElicitation(t *testing.T) {
 	}
 	require.ElementsMatch(t, []int{2, 1}, attempts)
 }
+
+// A Go SDK host (2026-07-28 over stdio: the proxy asks in an input_required round of its
+// own) settles an unknown outcome in its elicitation form: "No" records it failed and the
+// call is sent; the resolution names the host's user.
+func TestHostUserSettlesAnUnknownOutcomeGoSDK(t *testing.T) {
+	t.Parallel()
+	w := setup(t, "gosdk", "")
+	var asked []string
+	h := w.goSDKElicit(w.proxyArgv(w.store), func(_ context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		asked = append(asked, r.Params.Message)
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"answer": "No, it had no effect"}}, nil
+	})
+	first := h.call(t, mcpfixture.ToolAppend, args, mode(mcpfixture.ModeIsError))
+	require.Equal(t, kindUnknown, first.Kind, first.Raw)
+	second := h.call(t, mcpfixture.ToolAppend, args, nil)
+	require.False(t, second.IsError, second.Raw)
+	require.False(t, second.Replayed)
+	require.Len(t, asked, 1)
+	require.Contains(t, asked[0], "Did the earlier call take effect?")
+	require.Contains(t, asked[0], "boom after the write")
+	require.Equal(t, 2, w.effectCount())
+	require.NoError(t, h.close())
+	rs := w.residuals()
+	require.Len(t, rs, 1)
+	require.Len(t, rs[0].Resolutions, 1)
+	require.Equal(t, "host-user:go-sdk-host", rs[0].Resolutions[0].By)
+	require.Equal(t, residual.Failed, rs[0].Resolutions[0].To)
+}
