@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os/exec"
 	"regexp"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +37,7 @@ func (w *world) startServing(cmd *exec.Cmd, fromStderr bool, re *regexp.Regexp) 
 	}
 	r, _ := pipe()
 	require.NoError(w.t, cmd.Start())
+	w.served = append(w.served, cmd)
 	w.t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -62,6 +64,15 @@ func (w *world) startServing(cmd *exec.Cmd, fromStderr bool, re *regexp.Regexp) 
 		w.t.Fatalf("%s did not say where it serves; stderr:\n%s", cmd.Path, w.stderr)
 		return ""
 	}
+}
+
+// stopServing ends what startServing started (SIGTERM, then waits), so the store is free.
+func (w *world) stopServing() {
+	for _, c := range w.served {
+		_ = c.Process.Signal(syscall.SIGTERM)
+		_ = c.Wait()
+	}
+	w.served = nil
 }
 
 // httpFixture serves the world's fixture over streamable HTTP and returns its MCP URL.

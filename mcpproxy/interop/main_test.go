@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,10 +28,16 @@ import (
 // so that the many fixture processes start fast.
 var bin, fxBin string
 
+// everythingBin is the go-sdk's conformance everything-server (the go-sdk module of go.mod):
+// a real server of MCP 2026-07-28 and 2025-11-25 whose tools ask for input in rounds.
+var everythingBin string
+
 func TestMain(m *testing.M) {
 	os.Exit(testkit.RunWithBinaries(m, func(dir string) {
 		bin, fxBin = filepath.Join(dir, "toolfence"), filepath.Join(dir, "mcpfixture")
-	}, "github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/fixture/mcpfixture/cmd/mcpfixture"))
+		everythingBin = filepath.Join(dir, "everything-server")
+	}, "github.com/toolfence/toolfence/cmd/toolfence", "github.com/toolfence/toolfence/internal/fixture/mcpfixture/cmd/mcpfixture",
+		"github.com/modelcontextprotocol/go-sdk/conformance/everything-server"))
 }
 
 // fixtures are the upstream servers every cheap cell runs against.
@@ -47,6 +54,8 @@ type world struct {
 	policy                          string   // path of the policy file, or ""
 	flags                           []string // more proxy flags
 	stderr                          *syncBuffer
+	served                          []*exec.Cmd // what startServing started
+	versions                        string      // the revisions the Go SDK fixture serves (mcpfixture.EnvVersions); "": all
 }
 
 // setup returns a world for fixture with policy (JSON, "" for none) and the default mode ok.
@@ -110,7 +119,7 @@ func (w *world) env() []string {
 	return append(os.Environ(),
 		mcpfixture.EnvEffects+"="+w.effects, mcpfixture.EnvDispatches+"="+w.dispatches,
 		mcpfixture.EnvMode+"="+w.mode, mcpfixture.EnvEntered+"="+w.entered, mcpfixture.EnvGate+"="+w.gate,
-		mcpfixture.EnvKillPIDFile+"="+w.pidFile, mcpfixture.EnvCatalog+"="+w.catalog)
+		mcpfixture.EnvKillPIDFile+"="+w.pidFile, mcpfixture.EnvCatalog+"="+w.catalog, mcpfixture.EnvVersions+"="+w.versions)
 }
 
 // proxyArgv is the command a host runs: toolfence proxy in front of the fixture.
@@ -147,13 +156,19 @@ func (w *world) dispatchCount() int { return len(w.lines(w.dispatches)) }
 // when the store was never created.
 func (w *world) residuals() []*residual.Residual {
 	w.t.Helper()
+	return w.residualsIn("default")
+}
+
+// residualsIn is residuals of namespace ns.
+func (w *world) residualsIn(ns string) []*residual.Residual {
+	w.t.Helper()
 	if _, err := os.Stat(filepath.Join(w.store, "MANIFEST")); os.IsNotExist(err) {
 		return nil
 	}
 	l, err := badger.Open(w.store, badger.Options{})
 	require.NoError(w.t, err)
 	defer l.Close()
-	page, err := l.List(context.Background(), ledger.ListParams{Namespace: "default"})
+	page, err := l.List(context.Background(), ledger.ListParams{Namespace: ns})
 	require.NoError(w.t, err)
 	return page.Residuals
 }
