@@ -129,53 +129,65 @@ func TestJudgeRefusesRoundsThatCannotBePaired(t *testing.T) {
 // in guarded calls of the same round: (ProxyProtected − Direct) / GuardedCall.
 func TestJudgeDifferenceTarget(t *testing.T) {
 	const out = `pkg: github.com/toolfence/toolfence/internal/checks/proxybench
-BenchmarkDirect-2           	     500	   2000000 ns/op
-BenchmarkProxyProtected-2   	     200	   5000000 ns/op
-BenchmarkProxyBypassed-2    	     400	   2100000 ns/op
-BenchmarkRelayFloor-2       	     400	   2200000 ns/op
-BenchmarkGuardedCall-2      	     400	   2500000 ns/op
-BenchmarkGuardedUpstreamCall-2 	     400	   4000000 ns/op
-BenchmarkFsyncBackToBack-2  	    5000	    200000 ns/op
-BenchmarkFsyncSpaced-2      	     900	    400000 ns/op
+BenchmarkDirect/rev=2026-07-28-2                	     500	   2000000 ns/op
+BenchmarkDirect/rev=2025-11-25-2                	     500	   2000000 ns/op
+BenchmarkProxyProtected/rev=2026-07-28-2        	     200	   5000000 ns/op
+BenchmarkProxyProtected/rev=2025-11-25-2        	     200	   4000000 ns/op
+BenchmarkProxyBypassed/rev=2026-07-28-2         	     400	   2100000 ns/op
+BenchmarkProxyBypassed/rev=2025-11-25-2         	     400	   2100000 ns/op
+BenchmarkRelayFloor/rev=2026-07-28-2            	     400	   2000000 ns/op
+BenchmarkRelayFloor/rev=2025-11-25-2            	     400	   2200000 ns/op
+BenchmarkGuardedCall-2                          	     400	   2500000 ns/op
+BenchmarkGuardedUpstreamCall/rev=2026-07-28-2   	     400	   4000000 ns/op
+BenchmarkGuardedUpstreamCall/rev=2025-11-25-2   	     400	   4000000 ns/op
+BenchmarkFsyncBackToBack-2                      	    5000	    200000 ns/op
+BenchmarkFsyncSpaced-2                          	     900	    400000 ns/op
 pkg: github.com/toolfence/toolfence/internal/checks/proxybench
-BenchmarkDirect-2           	     500	   2000000 ns/op
-BenchmarkProxyProtected-2   	     200	   6000000 ns/op
-BenchmarkProxyBypassed-2    	     400	   2400000 ns/op
-BenchmarkRelayFloor-2       	     400	   2300000 ns/op
-BenchmarkGuardedCall-2      	     400	   2000000 ns/op
-BenchmarkGuardedUpstreamCall-2 	     400	   5000000 ns/op
-BenchmarkFsyncBackToBack-2  	    5000	    200000 ns/op
-BenchmarkFsyncSpaced-2      	     900	    300000 ns/op
+BenchmarkDirect/rev=2026-07-28-2                	     500	   2000000 ns/op
+BenchmarkDirect/rev=2025-11-25-2                	     500	   2000000 ns/op
+BenchmarkProxyProtected/rev=2026-07-28-2        	     200	   6000000 ns/op
+BenchmarkProxyProtected/rev=2025-11-25-2        	     200	   4400000 ns/op
+BenchmarkProxyBypassed/rev=2026-07-28-2         	     400	   2400000 ns/op
+BenchmarkProxyBypassed/rev=2025-11-25-2         	     400	   2200000 ns/op
+BenchmarkRelayFloor/rev=2026-07-28-2            	     400	   2300000 ns/op
+BenchmarkRelayFloor/rev=2025-11-25-2            	     400	   2200000 ns/op
+BenchmarkGuardedCall-2                          	     400	   2000000 ns/op
+BenchmarkGuardedUpstreamCall/rev=2026-07-28-2   	     400	   5000000 ns/op
+BenchmarkGuardedUpstreamCall/rev=2025-11-25-2   	     400	   4000000 ns/op
+BenchmarkFsyncBackToBack-2                      	    5000	    200000 ns/op
+BenchmarkFsyncSpaced-2                          	     900	    300000 ns/op
 `
 	s, err := parse(strings.NewReader(out))
 	require.NoError(t, err)
 	var got []result
 	for _, tg := range targets {
-		if tg.issue == 13 {
+		if tg.issue == 25 || tg.issue == 13 {
 			r, err := judge(tg, s)
 			require.NoError(t, err)
 			got = append(got, r)
 		}
 	}
-	require.Len(t, got, 6)
-	require.InDeltaSlice(t, []float64{1.2, 2.0}, got[0].values, 1e-9) // (5−2)/2.5, (6−2)/2
-	require.Equal(t, 1, got[0].met)
-	require.InDeltaSlice(t, []float64{1.05, 1.2}, got[1].values, 1e-9)
+	require.Len(t, got, 7)
+	require.InDeltaSlice(t, []float64{1.05, 2.4 / 2.3}, got[0].values, 1e-9) // bypassed ÷ relay floor, 2026-07-28
+	require.Equal(t, 2, got[0].met)
+	require.InDeltaSlice(t, []float64{1.25, 1.2}, got[1].values, 1e-9) // protected ÷ in-process: 5/4, 6/5
 	require.Equal(t, 1, got[1].met)
-	require.InDeltaSlice(t, []float64{0.8, 1.5}, got[2].values, 1e-9)  // references: (4−2)/2.5, (5−2)/2
-	require.InDeltaSlice(t, []float64{1.25, 1.2}, got[3].values, 1e-9) // 5/4, 6/5
-	require.InDeltaSlice(t, []float64{2.0, 1.5}, got[4].values, 1e-9)  // spaced ÷ back-to-back syncs
-	require.InDeltaSlice(t, []float64{1.1, 1.15}, got[5].values, 1e-9) // the relay floor
+	require.InDeltaSlice(t, []float64{2.1 / 2.2, 1.0}, got[2].values, 1e-9) // 2025-11-25
+	require.InDeltaSlice(t, []float64{1.0, 1.1}, got[3].values, 1e-9)
+	require.Equal(t, 2, got[3].met)
+	require.InDeltaSlice(t, []float64{1.2, 2.0}, got[4].values, 1e-9)  // reference: (5−2)/2.5, (6−2)/2
+	require.InDeltaSlice(t, []float64{2.0, 1.5}, got[5].values, 1e-9)  // spaced ÷ back-to-back syncs
+	require.InDeltaSlice(t, []float64{1.0, 1.15}, got[6].values, 1e-9) // the relay floor ÷ direct
 
-	delete(s, bench{"internal/checks/proxybench", "Direct"})
-	var protect target
+	delete(s, bench{"internal/checks/proxybench", "Direct/rev=2026-07-28"})
+	var diff target
 	for _, tg := range targets {
-		if tg.num.name == "ProxyProtected" && !tg.reference {
-			protect = tg
+		if tg.num.name == "ProxyProtected/rev=2026-07-28" && tg.minus.name != "" {
+			diff = tg
 		}
 	}
-	_, err = judge(protect, s)
-	require.ErrorContains(t, err, "Direct: not measured")
+	_, err = judge(diff, s)
+	require.ErrorContains(t, err, "Direct/rev=2026-07-28: not measured")
 }
 
 // The figures of b.ReportMetric are samples of their own: the write amplification of the

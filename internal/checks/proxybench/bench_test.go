@@ -27,9 +27,11 @@ import (
 	"github.com/toolfence/toolfence/mcpwire"
 )
 
-// Targets of the proxy (docs/benchmarks.md), each within one run:
-//   ProxyProtected − Direct ≤ 1.5 × GuardedCall: the proxy adds at most 1.5 guarded calls;
-//   ProxyBypassed ≤ 1.10 × Direct: a bypassed call adds at most 10 %.
+// Targets of the proxy (docs/benchmarks.md), each within one run and for each revision of
+// the host (rev=2026-07-28, rev=2025-11-25):
+//   ProxyBypassed ≤ 1.05 × RelayFloor: a bypassed call costs what any process between costs;
+//   ProxyProtected ≤ 1.2 × GuardedUpstreamCall: the proxy process adds at most 20 % to the
+//   same guarded call made in-process.
 
 // roleEnv makes the test binary the payments server, the relay or the proxy when it
 // re-executes itself.
@@ -125,6 +127,22 @@ const (
 // FILE"), the child runs under that command: how the syscall counts in docs/benchmarks.md
 // were taken.
 func host(b *testing.B, role, policy string) *mcp.ClientSession {
+	return hostIn(b, role, policy, "")
+}
+
+// revisions are the protocol revisions the host benchmarks run in: the stateless one (the
+// SDK's latest, "" here) and the last with sessions.
+var revisions = []struct{ name, version string }{{"rev=2026-07-28", ""}, {"rev=2025-11-25", "2025-11-25"}}
+
+// eachRevision runs bench once per revision, as a sub-benchmark.
+func eachRevision(b *testing.B, run func(b *testing.B, version string)) {
+	for _, r := range revisions {
+		b.Run(r.name, func(b *testing.B) { run(b, r.version) })
+	}
+}
+
+// hostIn is host with the host speaking version ("" for the SDK's latest, 2026-07-28).
+func hostIn(b *testing.B, role, policy, version string) *mcp.ClientSession {
 	b.Helper()
 	dir := b.TempDir()
 	cmd := exec.Command(os.Args[0])
@@ -138,9 +156,16 @@ func host(b *testing.B, role, policy string) *mcp.ClientSession {
 	if err := os.WriteFile(filepath.Join(dir, "policy.json"), []byte(policy), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	s, err := mcp.NewClient(&mcp.Implementation{Name: "bench-host", Version: "1"}, nil).Connect(b.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+	var opts *mcp.ClientSessionOptions
+	if version != "" {
+		opts = &mcp.ClientSessionOptions{ProtocolVersion: version}
+	}
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "bench-host", Version: "1"}, nil).Connect(b.Context(), &mcp.CommandTransport{Command: cmd}, opts)
 	if err != nil {
 		b.Fatal(err)
+	}
+	if want := cmpVersion(version); s.InitializeResult().ProtocolVersion != want {
+		b.Fatalf("the host speaks %s, want %s", s.InitializeResult().ProtocolVersion, want)
 	}
 	b.Cleanup(func() { _ = s.Close() })
 	charge(b, s, "warm-up")
@@ -167,22 +192,37 @@ func bench(b *testing.B, s *mcp.ClientSession) {
 	}
 }
 
+// cmpVersion is the revision a host asked for version speaks: version, or 2026-07-28.
+func cmpVersion(version string) string {
+	if version == "" {
+		return "2026-07-28"
+	}
+	return version
+}
+
 // BenchmarkDirect is the baseline: an official Go SDK client calls charge (a new order each
-// time: an fsynced append) on the payments server over stdio.
-func BenchmarkDirect(b *testing.B) { bench(b, host(b, "payments", "")) }
+// time: an fsynced append) on the payments server over stdio, in each revision.
+func BenchmarkDirect(b *testing.B) {
+	eachRevision(b, func(b *testing.B, v string) { bench(b, hostIn(b, "payments", "", v)) })
+}
 
 // BenchmarkProxyProtected is the same call through the proxy (a process between the two, on
 // badger), charge protected: each new order is reserved and committed durably, then sent.
-func BenchmarkProxyProtected(b *testing.B) { bench(b, host(b, "proxy", protect)) }
+func BenchmarkProxyProtected(b *testing.B) {
+	eachRevision(b, func(b *testing.B, v string) { bench(b, hostIn(b, "proxy", protect, v)) })
+}
 
 // BenchmarkProxyBypassed is the same call through the proxy with charge bypassed: relayed
 // untouched.
-func BenchmarkProxyBypassed(b *testing.B) { bench(b, host(b, "proxy", bypass)) }
+func BenchmarkProxyBypassed(b *testing.B) {
+	eachRevision(b, func(b *testing.B, v string) { bench(b, hostIn(b, "proxy", bypass, v)) })
+}
 
 // BenchmarkRelayFloor is the same call through a byte relay process (runRelay): what any
 // process between host and upstream costs on this machine, the floor under ProxyBypassed.
-// A reference, not a target.
-func BenchmarkRelayFloor(b *testing.B) { bench(b, host(b, "relay", "")) }
+func BenchmarkRelayFloor(b *testing.B) {
+	eachRevision(b, func(b *testing.B, v string) { bench(b, hostIn(b, "relay", "", v)) })
+}
 
 // BenchmarkGuardedCall is interceptor's GuardedCall measured in this run: one guarded call
 // after another (no-op tool, distinct keys) on badger with group commit.
@@ -226,7 +266,11 @@ func guard(b *testing.B) (*interceptor.Interceptor, context.Context) {
 // (commit-ns: from the tool's return to Do's). A reference beside the proxy's targets
 // (docs/benchmarks.md).
 func BenchmarkGuardedUpstreamCall(b *testing.B) {
-	s := host(b, "payments", "")
+	eachRevision(b, guardedUpstreamCall)
+}
+
+func guardedUpstreamCall(b *testing.B, version string) {
+	s := hostIn(b, "payments", "", version)
 	ic, ctx := guard(b)
 	var begin, commit time.Duration
 	b.ReportAllocs()
