@@ -126,17 +126,26 @@ func TestEvalBatchedBarrierKill(t *testing.T) {
 // server (a real process) through the proxy (a real process on badger, killed or stopped
 // with its host) or through a bare relay. The proxy is EXACTLY_ONCE in every trial (its
 // probe settles what a kill left unknown); the relay duplicates the charge whenever a
-// successor re-issues a call whose effect happened.
+// successor re-issues a call whose effect happened. It runs once with a 2026-07-28 host
+// (stateless requests) and once with a 2025-11-25 host (a session); a host that does not
+// get the revision it asked for is BLOCKED, so the counts below prove the revision ran.
 func TestEvalProxy(t *testing.T) {
+	for _, rev := range HostRevisions {
+		t.Run(rev, func(t *testing.T) { testEvalProxy(t, rev) })
+	}
+}
+
+func testEvalProxy(t *testing.T, rev string) {
 	// A 2 s lease, as in TestEvalBatchedCrashB1: a call that loses a 500 ms lease to a slow
 	// fsync under -race on a loaded machine fails closed (BLOCKED, correct), which is not what
 	// this test is about.
 	rep, err := Run(t.Context(), Options{
 		Trials: 2, Seed: 11, Command: testCommand, WorkDir: t.TempDir(), Parallel: 3, LeaseTTL: 2 * time.Second,
-		Scenarios: proxyScenarios, Subjects: []string{subjectToolfenceProxy, subjectPassThrough},
+		Scenarios: proxyScenarios, Subjects: []string{subjectToolfenceProxy, subjectPassThrough}, HostRevision: rev,
 	})
 	require.NoError(t, err)
 	t.Log("\n" + rep.Table())
+	require.Equal(t, rev, rep.HostRevision)
 	for _, r := range rep.Results {
 		t.Logf("%s × %s #%d: %s %s beliefs=%+v notes=%v err=%s", r.Scenario, r.Subject, r.Index, r.Grade.Outcome, r.Grade.Detail, r.Beliefs, r.Notes, r.Error)
 	}

@@ -109,16 +109,22 @@ func (r *runner) writeProxyPolicy() error {
 	return os.WriteFile(r.proxyPolicy, []byte(proxyPolicy), 0o644)
 }
 
-// runProxyHost is the worker of a proxy subject: an MCP host (official Go SDK client) that
-// starts the batch's proxy over stdio and runs every trial's charge through it at once.
+// runProxyHost is the worker of a proxy subject: an MCP host (official Go SDK client, asking
+// for the spec's revision) that starts the batch's proxy over stdio and runs every trial's
+// charge through it at once.
 func (w *worker) runProxyHost(ctx context.Context, emit func(Belief)) {
 	trials := w.trials()
 	cmd := w.spec.Proxy.cmd()
 	cmd.Stderr = os.Stderr
 	client := mcp.NewClient(&mcp.Implementation{Name: "toolfence-eval-host", Version: "1"}, nil)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	sess, err := client.Connect(cctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Second}, nil)
+	sess, err := client.Connect(cctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Second},
+		&mcp.ClientSessionOptions{ProtocolVersion: w.spec.HostRevision})
 	cancel()
+	if err == nil && w.spec.HostRevision != "" && sess.InitializeResult().ProtocolVersion != w.spec.HostRevision {
+		err = fmt.Errorf("the host asked for MCP %s and got %s", w.spec.HostRevision, sess.InitializeResult().ProtocolVersion)
+		_ = sess.Close()
+	}
 	if err != nil {
 		for _, t := range trials {
 			emit(Belief{Worker: w.spec.Name, Intent: t.Intent, State: BeliefBlocked, Reason: "proxy unavailable, not dispatched: " + err.Error()})

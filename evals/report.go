@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -31,13 +32,15 @@ type Cell struct {
 
 // Report is the result of a Run.
 type Report struct {
-	Seed      int64         `json:"seed"`
-	Trials    int           `json:"trials_per_cell"`
-	LeaseTTL  string        `json:"lease_ttl"`
-	Started   time.Time     `json:"started"`
-	Duration  time.Duration `json:"duration_ns"`
-	Scenarios []Scenario    `json:"-"`
-	Subjects  []string      `json:"subjects"`
+	Seed     int64  `json:"seed"`
+	Trials   int    `json:"trials_per_cell"`
+	LeaseTTL string `json:"lease_ttl"`
+	// HostRevision is the MCP revision of the proxy subjects' host.
+	HostRevision string        `json:"host_revision"`
+	Started      time.Time     `json:"started"`
+	Duration     time.Duration `json:"duration_ns"`
+	Scenarios    []Scenario    `json:"-"`
+	Subjects     []string      `json:"subjects"`
 	// Batch is how many trials of a cell shared each worker process.
 	Batch int    `json:"batch"`
 	Cells []Cell `json:"cells"`
@@ -53,10 +56,13 @@ type Report struct {
 // newReport returns the report of graded cells (in scenario × subject order) and the
 // trials kept for listing.
 func newReport(cfg Options, scens []Scenario, subs []string, cells []Cell, kept []TrialResult, omitted int, d time.Duration) *Report {
-	return &Report{Seed: cfg.Seed, Trials: cfg.Trials, LeaseTTL: cfg.LeaseTTL.String(), Batch: cfg.Batch,
+	return &Report{Seed: cfg.Seed, Trials: cfg.Trials, LeaseTTL: cfg.LeaseTTL.String(), HostRevision: cfg.HostRevision, Batch: cfg.Batch,
 		Started: time.Now().Add(-d).UTC(), Duration: d, Scenarios: scens, Subjects: subs,
 		Cells: cells, Results: kept, Omitted: omitted}
 }
+
+// hasProxy reports whether the run has a proxy subject.
+func (r *Report) hasProxy() bool { return slices.ContainsFunc(r.Subjects, isProxySubject) }
 
 func (r *Report) hasStress() bool {
 	for _, sc := range r.Scenarios {
@@ -132,6 +138,9 @@ func (r *Report) Table() string {
 	if r.hasStress() {
 		b.WriteString(stressScenario + " counts messages, not trials.\n")
 	}
+	if r.hasProxy() {
+		b.WriteString("The proxy subjects' host speaks MCP " + r.HostRevision + ".\n")
+	}
 	return b.String()
 }
 
@@ -156,6 +165,9 @@ func (r *Report) markdown() string {
 		r.Trials, r.Seed, r.LeaseTTL, r.Duration.Seconds(), r.Started.Format(time.RFC3339))
 	if r.hasStress() {
 		b.WriteString("The " + stressScenario + " row counts messages, not trials.\n\n")
+	}
+	if r.hasProxy() {
+		b.WriteString("The proxy subjects' MCP host speaks MCP " + r.HostRevision + ".\n\n")
 	}
 	b.WriteString("Each trial runs one intended side effect (a charge) through a subject while the harness kills, " +
 		"stops or fails the agent at a chosen point, lets a successor retry, and grades the trial from the upstream's " +

@@ -51,7 +51,15 @@ type Options struct {
 	// WorkDir holds the stores and the sink log. Defaults to a new temporary directory,
 	// removed at the end.
 	WorkDir string
+	// HostRevision is the MCP protocol revision the proxy subjects' host asks for
+	// ("2026-07-28" or "2025-11-25"). Defaults to the newest the Go SDK speaks; a trial whose
+	// session settles on another revision is BLOCKED, not run on the wrong one.
+	HostRevision string
 }
+
+// HostRevisions are the MCP revisions the proxy subjects' host can ask for, newest (the
+// default) first.
+var HostRevisions = []string{"2026-07-28", "2025-11-25"}
 
 // allSubjects lists the subjects in report order.
 var allSubjects = []string{
@@ -143,6 +151,10 @@ func Run(ctx context.Context, cfg Options) (*Report, error) {
 	cfg.Batch = cmp.Or(cfg.Batch, min(cfg.Trials, 500))
 	if cfg.Trials < 0 || cfg.Batch < 0 || cfg.Parallel < 0 {
 		return nil, invalidOptions("Trials, Batch and Parallel must not be negative")
+	}
+	cfg.HostRevision = cmp.Or(cfg.HostRevision, HostRevisions[0])
+	if !slices.Contains(HostRevisions, cfg.HostRevision) {
+		return nil, invalidOptions("HostRevision %q: the proxy subjects' host speaks %s", cfg.HostRevision, strings.Join(HostRevisions, " or "))
 	}
 	scens, subs, err := selectCells(cfg)
 	if err != nil {

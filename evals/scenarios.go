@@ -133,6 +133,7 @@ func (b *batch) spec(name string, each func(t *trial, ts *trialSpec)) workerSpec
 	}
 	if isProxySubject(b.Subject) {
 		s.Proxy = b.proxyCommand(slices.ContainsFunc(s.Batch, func(ts trialSpec) bool { return ts.Hold }))
+		s.HostRevision = b.r.cfg.HostRevision
 	}
 	return s
 }

@@ -84,6 +84,8 @@ type workerSpec struct {
 	// Proxy, for the proxy subjects, is the command of the proxy (or relay) the worker
 	// starts as its MCP server, the upstream's command after "--".
 	Proxy *cmdSpec `json:"proxy,omitempty"`
+	// HostRevision is the MCP revision the proxy subjects' host asks for.
+	HostRevision string `json:"host_revision,omitempty"`
 }
 
 // trialSpec is one trial of a batch: the identity of its call and its sink mode.

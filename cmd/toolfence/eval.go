@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,9 +45,10 @@ Subjects: toolfence on badger (with and without a probe), toolfence on PostgreSQ
 expiring-in-progress and mark-before. The MCP proxy subjects run crash-b0, crash-b1,
 crash-b2 and zombie only: toolfence-proxy (an MCP host calls a payments MCP server through
 a real "toolfence proxy" process, killed or stopped with the host) and its baseline
-pass-through (the same host and server behind a relay that forwards every byte). Every subject works in stores the eval creates and
-removes itself, so --store and --namespace do not apply. docs/evals.md describes the
-scenarios, subjects and grades and the latest full run.
+pass-through (the same host and server behind a relay that forwards every byte); the host
+speaks MCP --host-revision. Every subject works in stores the eval creates and removes
+itself, so --store and --namespace do not apply. docs/evals.md describes the scenarios,
+subjects and grades and the latest full run.
 
 Trials run in batches: a worker process carries --batch trials of one cell at once (each
 with its own intent, task and agents, graded on its own) and is killed at the barrier once
@@ -66,6 +69,9 @@ FABRICATED.`,
 			}
 			if cfg.Batch < 0 || cfg.Parallel <= 0 {
 				return usagef("--batch must not be negative and --parallel must be positive")
+			}
+			if !slices.Contains(evals.HostRevisions, cfg.HostRevision) {
+				return usagef("--host-revision %q: the proxy subjects' host speaks %s", cfg.HostRevision, strings.Join(evals.HostRevisions, " or "))
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -118,6 +124,7 @@ FABRICATED.`,
 	fl.IntVar(&cfg.Batch, "batch", 0, "trials of one cell per worker process, run at once in it and killed together (default min(trials, 500))")
 	fl.IntVar(&cfg.StressMessages, "stress-messages", 500, "messages of the stress-redelivery scenario (the full run uses 10000)")
 	fl.DurationVar(&cfg.LeaseTTL, "lease", 500*time.Millisecond, "toolfence lease and baseline pending TTL (real time)")
+	fl.StringVar(&cfg.HostRevision, "host-revision", evals.HostRevisions[0], "MCP revision the proxy subjects' host asks for: "+strings.Join(evals.HostRevisions, " or "))
 	hideGlobalFlags(cmd)
 	return cmd
 }

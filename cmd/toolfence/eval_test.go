@@ -27,6 +27,7 @@ func TestEvalCommandUsage(t *testing.T) {
 	t.Parallel()
 	fails(t, 2, []string{"--trials must be positive"}, "eval", "--trials", "0")
 	fails(t, 2, []string{`unknown scenario "nope"`}, "eval", "--scenarios", "nope", "--no-pg")
+	fails(t, 2, []string{`--host-revision "2024-11-05"`, "2026-07-28 or 2025-11-25"}, "eval", "--host-revision", "2024-11-05", "--no-pg")
 }
 
 // Without a DSN, or with one that does not answer, the PostgreSQL subject is left out and
