@@ -121,15 +121,6 @@ const (
 	bypass  = `{"tools": {"charge": {"mode": "bypass"}}}`
 )
 
-// host starts role ("payments", or "proxy" with policy) as a child over stdio, connects an
-// official Go SDK client to it, and makes one call so that the session and the proxy's
-// tool list are warm. With $TF_WRAP_<role> set (say TF_WRAP_proxy="strace -c -f -o
-// FILE"), the child runs under that command: how the syscall counts in docs/benchmarks.md
-// were taken.
-func host(b *testing.B, role, policy string) *mcp.ClientSession {
-	return hostIn(b, role, policy, "")
-}
-
 // revisions are the protocol revisions the host benchmarks run in: the stateless one (the
 // SDK's latest, "" here) and the last with sessions.
 var revisions = []struct{ name, version string }{{"rev=2026-07-28", ""}, {"rev=2025-11-25", "2025-11-25"}}
@@ -141,7 +132,11 @@ func eachRevision(b *testing.B, run func(b *testing.B, version string)) {
 	}
 }
 
-// hostIn is host with the host speaking version ("" for the SDK's latest, 2026-07-28).
+// hostIn starts role ("payments", or "proxy" with policy) as a child over stdio, connects an
+// official Go SDK client speaking version ("" for the SDK's latest, 2026-07-28) to it, and
+// makes one call so that the session and the proxy's tool list are warm. With
+// $TF_WRAP_<role> set (say TF_WRAP_proxy="strace -c -f -o FILE"), the child runs under that
+// command: how the syscall counts in docs/benchmarks.md were taken.
 func hostIn(b *testing.B, role, policy, version string) *mcp.ClientSession {
 	b.Helper()
 	dir := b.TempDir()
