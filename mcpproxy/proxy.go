@@ -564,21 +564,27 @@ func (s *session) answered(m *jsonrpc.Response) bool {
 	return true
 }
 
-// requestHost sends one request of the proxy's own to the host (an elicitation) and waits
-// for its answer, until ctx ends (a notifications/cancelled is then sent to the host) or
-// the session ends.
-func (s *session) requestHost(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
-	idText := s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
-	id, _ := jsonrpc.MakeID(idText)
+// ownRequest takes a new id of the proxy's own (in the session's id space) and the channel
+// its answer will come on; forget stops waiting for it.
+func (s *session) ownRequest() (id jsonrpc.ID, idText string, answer <-chan *jsonrpc.Response, forget func()) {
+	idText = s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
+	id, _ = jsonrpc.MakeID(idText)
 	ch := make(chan *jsonrpc.Response, 1)
 	s.mu.Lock()
 	s.waiting[idText] = ch
 	s.mu.Unlock()
-	forget := func() {
+	return id, idText, ch, func() {
 		s.mu.Lock()
 		delete(s.waiting, idText)
 		s.mu.Unlock()
 	}
+}
+
+// requestHost sends one request of the proxy's own to the host (an elicitation) and waits
+// for its answer, until ctx ends (a notifications/cancelled is then sent to the host) or
+// the session ends.
+func (s *session) requestHost(ctx context.Context, method string, params json.RawMessage) (*jsonrpc.Response, error) {
+	id, idText, ch, forget := s.ownRequest()
 	if err := s.down.Write(context.WithoutCancel(ctx), &jsonrpc.Request{ID: id, Method: method, Params: params}); err != nil {
 		forget()
 		return nil, fmt.Errorf("sending %s to the host: %w", method, err)
@@ -612,17 +618,7 @@ const maxLate = 256
 // the request's id is kept with key, so that upstream's late answer, which is dropped, is
 // logged with the key it settles (the evidence a person needs to resolve it).
 func (s *session) roundTripFor(ctx context.Context, key, method string, params json.RawMessage) (*jsonrpc.Response, error) {
-	idText := s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
-	id, _ := jsonrpc.MakeID(idText)
-	ch := make(chan *jsonrpc.Response, 1)
-	s.mu.Lock()
-	s.waiting[idText] = ch
-	s.mu.Unlock()
-	forget := func() {
-		s.mu.Lock()
-		delete(s.waiting, idText)
-		s.mu.Unlock()
-	}
+	id, idText, ch, forget := s.ownRequest()
 	if err := s.up.Write(context.WithoutCancel(ctx), &jsonrpc.Request{ID: id, Method: method, Params: params}); err != nil {
 		forget()
 		return nil, fmt.Errorf("sending %s upstream: %w", method, err)
