@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/internal/fixture/mcpfixture"
+	"github.com/toolfence/toolfence/mcpwire"
 	"github.com/toolfence/toolfence/residual"
 )
 
@@ -103,7 +104,9 @@ func TestHostAndUpstreamOfDifferentRevisions(t *testing.T) {
 
 // A 2026-07-28 host and a 2025-11-25 host on one `proxy --http` at once, in front of an
 // upstream that speaks both: each speaks its own revision, each makes its call once, and the
-// second host's identical call meets the first's residual (one namespace).
+// second host's identical call meets the first's residual (one namespace). The calls name
+// their task, so the identical call is the same work whatever ran in between (a call that
+// names none is judged by the repeat rules: A, B, A sends the second A, repeat.go).
 func TestTwoRevisionsOnOneHTTPProxy(t *testing.T) {
 	t.Parallel()
 	w := setup(t, "gosdk", "")
@@ -121,13 +124,14 @@ func TestTwoRevisionsOnOneHTTPProxy(t *testing.T) {
 	require.Equal(t, "2026-07-28", revisionOf(stateless))
 	require.Equal(t, "2025-11-25", revisionOf(session))
 	done := make(chan outcome, 2)
-	go func() { done <- (&goHost{s: stateless}).call(t, mcpfixture.ToolAppend, args, nil) }()
-	go func() { done <- (&goHost{s: session}).call(t, mcpfixture.ToolAppend, args2, nil) }()
+	task := func() map[string]any { return map[string]any{mcpwire.MetaTask: "two-revisions"} } // the SDK writes into _meta
+	go func() { done <- (&goHost{s: stateless}).call(t, mcpfixture.ToolAppend, args, task()) }()
+	go func() { done <- (&goHost{s: session}).call(t, mcpfixture.ToolAppend, args2, task()) }()
 	for range 2 {
 		o := <-done
 		require.False(t, o.IsError, o.Raw)
 	}
-	again := (&goHost{s: session}).call(t, mcpfixture.ToolAppend, args, nil)
+	again := (&goHost{s: session}).call(t, mcpfixture.ToolAppend, args, task())
 	require.True(t, again.Replayed, "the session host's identical call meets the stateless host's residual: %s", again.Raw)
 	require.Equal(t, 2, w.effectCount())
 }
