@@ -101,7 +101,8 @@ func (c *downConn) isClosed() bool {
 
 // WriteAnswer writes the proxy's own answer to a host request as Write does, and reports
 // whether it reached a stream the host still reads (false: it was dropped, the host no
-// longer waits for it, or the session ended).
+// longer waits for it, the session ended, or the stream's connection dropped: kept for the
+// host to resume, the answer may never be read, so it does not count as the host's).
 func (c *downConn) WriteAnswer(_ context.Context, r *jsonrpc.Response) bool {
 	if c.isClosed() {
 		return false
@@ -119,7 +120,15 @@ func (c *downConn) WriteAnswer(_ context.Context, r *jsonrpc.Response) bool {
 		c.log.Warn("toolfence proxy: an answer for the host was dropped: the host no longer waits for it (its outcome is in the ledger)", "session", c.id)
 		return false
 	}
-	return true
+	return st.live()
+}
+
+// live reports whether a host connection reads s: a stream without ids lives as long as its
+// request (it ends with it); a resumable one only while a writer is attached.
+func (s *sseStream) live() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.num == 0 || s.attached
 }
 
 // Write routes msg to the host: an answer to the stream of its request (dropped, with a

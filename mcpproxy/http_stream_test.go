@@ -199,3 +199,21 @@ func TestHTTPStreamThatOverflowsCloses(t *testing.T) {
 	}
 	require.Contains(t, ids, "s"+itoa(n-1), "the last request, sent after the stream ended, waits")
 }
+
+// The proxy's answer to a request whose resumable stream lost its connection is kept for
+// the host to resume, but does not count as the host's (WriteAnswer false): the host may
+// never read it, so its identical call is a retry, not a new intent (repeat.go).
+func TestWriteAnswerToDetachedStreamIsNotDelivered(t *testing.T) {
+	id, _ := jsonrpc.MakeID(float64(1))
+	answer := &jsonrpc.Response{ID: id, Result: json.RawMessage(`{"content":[]}`)}
+	for _, attached := range []bool{true, false} {
+		r := newStreamRig(t, false)
+		r.post.num, r.post.attached = 1, attached // resumable; a writer reads it, or none since the drop
+		r.c.streams[1] = r.post
+		require.Equal(t, attached, r.c.WriteAnswer(t.Context(), answer), "attached %v", attached)
+		n, _ := held(r.post)
+		require.Equal(t, 1, n, "kept for the host either way (attached %v)", attached)
+	}
+	r := newStreamRig(t, false) // a stream without ids: it lives as long as its request
+	require.True(t, r.c.WriteAnswer(t.Context(), answer))
+}
