@@ -317,12 +317,13 @@ func (s *session) takeAnswer(params callParams, key string) *answered {
 }
 
 // about returns the answer's choice when it answers a question of kind about the outcome
-// token ("" for none).
-func (a *answered) about(kind string, token uint64) string {
+// token ("" for none: declined, cancelled or unreadable), and whether it does: a question
+// answered, even with no choice, is not asked again.
+func (a *answered) about(kind string, token uint64) (choice string, ok bool) {
 	if a == nil || a.q.kind != kind || a.q.token != token {
-		return ""
+		return "", false
 	}
-	return a.choice
+	return a.choice, true
 }
 
 // withoutOwnRound returns tools/call params without the requestState and inputResponses of

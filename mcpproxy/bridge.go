@@ -220,14 +220,22 @@ func (b *bridge) SessionID() string { return b.up.SessionID() }
 // to no call it can tell (several calls in flight on a stdio upstream) is refused.
 type legacyUp struct {
 	bridge
-	initOnce sync.Once
-	initRes  json.RawMessage // the upstream's InitializeResult
-	initErr  error
+	initMu  sync.Mutex
+	initRes json.RawMessage // the upstream's InitializeResult, once the session is open
 
 	lmu       sync.Mutex
 	inflight  map[string]*legacyCall // idKey of a request sent upstream → it, until answered
 	suspended map[string]*legacyCall // requestState → the call waiting for the host's input
+	// finished holds the answers upstream gave to calls whose round was put to the host and
+	// not yet continued (upstream gave up waiting for the input and answered anyway): the
+	// continuation gets it, nothing is sent again. By requestState; order is oldest first.
+	finished map[string]*jsonrpc.Response
+	order    []string
 }
+
+// maxFinished bounds legacyUp.finished: past it the oldest answer is forgotten, and its
+// continuation is answered with an error the proxy records unknown (never failed).
+const maxFinished = 1024
 
 // legacyCall is a request sent upstream for a stateless host.
 type legacyCall struct {
@@ -248,29 +256,35 @@ var _ mcp.Connection = (*legacyUp)(nil)
 // initialized. It declares the elicitation, sampling and roots capabilities: their requests
 // become rounds of the host's calls.
 func newLegacyUp(up mcp.Connection) *legacyUp {
-	l := &legacyUp{bridge: newBridge(up), inflight: map[string]*legacyCall{}, suspended: map[string]*legacyCall{}}
+	l := &legacyUp{bridge: newBridge(up), inflight: map[string]*legacyCall{}, suspended: map[string]*legacyCall{},
+		finished: map[string]*jsonrpc.Response{}}
 	go l.read(l.handle)
 	return l
 }
 
-// initialize opens the upstream session once: initialize (no client capabilities), then
-// notifications/initialized.
+// initialize opens the upstream session once: initialize (declaring elicitation, sampling
+// and roots), then notifications/initialized. A failed attempt is tried again by the next
+// request (an upstream slow to start does not refuse every later host).
 func (l *legacyUp) initialize(ctx context.Context) error {
-	l.initOnce.Do(func() {
-		r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125,
-			"capabilities": map[string]any{"elicitation": map[string]any{}, "sampling": map[string]any{}, "roots": map[string]any{}},
-			"clientInfo":   proxyInfo})
-		switch {
-		case err != nil:
-			l.initErr = fmt.Errorf("initializing the upstream session: %w", err)
-		case r.Error != nil:
-			l.initErr = fmt.Errorf("initializing the upstream session: %w", r.Error)
-		default:
-			l.initRes = r.Result
-			l.initErr = l.up.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)})
-		}
-	})
-	return l.initErr
+	l.initMu.Lock()
+	defer l.initMu.Unlock()
+	if l.initRes != nil {
+		return nil
+	}
+	r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125,
+		"capabilities": map[string]any{"elicitation": map[string]any{}, "sampling": map[string]any{}, "roots": map[string]any{}},
+		"clientInfo":   proxyInfo})
+	switch {
+	case err != nil:
+		return fmt.Errorf("initializing the upstream session: %w", err)
+	case r.Error != nil:
+		return fmt.Errorf("initializing the upstream session: %w", r.Error)
+	}
+	if err := l.up.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)}); err != nil {
+		return fmt.Errorf("initializing the upstream session: %w", err)
+	}
+	l.initRes = r.Result
+	return nil
 }
 
 // Write sends msg upstream: server/discover is answered from the session's
@@ -321,14 +335,19 @@ func (l *legacyUp) handle(msg jsonrpc.Message) {
 		if c != nil && c.state != "" {
 			delete(l.suspended, c.state)
 		}
+		if c != nil && m.Result != nil {
+			m.Result = withResultType(m.Result)
+		}
+		if c != nil && c.asking != nil {
+			// The host was asked and has not answered: nobody waits under the call's ids.
+			// Its continuation takes this answer (the call ran once; it must not run again).
+			l.keepFinishedLocked(c.state, m)
+			l.lmu.Unlock()
+			return
+		}
 		l.lmu.Unlock()
-		if c != nil {
-			if m.Result != nil {
-				m.Result = withResultType(m.Result)
-			}
-			if c.replyID.IsValid() {
-				m.ID = c.replyID
-			}
+		if c != nil && c.replyID.IsValid() {
+			m.ID = c.replyID
 		}
 		l.emit(m)
 	case *jsonrpc.Request:
@@ -345,6 +364,17 @@ func (l *legacyUp) handle(msg jsonrpc.Message) {
 			l.refuse(m, "a stateless host takes no requests")
 		}
 	}
+}
+
+// keepFinishedLocked keeps upstream's answer m to the call of the round state for its
+// continuation, under l.lmu.
+func (l *legacyUp) keepFinishedLocked(state string, m *jsonrpc.Response) {
+	if len(l.order) >= maxFinished {
+		delete(l.finished, l.order[0])
+		l.order = l.order[1:]
+	}
+	l.finished[state] = m
+	l.order = append(l.order, state)
 }
 
 // refuse answers an upstream request the bridge cannot put to a host.
@@ -412,9 +442,19 @@ func (l *legacyUp) continued(ctx context.Context, req *jsonrpc.Request, state st
 	l.lmu.Lock()
 	c := l.suspended[state]
 	if c == nil || c.asking == nil {
+		done := l.finished[state]
+		delete(l.finished, state)
 		l.lmu.Unlock()
-		l.emit(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams,
-			Message: "toolfence proxy: requestState names no round in progress (it ended, or the proxy restarted); make the call again"}})
+		if done != nil { // upstream finished the call before the host answered: its answer
+			out := *done
+			out.ID = req.ID
+			l.emit(&out)
+			return nil
+		}
+		// Not invalid params: the round's call may have run upstream (the proxy records the
+		// outcome unknown, never failed).
+		l.emit(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+			Message: "toolfence proxy: requestState names no round in progress (it ended, or the proxy restarted); upstream may have run the call"}})
 		return nil
 	}
 	asked := c.asking
@@ -563,6 +603,9 @@ func (s *statelessUp) Write(ctx context.Context, msg jsonrpc.Message) error {
 			s.smu.Unlock()
 			s.emit(&jsonrpc.Response{ID: m.ID, Result: json.RawMessage(`{}`)})
 			return nil
+		case m.Method == "notifications/cancelled":
+			s.cancelled(m)
+			return s.up.Write(ctx, m)
 		case m.IsCall():
 			out := *m
 			if transport.ReadMeta(m.Params).Version == "" {
@@ -675,6 +718,34 @@ func (s *statelessUp) handle(msg jsonrpc.Message) {
 	}
 }
 
+// cancelled forgets the call a cancellation names (the proxy's or the host's): whoever sent
+// it no longer waits for its answer, so a late answer of the host to one of its rounds
+// sends nothing upstream again (again would run it outside the guard's attempt).
+func (s *statelessUp) cancelled(m *jsonrpc.Request) {
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(m.Params, &p) != nil {
+		return
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	if err != nil {
+		return
+	}
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	c := s.pending[hostKey(id)]
+	if c == nil {
+		return
+	}
+	delete(s.pending, hostKey(id))
+	for k, tc := range s.toHost {
+		if tc == c {
+			delete(s.toHost, k)
+		}
+	}
+}
+
 // hostAnswer takes the host's answer to one of the bridge's requests; once every input of
 // the round is answered, the call goes upstream again with them.
 func (s *statelessUp) hostAnswer(ctx context.Context, r *jsonrpc.Response) {
@@ -687,7 +758,9 @@ func (s *statelessUp) hostAnswer(ctx context.Context, r *jsonrpc.Response) {
 	delete(s.toHost, idText)
 	if c == nil {
 		s.smu.Unlock()
-		_ = s.up.Write(ctx, r) // not the bridge's: upstream's own (there are none in 2026-07-28)
+		if !strings.HasPrefix(idText, bridgeIDPrefix) { // a round of a call given up: dropped
+			_ = s.up.Write(ctx, r) // not the bridge's: upstream's own (there are none in 2026-07-28)
+		}
 		return
 	}
 	key := c.keys[idText]
@@ -704,9 +777,14 @@ func (s *statelessUp) hostAnswer(ctx context.Context, r *jsonrpc.Response) {
 	}
 }
 
-// again sends call c upstream again with the answers of its round and its requestState.
+// again sends call c upstream again with the answers of its round and its requestState,
+// unless c was cancelled meanwhile.
 func (s *statelessUp) again(c *bridgedCall) {
 	s.smu.Lock()
+	if s.pending[hostKey(c.req.ID)] != c {
+		s.smu.Unlock()
+		return
+	}
 	var doc map[string]json.RawMessage
 	_ = json.Unmarshal(c.req.Params, &doc)
 	if doc == nil {

@@ -431,8 +431,8 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 				return resolved
 			}
 			q := settleQuestion(params.Name, args, v, s.howItEnded(bctx, v), learned)
-			choice := answer.about(askSettle, v.Token)
-			if choice == "" && s.canAsk() {
+			choice, answeredIt := answer.about(askSettle, v.Token)
+			if !answeredIt && s.canAsk() {
 				choice, asked = s.ask(ctx, req, q)
 			}
 			if choice == choiceYes || choice == choiceNo {
@@ -456,8 +456,8 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 			verdict, why := p.judgeRepeat(p.ic.Namespace(), call.Operation, rule, explicit, replay, p.clock().Now())
 			if verdict == repeatAsk {
 				q := repeatQuestion(params.Name, replay, why)
-				choice := answer.about(askRepeat, replay.Token)
-				if choice == "" && s.canAsk() {
+				choice, answeredIt := answer.about(askRepeat, replay.Token)
+				if !answeredIt && s.canAsk() {
 					if choice, asked = s.ask(ctx, req, q); asked != nil {
 						return asked, settled{}
 					}

@@ -55,6 +55,7 @@ func rawOf(c mcp.Connection) *rawEnd {
 }
 
 func (r *rawEnd) next(t *testing.T) jsonrpc.Message {
+	t.Helper()
 	select {
 	case m, ok := <-r.in:
 		require.True(t, ok, "connection closed")
@@ -66,6 +67,7 @@ func (r *rawEnd) next(t *testing.T) jsonrpc.Message {
 }
 
 func (r *rawEnd) nextReq(t *testing.T) *jsonrpc.Request {
+	t.Helper()
 	for {
 		if q, ok := r.next(t).(*jsonrpc.Request); ok && q.IsCall() {
 			return q

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,6 +92,11 @@ func (rs *rounds) roundFor(ns, key, digest, state string) (*round, string) {
 	case rd.key != key || rd.digest != digest:
 		return nil, "refused: this continues a multi-round call (upstream asked for input) with other arguments; nothing was sent. " +
 			"Continue it with the arguments it began with, or let it lapse and make a new call"
+	case bridged(rd.state) && state != rd.state:
+		// A 2025-11-25 upstream behind the bridge is still running the call, waiting for the
+		// host's input: the same call again would run it a second time.
+		return nil, "refused: this call is in progress upstream, waiting for the host's answer to its round (upstream asked for input); nothing was sent. " +
+			"Continue that round with its requestState, or let it lapse"
 	}
 	rd.busy = true
 	return rd, ""
@@ -130,10 +136,7 @@ func (rs *rounds) again(p *Proxy, rd *round, state string) {
 		rs.byState[stateKey(rd.ns, state)] = rd
 	}
 	rs.mu.Unlock()
-	select {
-	case rd.touch <- struct{}{}:
-	default:
-	}
+	rd.poke()
 }
 
 // release marks rd waiting again after a continuation that was refused before it was sent.
@@ -141,6 +144,15 @@ func (rs *rounds) release(rd *round) {
 	rs.mu.Lock()
 	rd.busy = false
 	rs.mu.Unlock()
+	rd.poke()
+}
+
+// poke wakes rd's watcher (watchRound) to read its deadline again.
+func (rd *round) poke() {
+	select {
+	case rd.touch <- struct{}{}:
+	default:
+	}
 }
 
 // end removes rd once its call is over (its final answer is being recorded).
@@ -190,14 +202,18 @@ func (p *Proxy) watchRound(rd *round) {
 	clock := p.clock()
 	for {
 		p.rounds.mu.Lock()
-		wait := rd.deadline.Sub(clock.Now())
+		wait, busy := rd.deadline.Sub(clock.Now()), rd.busy
 		p.rounds.mu.Unlock()
+		var deadline <-chan time.Time // none while a continuation is in flight: again or release touch rd
+		if !busy {
+			deadline = clock.After(max(wait, 0))
+		}
 		select {
 		case <-rd.done:
 			return
 		case <-rd.touch:
 			continue
-		case <-clock.After(max(wait, 0)):
+		case <-deadline:
 		}
 		if p.rounds.claim(rd, clock.Now(), false) {
 			p.abandon(rd, fmt.Sprintf("the host did not continue it within %v", p.cfg.RoundTimeout))
@@ -216,18 +232,26 @@ func (p *Proxy) abandonRounds(owner *session, why string) {
 	}
 }
 
+// bridged reports whether a round's requestState is the bridge's own (legacyUp): its call is
+// still running in a 2025-11-25 upstream, waiting for the host's input.
+func bridged(state string) bool { return strings.HasPrefix(state, bridgeState) }
+
 // abandon records rd's call failed: upstream answered input_required and the host never
-// continued, so upstream did not finish it.
+// continued, so upstream did not finish it. A bridged round's call is recorded unknown: the
+// 2025-11-25 upstream is still running it and may act without the host's input.
 func (p *Proxy) abandon(rd *round, why string) {
 	rd.keep.Close()
-	text := fmt.Sprintf("abandoned multi-round call: upstream answered input_required %d time(s) and %s; an input_required answer means upstream has not finished the call, so it had no effect", rd.n, why)
-	_, err := rd.a.Report(context.Background(), interceptor.Report{Outcome: residual.Failed, Error: text})
+	rep := interceptor.Report{Outcome: residual.Failed, Error: fmt.Sprintf("abandoned multi-round call: upstream answered input_required %d time(s) and %s; an input_required answer means upstream has not finished the call, so it had no effect", rd.n, why)}
+	if bridged(rd.state) {
+		rep = interceptor.Report{Outcome: residual.Unknown, Error: fmt.Sprintf("abandoned multi-round call: the upstream (MCP 2025-11-25, bridged) asked for the host's input %d time(s) and %s; it was still running the call, so whether it acted is not known", rd.n, why)}
+	}
+	_, err := rd.a.Report(context.Background(), rep)
 	if err != nil && !errors.Is(err, interceptor.ErrCallFailed) {
 		p.log.Warn("toolfence proxy: could not record an abandoned multi-round call; its lease expires and the key becomes unknown",
 			"key", rd.key, "tool", rd.tool, "err", err)
 		return
 	}
-	p.log.Info("toolfence proxy: multi-round call abandoned and recorded failed", "key", rd.key, "tool", rd.tool, "why", why)
+	p.log.Info("toolfence proxy: multi-round call abandoned", "key", rd.key, "tool", rd.tool, "outcome", rep.Outcome, "why", why)
 }
 
 // inputRequired reports whether resp is an input_required answer of a tools/call (SEP-2322):

@@ -2,6 +2,7 @@ package mcpproxy_test
 
 import (
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,5 +223,69 @@ func TestProxyHostCancellationLetsTheCallFinish(t *testing.T) {
 	require.Contains(t, retry, "[replayed] not sent")
 	require.Contains(t, retry, "its earlier answer may not have reached the host")
 	require.Contains(t, retry, "charged A")
+	r.nothingSentUpstream(t, 4)
+}
+
+// countingClock counts the waits for no time at all that the proxy asks its clock for.
+type countingClock struct {
+	*lease.Fake
+	zero atomic.Int64
+}
+
+func (c *countingClock) After(d time.Duration) <-chan time.Time {
+	if d <= 0 {
+		c.zero.Add(1)
+	}
+	return c.Fake.After(d)
+}
+
+// A continuation still in flight when the round's deadline passes keeps the round (it is
+// not abandoned under the call), and the round's watcher waits for it instead of polling
+// the clock in a loop until upstream answers.
+func TestProxyRoundInFlightPastDeadlineWaits(t *testing.T) {
+	clock := &countingClock{Fake: lease.NewFake(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))}
+	pol, err := policy.Parse([]byte(`{"tools":{"deploy":{"mode":"protect","lease":"1h"}}}`))
+	require.NoError(t, err)
+	r := newRig(t, mcpproxy.Options{Policy: pol}, clock)
+	r.openRound(t)
+	clock.BlockUntil(2) // the lease's renewal and the round's deadline
+
+	r.callDeploy(t, 2, `,"inputResponses":{"ok":{"action":"accept"}},"requestState":"s1"`)
+	cont := r.up.nextReq(t)
+	clock.Advance(mcpproxy.DefaultRoundTimeout + time.Second) // upstream is slow to answer
+	r.host.send(t, float64(3), "ping", `{}`)
+	r.up.answer(t, r.up.nextReq(t).ID, `{}`) // the proxy went on meanwhile
+	_, ok := r.host.next(t).(*jsonrpc.Response)
+	require.True(t, ok)
+	require.Equal(t, residual.Pending, r.residuals(t)[0].State, "not abandoned while its continuation is in flight")
+
+	r.up.answer(t, cont.ID, `{"resultType":"complete","content":[{"type":"text","text":"deployed"}]}`)
+	require.Contains(t, r.hostResult(t, 2), "deployed")
+	require.Equal(t, residual.Succeeded, r.residuals(t)[0].State)
+	require.LessOrEqual(t, clock.zero.Load(), int64(2), "the watcher polled the clock in a loop")
+}
+
+// A stateless host's user who declines the proxy's question (no choice) is not asked it
+// again: the call is answered from the ledger and nothing is sent.
+func TestProxyDeclinedQuestionIsNotAskedAgain(t *testing.T) {
+	r, _ := roundRig(t)
+	r.callDeploy(t, 1, "")
+	r.discovered(t)
+	r.listed(t, confirmDef)
+	r.up.answer(t, r.up.nextReq(t).ID, `{"resultType":"complete","content":[{"type":"text","text":"deployed"}]}`)
+	require.Contains(t, r.hostResult(t, 1), "deployed")
+
+	r.callDeploy(t, 2, "")
+	q := r.hostResult(t, 2)
+	require.Contains(t, q, "Run it again?")
+	var round struct {
+		RequestState string `json:"requestState"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(q), &round))
+	r.callDeploy(t, 3, `,"inputResponses":{"toolfence.dev/question":{"action":"decline"}},"requestState":"`+round.RequestState+`"`)
+	replay := r.hostResult(t, 3)
+	require.NotContains(t, replay, `"resultType":"input_required"`, "asked again")
+	require.Contains(t, replay, "[replayed] not sent")
+	require.Contains(t, replay, "deployed")
 	r.nothingSentUpstream(t, 4)
 }
