@@ -220,8 +220,9 @@ func (b *bridge) SessionID() string { return b.up.SessionID() }
 // to no call it can tell (several calls in flight on a stdio upstream) is refused.
 type legacyUp struct {
 	bridge
-	initMu  sync.Mutex
-	initRes json.RawMessage // the upstream's InitializeResult, once the session is open
+	initOnce sync.Once
+	initRes  json.RawMessage // the upstream's InitializeResult
+	initErr  error
 
 	lmu       sync.Mutex
 	inflight  map[string]*legacyCall // idKey of a request sent upstream → it, until answered
@@ -229,13 +230,26 @@ type legacyUp struct {
 	// finished holds the answers upstream gave to calls whose round was put to the host and
 	// not yet continued (upstream gave up waiting for the input and answered anyway): the
 	// continuation gets it, nothing is sent again. By requestState; order is oldest first.
-	finished map[string]*jsonrpc.Response
-	order    []string
+	finished map[string]finishedCall
+	order    []string // keys of finished, oldest first
+	bytes    int      // of the answers in finished
 }
 
-// maxFinished bounds legacyUp.finished: past it the oldest answer is forgotten, and its
+// finishedCall is an answer legacyUp keeps for a continuation, and when it came.
+type finishedCall struct {
+	resp *jsonrpc.Response
+	size int
+	at   time.Time
+}
+
+// The answers legacyUp keeps for continuations are bounded: at most maxFinished of them,
+// maxFinishedBytes in all, none older than DefaultRoundTimeout (a round the host did not
+// continue by then is abandoned). Past a bound the oldest is forgotten, and its
 // continuation is answered with an error the proxy records unknown (never failed).
-const maxFinished = 1024
+const (
+	maxFinished      = 1024
+	maxFinishedBytes = 64 << 20
+)
 
 // legacyCall is a request sent upstream for a stateless host.
 type legacyCall struct {
@@ -257,34 +271,30 @@ var _ mcp.Connection = (*legacyUp)(nil)
 // become rounds of the host's calls.
 func newLegacyUp(up mcp.Connection) *legacyUp {
 	l := &legacyUp{bridge: newBridge(up), inflight: map[string]*legacyCall{}, suspended: map[string]*legacyCall{},
-		finished: map[string]*jsonrpc.Response{}}
+		finished: map[string]finishedCall{}}
 	go l.read(l.handle)
 	return l
 }
 
 // initialize opens the upstream session once: initialize (declaring elicitation, sampling
-// and roots), then notifications/initialized. A failed attempt is tried again by the next
-// request (an upstream slow to start does not refuse every later host).
+// and roots), then notifications/initialized. A failure stays: the session's requests fail
+// until its connection is opened again.
 func (l *legacyUp) initialize(ctx context.Context) error {
-	l.initMu.Lock()
-	defer l.initMu.Unlock()
-	if l.initRes != nil {
-		return nil
-	}
-	r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125,
-		"capabilities": map[string]any{"elicitation": map[string]any{}, "sampling": map[string]any{}, "roots": map[string]any{}},
-		"clientInfo":   proxyInfo})
-	switch {
-	case err != nil:
-		return fmt.Errorf("initializing the upstream session: %w", err)
-	case r.Error != nil:
-		return fmt.Errorf("initializing the upstream session: %w", r.Error)
-	}
-	if err := l.up.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)}); err != nil {
-		return fmt.Errorf("initializing the upstream session: %w", err)
-	}
-	l.initRes = r.Result
-	return nil
+	l.initOnce.Do(func() {
+		r, err := l.ask(ctx, "initialize", map[string]any{"protocolVersion": transport.Rev20251125,
+			"capabilities": map[string]any{"elicitation": map[string]any{}, "sampling": map[string]any{}, "roots": map[string]any{}},
+			"clientInfo":   proxyInfo})
+		switch {
+		case err != nil:
+			l.initErr = fmt.Errorf("initializing the upstream session: %w", err)
+		case r.Error != nil:
+			l.initErr = fmt.Errorf("initializing the upstream session: %w", r.Error)
+		default:
+			l.initRes = r.Result
+			l.initErr = l.up.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)})
+		}
+	})
+	return l.initErr
 }
 
 // Write sends msg upstream: server/discover is answered from the session's
@@ -367,14 +377,33 @@ func (l *legacyUp) handle(msg jsonrpc.Message) {
 }
 
 // keepFinishedLocked keeps upstream's answer m to the call of the round state for its
-// continuation, under l.lmu.
+// continuation, under l.lmu, forgetting the oldest answers past the bounds.
 func (l *legacyUp) keepFinishedLocked(state string, m *jsonrpc.Response) {
-	if len(l.order) >= maxFinished {
-		delete(l.finished, l.order[0])
+	size := len(m.Result)
+	if m.Error != nil {
+		size += len(m.Error.Error())
+	}
+	now := time.Now()
+	for len(l.order) > 0 {
+		oldest, ok := l.finished[l.order[0]]
+		if ok && len(l.finished) < maxFinished && l.bytes+size <= maxFinishedBytes && now.Sub(oldest.at) < DefaultRoundTimeout {
+			break
+		}
+		l.forgetFinishedLocked(l.order[0])
 		l.order = l.order[1:]
 	}
-	l.finished[state] = m
+	l.finished[state] = finishedCall{resp: m, size: size, at: now}
+	l.bytes += size
 	l.order = append(l.order, state)
+}
+
+// forgetFinishedLocked drops the answer kept for state, if any, under l.lmu (its place in
+// order stays until it is the oldest).
+func (l *legacyUp) forgetFinishedLocked(state string) {
+	if f, ok := l.finished[state]; ok {
+		l.bytes -= f.size
+		delete(l.finished, state)
+	}
 }
 
 // refuse answers an upstream request the bridge cannot put to a host.
@@ -442,11 +471,11 @@ func (l *legacyUp) continued(ctx context.Context, req *jsonrpc.Request, state st
 	l.lmu.Lock()
 	c := l.suspended[state]
 	if c == nil || c.asking == nil {
-		done := l.finished[state]
-		delete(l.finished, state)
+		done, ok := l.finished[state]
+		l.forgetFinishedLocked(state)
 		l.lmu.Unlock()
-		if done != nil { // upstream finished the call before the host answered: its answer
-			out := *done
+		if ok { // upstream finished the call before the host answered: its answer
+			out := *done.resp
 			out.ID = req.ID
 			l.emit(&out)
 			return nil

@@ -129,3 +129,22 @@ func TestBridgedSessionLateAnswerAfterTimeoutSendsNothing(t *testing.T) {
 	next := r.up.nextReq(t)
 	require.Equal(t, "resources/list", next.Method, "nothing else was sent upstream before it: %s", next.Params)
 }
+
+// A call echoing the requestState of a bridged round the proxy no longer holds (abandoned)
+// is refused and nothing is begun or sent: it must not take the answer the bridge kept for
+// that round's call, which was another call.
+func TestBridgedRoundStaleStateIsRefused(t *testing.T) {
+	r, clock := roundRig(t)
+	call, state := r.bridgedRound(t)
+	r.up.answer(t, call.ID, `{"content":[{"type":"text","text":"deployed prod"}]}`)
+	clock.BlockUntil(2)
+	clock.Advance(mcpproxy.DefaultRoundTimeout + time.Second)
+	require.Eventually(t, func() bool { return r.residuals(t)[0].State == residual.Unknown }, 5*time.Second, 10*time.Millisecond)
+
+	r.host.send(t, float64(2), "tools/call", `{"name":"deploy","arguments":{"env":"staging"},`+meta2026+`,"inputResponses":{"upstream":{"action":"accept"}},"requestState":"`+state+`"`+`}`)
+	got := r.hostResult(t, 2)
+	require.Contains(t, got, "no longer in progress")
+	require.NotContains(t, got, "deployed prod")
+	require.Len(t, r.residuals(t), 1, "nothing begun for the staging call")
+	r.nothingSentUpstream(t, 3)
+}

@@ -409,6 +409,10 @@ func (s *session) guard(ctx context.Context, req *jsonrpc.Request, params callPa
 	switch rd, refused := p.rounds.roundFor(p.ic.Namespace(), key, digest, upState); {
 	case refused != "":
 		return refuse(mcpwire.KindInProgress, refused)
+	case rd == nil && bridged(upState):
+		// A round of the bridge's that the proxy no longer holds (abandoned, or another
+		// proxy's): continued, it would take an answer meant for that round's call.
+		return refuse(mcpwire.KindInvalidInput, "refused: requestState names a round of a multi-round call that is no longer in progress (it lapsed, or the proxy restarted); nothing was sent. Make the call again without requestState")
 	case rd != nil:
 		sent, err := withKey(hostParams, rule.Key, rd.a.Dispatch.Key)
 		if err != nil { // the same params were accepted by the round's first dispatch
