@@ -84,11 +84,14 @@ func porcupineOps(ops []*Op) []porcupine.Operation {
 // the residual as read after the write rather than at it: a Commit, Resolve or
 // AppendEvidence whose reply was lost is retried inside the ledger, which recognises its
 // own write and answers with the residual as the retry reads it, after other steps may
-// have landed. Such an op is checked as two steps in its window: the write (partWrite),
-// then a read of its answer (partAnswer), which the model orders after the write.
+// have landed; so is a Commit refused (lease lost), whose refusal the ledger records as
+// evidence. Such an op is checked as two steps in its window: the write (partWrite), then
+// a read of its answer (partAnswer), which the model orders after the write.
 func answersLater(op *Op) bool {
 	switch op.In.Kind {
-	case KCommit, KResolve, KEvidence:
+	case KCommit:
+		return (op.Out.Result == ROK || op.Out.Result == RLeaseLost) && op.Out.HasRes
+	case KResolve, KEvidence:
 		return op.Out.Result == ROK && op.Out.HasRes
 	}
 	return false

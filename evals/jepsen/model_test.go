@@ -192,3 +192,31 @@ func TestModelCommitAnswersWithALaterRead(t *testing.T) {
 		})
 	}
 }
+
+// TestModelRefusedCommitAnswersWithALaterRead: a Commit refused (lease lost) and recorded as
+// evidence is retried like any write whose reply was lost, and answered with the residual
+// as the retry reads it, after other steps landed (a TestJepsenPostgres run of 2026-12-07:
+// its answer held the later reservation's token). That answer is legal; one that no state
+// after the refusal explains is not.
+func TestModelRefusedCommitAnswersWithALaterRead(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		evidence int
+		ok       bool
+	}{
+		{"as the refusal left it", 1, true},
+		{"with an observation appended after it", 2, true},
+		{"without its own observation", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h hist
+			h.acquired("k", 1, 1, 5) // expires at 6 ms
+			h.add(1, 9, 10, Input{Kind: KGet, Key: "k"}, Output{Result: ROK, HasRes: true, State: residual.Unknown, Token: 1, Holder: "h", Attempts: 1})
+			h.add(1, 40, 41, Input{Kind: KGet, Key: "k"}, Output{Result: ROK, HasRes: true, State: residual.Unknown, Token: 1, Holder: "h", Attempts: 1, Evidence: 1}) // the refusal landed by now
+			h.add(1, 50, 51, Input{Kind: KEvidence, Key: "k"}, Output{Result: ROK, HasRes: true, State: residual.Unknown, Token: 1, Holder: "h", Attempts: 1, Evidence: 2})
+			out := Output{Result: RLeaseLost, HasRes: true, State: residual.Unknown, Token: 1, Holder: "h", Attempts: 1, Evidence: tc.evidence}
+			h.add(0, 20, 60, commit(residual.Succeeded), out)
+			require.Equal(t, tc.ok, h.check(t).Linearizable == "Ok")
+		})
+	}
+}
