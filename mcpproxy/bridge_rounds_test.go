@@ -2,6 +2,8 @@ package mcpproxy_test
 
 import (
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,12 +84,19 @@ func TestBridgedRoundRefusesTheSameCallWithoutItsState(t *testing.T) {
 // A bridged round the host never continues is recorded unknown, not failed: the upstream
 // was still running the call and may act without the input.
 func TestBridgedRoundAbandonedIsUnknown(t *testing.T) {
-	r, clock := roundRig(t)
+	clock := lease.NewFake(time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC))
+	pol, err := policy.Parse([]byte(`{"tools":{"deploy":{"mode":"protect","lease":"1h"}}}`))
+	require.NoError(t, err)
+	logs := &lockedBuffer{}
+	r := newRig(t, mcpproxy.Options{Policy: pol, Logger: slog.New(slog.NewTextHandler(logs, nil))}, clock)
 	r.bridgedRound(t)
 	clock.BlockUntil(2)
 	clock.Advance(mcpproxy.DefaultRoundTimeout + time.Second)
-	require.Eventually(t, func() bool { return r.residuals(t)[0].State == residual.Unknown }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "multi-round call abandoned") }, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, residual.Unknown, r.residuals(t)[0].State)
 	require.Contains(t, r.residuals(t)[0].Attempts[0].Error, "still running the call")
+	require.Contains(t, logs.String(), "outcome=unknown")
+	require.NotContains(t, logs.String(), "could not record", "it was recorded")
 }
 
 // A 2025-11-25 host in front of an upstream that speaks 2026-07-28 only (statelessUp): the

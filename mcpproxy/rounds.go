@@ -3,7 +3,6 @@ package mcpproxy
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -245,8 +244,7 @@ func (p *Proxy) abandon(rd *round, why string) {
 	if bridged(rd.state) {
 		rep = interceptor.Report{Outcome: residual.Unknown, Error: fmt.Sprintf("abandoned multi-round call: the upstream (MCP 2025-11-25, bridged) asked for the host's input %d time(s) and %s; it was still running the call, so whether it acted is not known", rd.n, why)}
 	}
-	_, err := rd.a.Report(context.Background(), rep)
-	if err != nil && !errors.Is(err, interceptor.ErrCallFailed) {
+	if res, err := rd.a.Report(context.Background(), rep); res == nil { // recorded: a Result, whatever its error
 		p.log.Warn("toolfence proxy: could not record an abandoned multi-round call; its lease expires and the key becomes unknown",
 			"key", rd.key, "tool", rd.tool, "err", err)
 		return
