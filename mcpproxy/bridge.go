@@ -83,12 +83,12 @@ type bridge struct {
 
 	mu      sync.Mutex
 	seq     uint64
-	waiting map[string]chan *jsonrpc.Response // own request id → its answer
+	waiting replies // the bridge's own requests, by id
 	readErr error
 }
 
 func newBridge(up mcp.Connection) bridge {
-	return bridge{up: up, out: make(chan jsonrpc.Message, 64), done: make(chan struct{}), waiting: map[string]chan *jsonrpc.Response{}}
+	return bridge{up: up, out: make(chan jsonrpc.Message, 64), done: make(chan struct{})}
 }
 
 // nextID is a fresh id of the bridge's own.
@@ -144,10 +144,8 @@ func (b *bridge) ask(ctx context.Context, method string, params any) (*jsonrpc.R
 	if err != nil {
 		return nil, err
 	}
-	ch := make(chan *jsonrpc.Response, 1)
-	b.mu.Lock()
-	b.waiting[key] = ch
-	b.mu.Unlock()
+	ch, forget := b.waiting.expect(key)
+	defer forget() // answered or not, nobody waits once ask returns
 	if err := b.up.Write(ctx, &jsonrpc.Request{ID: id, Method: method, Params: raw}); err != nil {
 		return nil, err
 	}
@@ -161,23 +159,6 @@ func (b *bridge) ask(ctx context.Context, method string, params any) (*jsonrpc.R
 	case <-b.done:
 		return nil, ErrUpstreamGone
 	}
-}
-
-// answered routes an answer to a request of the bridge's own; false when it is not one.
-func (b *bridge) answered(r *jsonrpc.Response) bool {
-	key, ok := r.ID.Raw().(string)
-	if !ok {
-		return false
-	}
-	b.mu.Lock()
-	ch := b.waiting[key]
-	delete(b.waiting, key)
-	b.mu.Unlock()
-	if ch == nil {
-		return false
-	}
-	ch <- r
-	return true
 }
 
 // read runs handle on every upstream message until the upstream ends.
@@ -195,11 +176,18 @@ func (b *bridge) read(handle func(jsonrpc.Message)) {
 			b.once.Do(func() { close(b.done) })
 			return
 		}
-		if r, ok := msg.(*jsonrpc.Response); ok && b.answered(r) {
+		if r, ok := msg.(*jsonrpc.Response); ok && (b.waiting.deliver(r) || ownLate(r)) {
 			continue
 		}
 		handle(msg)
 	}
+}
+
+// ownLate reports whether r answers a request of the bridge's own that no one waits for
+// any more (ask gave up): dropped, it is nobody else's.
+func ownLate(r *jsonrpc.Response) bool {
+	id, ok := r.ID.Raw().(string)
+	return ok && strings.HasPrefix(id, bridgeIDPrefix)
 }
 
 // Close closes the upstream connection.

@@ -165,7 +165,7 @@ func (p *Proxy) Serve(ctx context.Context, down, up mcp.Connection) error {
 func (p *Proxy) serve(ctx context.Context, down, up mcp.Connection, stateless bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s := &session{p: p, down: down, up: up, waiting: map[string]chan *jsonrpc.Response{},
+	s := &session{p: p, down: down, up: up,
 		calls: map[string]context.CancelCauseFunc{}, relayed: map[string]trace.Span{}, late: map[string]string{}, dropped: map[string]struct{}{},
 		upDone: make(chan struct{}), downDone: make(chan struct{}), stateless: stateless}
 	s.upSess = newUpstreamSession()
@@ -240,7 +240,7 @@ type session struct {
 	readUp   func()        // starts reading the upstream (once decided)
 
 	mu          sync.Mutex
-	waiting     map[string]chan *jsonrpc.Response  // our request id → its answer
+	waiting     replies                            // the proxy's own requests, by id
 	calls       map[string]context.CancelCauseFunc // host id of a guarded call → its cancel
 	relayed     map[string]trace.Span              // host id of a request relayed upstream → its span (nil but for a bypassed call), until upstream answers
 	dropped     map[string]struct{}                // host ids whose upstream answer was dropped and logged (at most maxDropped)
@@ -314,7 +314,7 @@ func (s *session) readDownstream(ctx context.Context) error {
 			}
 		}
 		if resp, ok := msg.(*jsonrpc.Response); ok && reservedID(resp.ID) {
-			s.answered(resp) // the host's answer to the proxy's own request (an elicitation)
+			s.waiting.deliver(resp) // the host's answer to the proxy's own request (an elicitation)
 			continue
 		}
 		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
@@ -395,7 +395,7 @@ func (s *session) readUpstream(ctx context.Context) error {
 		var answered trace.Span // the span of the bypassed call msg answers
 		switch m := msg.(type) {
 		case *jsonrpc.Response:
-			if s.answered(m) {
+			if s.waiting.deliver(m) {
 				continue
 			}
 			if reservedID(m.ID) {
@@ -546,17 +546,41 @@ func (s *session) cancelled(req *jsonrpc.Request) bool {
 	return true
 }
 
-// answered hands an answer of the host or upstream to the proxy's own request waiting for
-// it; an answer no one waits for is dropped.
-func (s *session) answered(m *jsonrpc.Response) bool {
+// replies routes the answers to requests of the proxy's own (to the host or upstream) to
+// the caller waiting for each, by id. The zero value is ready.
+type replies struct {
+	mu      sync.Mutex
+	waiting map[string]chan *jsonrpc.Response
+}
+
+// expect registers a request id and returns the channel its answer will come on, and
+// forget, which stops waiting for it.
+func (r *replies) expect(id string) (answer <-chan *jsonrpc.Response, forget func()) {
+	ch := make(chan *jsonrpc.Response, 1)
+	r.mu.Lock()
+	if r.waiting == nil {
+		r.waiting = map[string]chan *jsonrpc.Response{}
+	}
+	r.waiting[id] = ch
+	r.mu.Unlock()
+	return ch, func() {
+		r.mu.Lock()
+		delete(r.waiting, id)
+		r.mu.Unlock()
+	}
+}
+
+// deliver hands m to the caller waiting for its id, once; false when no one waits (the
+// caller then drops or relays m).
+func (r *replies) deliver(m *jsonrpc.Response) bool {
 	id, ok := m.ID.Raw().(string)
 	if !ok {
 		return false
 	}
-	s.mu.Lock()
-	ch := s.waiting[id]
-	delete(s.waiting, id)
-	s.mu.Unlock()
+	r.mu.Lock()
+	ch := r.waiting[id]
+	delete(r.waiting, id)
+	r.mu.Unlock()
 	if ch == nil {
 		return false
 	}
@@ -569,15 +593,8 @@ func (s *session) answered(m *jsonrpc.Response) bool {
 func (s *session) ownRequest() (id jsonrpc.ID, idText string, answer <-chan *jsonrpc.Response, forget func()) {
 	idText = s.idSpace + strconv.FormatUint(s.seq.Add(1), 10)
 	id, _ = jsonrpc.MakeID(idText)
-	ch := make(chan *jsonrpc.Response, 1)
-	s.mu.Lock()
-	s.waiting[idText] = ch
-	s.mu.Unlock()
-	return id, idText, ch, func() {
-		s.mu.Lock()
-		delete(s.waiting, idText)
-		s.mu.Unlock()
-	}
+	answer, forget = s.waiting.expect(idText)
+	return id, idText, answer, forget
 }
 
 // requestHost sends one request of the proxy's own to the host (an elicitation) and waits
