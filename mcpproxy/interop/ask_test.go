@@ -2,7 +2,6 @@ package interop_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -45,18 +44,13 @@ func TestHostUserSettlesAnUnknownOutcome(t *testing.T) {
 		t.Run(c.answer, func(t *testing.T) {
 			t.Parallel()
 			w := setup(t, "gosdk", "")
-			env := map[string]string{}
-			for _, kv := range w.env() {
-				k, v, _ := strings.Cut(kv, "=")
-				env[k] = v
+			spec := w.tsStdio(w.proxyArgv(w.store))
+			spec["elicit"] = []string{c.answer}
+			spec["calls"] = []tsCall{
+				{Name: mcpfixture.ToolAppend, Arguments: args, Meta: mode(mcpfixture.ModeIsError)},
+				{Name: mcpfixture.ToolAppend, Arguments: args},
 			}
-			argv := w.proxyArgv(w.store)
-			_, outs, asked := w.tsJobAsked(nodeBin, map[string]any{"command": argv[0], "args": argv[1:], "env": env,
-				"elicit": []string{c.answer},
-				"calls": []tsCall{
-					{Name: mcpfixture.ToolAppend, Arguments: args, Meta: mode(mcpfixture.ModeIsError)},
-					{Name: mcpfixture.ToolAppend, Arguments: args},
-				}})
+			_, outs, asked := w.tsJobAsked(nodeBin, spec)
 			require.Equal(t, kindUnknown, outs[0].Kind, "the isError answer may have acted: %s", outs[0].Raw)
 			require.Len(t, asked, 1, "the user was asked once")
 			require.Contains(t, asked[0], "may or may not have taken effect")
@@ -116,15 +110,10 @@ func TestHostUserDecidesARepeat(t *testing.T) {
 		t.Parallel()
 		w := setup(t, "gosdk", "")
 		nodeBin := node(t)
-		env := map[string]string{}
-		for _, kv := range w.env() {
-			k, v, _ := strings.Cut(kv, "=")
-			env[k] = v
-		}
-		argv := w.proxyArgv(w.store)
-		_, outs, asked := w.tsJobAsked(nodeBin, map[string]any{"command": argv[0], "args": argv[1:], "env": env,
-			"elicit": []string{"Run it again"},
-			"calls":  []tsCall{{Name: mcpfixture.ToolAppend, Arguments: args}, {Name: mcpfixture.ToolAppend, Arguments: args}}})
+		spec := w.tsStdio(w.proxyArgv(w.store))
+		spec["elicit"] = []string{"Run it again"}
+		spec["calls"] = []tsCall{{Name: mcpfixture.ToolAppend, Arguments: args}, {Name: mcpfixture.ToolAppend, Arguments: args}}
+		_, outs, asked := w.tsJobAsked(nodeBin, spec)
 		require.Len(t, asked, 1)
 		require.False(t, outs[1].Replayed, outs[1].Raw)
 		require.Equal(t, 2, w.effectCount())

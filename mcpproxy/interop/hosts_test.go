@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,12 +240,20 @@ type tsCall struct {
 // order. It returns the tool list (JSON, as the TypeScript SDK parsed it) and the results.
 func (w *world) tsRun(nodeBin string, argv []string, calls []tsCall) ([]byte, []outcome) {
 	w.t.Helper()
+	spec := w.tsStdio(argv)
+	spec["calls"] = calls
+	return w.tsJob(nodeBin, spec)
+}
+
+// tsStdio is the part of a host.mjs job that runs argv over stdio in the world's
+// environment; the caller adds the calls and the rest.
+func (w *world) tsStdio(argv []string) map[string]any {
 	env := map[string]string{}
 	for _, kv := range w.env() {
-		k, v, _ := bytes.Cut([]byte(kv), []byte("="))
-		env[string(k)] = string(v)
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
 	}
-	return w.tsJob(nodeBin, map[string]any{"command": argv[0], "args": argv[1:], "env": env, "calls": calls})
+	return map[string]any{"command": argv[0], "args": argv[1:], "env": env}
 }
 
 // tsRunHTTP is tsRun over streamable HTTP to url with a bearer token.

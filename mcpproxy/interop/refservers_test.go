@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -59,16 +58,13 @@ type refStep struct {
 func (w *world) refRun(nodeBin, kind string, argv []string, steps []refStep) []outcome {
 	w.t.Helper()
 	if kind == "ts-sdk" {
-		env := map[string]string{}
-		for _, kv := range w.env() {
-			k, v, _ := strings.Cut(kv, "=")
-			env[k] = v
-		}
 		var calls []tsCall
 		for _, s := range steps {
 			calls = append(calls, tsCall{Name: s.tool, Arguments: s.args})
 		}
-		_, outs, _ := w.tsJobAsked(nodeBin, map[string]any{"command": argv[0], "args": argv[1:], "env": env, "calls": calls, "errors": true})
+		spec := w.tsStdio(argv)
+		spec["calls"], spec["errors"] = calls, true
+		_, outs, _ := w.tsJobAsked(nodeBin, spec)
 		return outs
 	}
 	h := w.goSDK(argv)
