@@ -210,14 +210,8 @@ func (s *statelessUp) handle(msg jsonrpc.Message) {
 // it no longer waits for its answer, so a late answer of the host to one of its rounds
 // sends nothing upstream again (again would run it outside the guard's attempt).
 func (s *statelessUp) cancelled(m *jsonrpc.Request) {
-	var p struct {
-		RequestID any `json:"requestId"`
-	}
-	if json.Unmarshal(m.Params, &p) != nil {
-		return
-	}
-	id, err := jsonrpc.MakeID(p.RequestID)
-	if err != nil {
+	id, ok := transport.CancelledID(m.Params)
+	if !ok {
 		return
 	}
 	s.smu.Lock()

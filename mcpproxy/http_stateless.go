@@ -183,14 +183,8 @@ func (h *HTTPServer) serveStateless(w http.ResponseWriter, r *http.Request, ns, 
 // flight, the one of the same token with the id it names (the relay then cancels it as in a
 // session); a cancellation of nothing in flight is dropped.
 func (h *HTTPServer) cancelStateless(owner string, note *jsonrpc.Request) {
-	var params struct {
-		RequestID any `json:"requestId"`
-	}
-	if json.Unmarshal(note.Params, &params) != nil {
-		return
-	}
-	id, err := jsonrpc.MakeID(params.RequestID)
-	if err != nil {
+	id, ok := transport.CancelledID(note.Params)
+	if !ok {
 		return
 	}
 	h.mu.Lock()

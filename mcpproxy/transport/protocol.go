@@ -145,3 +145,16 @@ func ResultType(result json.RawMessage) (rt string, ok bool) {
 	}
 	return *r.ResultType, true
 }
+
+// CancelledID returns the request id a notifications/cancelled names in its params; ok is
+// false when they name none (malformed, missing, or not a string or number).
+func CancelledID(params json.RawMessage) (id jsonrpc.ID, ok bool) {
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(params, &p) != nil || p.RequestID == nil {
+		return jsonrpc.ID{}, false
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	return id, err == nil
+}

@@ -243,14 +243,8 @@ func (c *httpConn) unwatchCancel(id jsonrpc.ID) {
 
 // noteCancel closes the watch of the request a notifications/cancelled names, if any.
 func (c *httpConn) noteCancel(params json.RawMessage) {
-	var p struct {
-		RequestID any `json:"requestId"`
-	}
-	if json.Unmarshal(params, &p) != nil || p.RequestID == nil {
-		return
-	}
-	id, err := jsonrpc.MakeID(p.RequestID)
-	if err != nil {
+	id, ok := CancelledID(params)
+	if !ok {
 		return
 	}
 	c.mu.Lock()
