@@ -9,5 +9,6 @@
 // so a reservation writes one row of one table. GC never deletes a row: it turns a settled
 // residual into a tombstone (state 'collected') that keeps only the key and its last token,
 // which no read returns, so a key reserved again after GC gets a higher token than any it
-// had. Reserve and Commit are one statement each on the fast path.
+// had. Reserve and Commit are one statement each on the fast path; concurrent ones of one
+// Ledger share that statement, so many callers pay for one transaction and one WAL flush.
 package postgres

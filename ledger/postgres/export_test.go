@@ -1,6 +1,10 @@
 package postgres
 
-import "github.com/toolfence/toolfence/ledger"
+import (
+	"context"
+
+	"github.com/toolfence/toolfence/ledger"
+)
 
 // ListQuery exposes the statement List runs for p, for plan checks.
 func ListQuery(p ledger.ListParams) (string, []any) {
@@ -12,3 +16,33 @@ const BarrierSQL = barrierSQL
 
 // OpenSQL is the statement OpenResiduals runs ($1: offset µs).
 var OpenSQL = openSQL
+
+// HoldGroups takes the slot of l's reserve and commit groups, so that Reserves and Commits
+// started meanwhile queue (Queued counts them); release lets the queue run, as shared
+// statements.
+func HoldGroups(l *Ledger) (release func()) {
+	r, c := &reserveJob{}, &commitJob{}
+	if alone, _ := l.reserves.join(context.Background(), r); !alone {
+		panic("the reserve group is busy")
+	}
+	if alone, _ := l.commits.join(context.Background(), c); !alone {
+		panic("the commit group is busy")
+	}
+	r.sh.hold.Stop() // held until release, however long the test takes
+	c.sh.hold.Stop()
+	return func() {
+		l.reserves.release(r)
+		l.commits.release(c)
+	}
+}
+
+// Queued returns how many Reserves and Commits wait in l's groups.
+func Queued(l *Ledger) (reserves, commits int) {
+	l.reserves.mu.Lock()
+	reserves = len(l.reserves.queue)
+	l.reserves.mu.Unlock()
+	l.commits.mu.Lock()
+	commits = len(l.commits.queue)
+	l.commits.mu.Unlock()
+	return reserves, commits
+}

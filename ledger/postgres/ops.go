@@ -141,18 +141,19 @@ func storesResult(outcome residual.State) bool {
 // (the result only when the commit kept the stored one), and rebuilds the committed
 // residual from it and p, column for column as stored (TestCommitReturnsWhatItStored holds
 // the two together).
-func scanCommitted(s pgx.Row, p ledger.CommitParams, watched *bool) (*residual.Residual, error) {
-	rw := row{
-		namespace: p.Namespace, key: p.Key, state: string(p.Outcome), token: int64(p.Token),
-		attHolder: p.Holder, attToken: int64(p.Token), attResponseDigest: p.ResponseDigest,
-		attOutcome: string(p.Outcome), attError: p.Error, attReleased: true,
-	}
+//
+// p is read once the row is scanned: a row of commitManySQL names its call as it is scanned.
+func scanCommitted(s pgx.Row, p *ledger.CommitParams, watched *bool) (*residual.Residual, error) {
+	var rw row
 	var stored []byte
 	if err := s.Scan(&rw.task, &rw.operation, &rw.target, &rw.requestDigest, &rw.attN, &rw.attExpires,
 		&rw.attStarted, &rw.attRequestDigest, &rw.prior, &rw.evidence, &rw.resolutions, &rw.createdAt,
 		&rw.updatedAt, &stored, &rw.resultDigest, &rw.resultTruncated, &rw.handle, watched); err != nil {
 		return nil, err
 	}
+	rw.namespace, rw.key, rw.state, rw.token = p.Namespace, p.Key, string(p.Outcome), int64(p.Token)
+	rw.attHolder, rw.attToken, rw.attResponseDigest = p.Holder, int64(p.Token), p.ResponseDigest
+	rw.attOutcome, rw.attError, rw.attReleased = string(p.Outcome), p.Error, true
 	ended := rw.updatedAt
 	rw.attEnded = &ended
 	rw.result = stored
@@ -178,6 +179,11 @@ RETURNING r.att_lease_expires`
 // came after the write was sent and the retry finds another attempt current (the lease
 // ran out and the key was taken over), it cannot tell whether its own attempt landed: it
 // returns an error wrapping ledger.ErrOutcomeUnknown, and nothing may be dispatched.
+//
+// Concurrent Reserves of one Ledger share their insert: while one runs, those that arrive
+// wait, and then run as one statement, one transaction and one WAL flush (see group). A
+// call the shared insert does not settle (its key has a row, the statement failed or broke)
+// goes on alone exactly as above, told whether the shared statement may have landed.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -185,11 +191,20 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	reservation := rand.Text()
+	j := &reserveJob{p: p, reservation: rand.Text(), ctx: ctx}
+	alone, err := l.reserves.join(ctx, j)
+	switch {
+	case err != nil:
+		return nil, l.fail("reserve of key "+p.Key, false, err)
+	case alone:
+		defer l.reserves.release(j)
+	case j.sh.done:
+		return j.out, nil
+	}
 	var out *ledger.ReserveResult
-	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
+	landed, err := l.retryFrom(ctx, true, j.sh.landed, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		var err error
-		out, err = l.reserveOnce(ctx, c, p, reservation, mayHaveLanded)
+		out, err = l.reserveOnce(ctx, c, p, j.reservation, mayHaveLanded, func() { l.reserves.release(j) })
 		return err
 	})
 	if err != nil {
@@ -207,12 +222,16 @@ var errRaced = errors.New("postgres: raced with a concurrent step")
 // GC leaves a tombstone), and the current attempt carrying this call's reservation id
 // proves that it did; anything else is errOwnWriteUnseen, never a fresh decision: the
 // earlier try may hold an attempt that another holder has since taken over.
-func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string, mayHaveLanded bool) (*ledger.ReserveResult, error) {
+//
+// answered runs once the insert has answered: the insert is the step a group shares (see
+// group), and what follows it runs outside the group's slot.
+func (l *Ledger) reserveOnce(ctx context.Context, c *pgxpool.Conn, p ledger.ReserveParams, reservation string, mayHaveLanded bool, answered func()) (*ledger.ReserveResult, error) {
 	for range 8 {
 		var created time.Time
 		var watched bool
 		err := c.QueryRow(ctx, reserveSQL[l.mode()], p.Namespace, p.Key, p.Task, p.Operation, p.Target,
 			p.RequestDigest, p.Holder, reservation, p.TTL.Microseconds(), l.offset.Load()).Scan(&created, &watched)
+		answered()
 		if err == nil {
 			res := inserted(p, created)
 			l.notifyAfter(ctx, c, watched, res.Namespace, res.Key, res.State)
@@ -387,6 +406,9 @@ func (l *Ledger) write(ctx context.Context, tx pgx.Tx, ch *change) (bool, error)
 // the commit landed, the residual then stays pending and turns unknown when its lease
 // expires. It never reports a commit that
 // did not land as done, so nothing is dispatched twice.
+//
+// Concurrent Commits of one Ledger share their fenced update as Reserves share their insert;
+// a call whose fence does not hold there goes on alone, to the locking path above.
 func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.Residual, error) {
 	if err := l.check(); err != nil {
 		return nil, err
@@ -394,10 +416,20 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	j := &commitJob{p: p, ctx: ctx}
+	alone, err := l.commits.join(ctx, j)
+	switch {
+	case err != nil:
+		return nil, l.fail("commit of key "+p.Key, false, err)
+	case alone:
+		defer l.commits.release(j)
+	case j.sh.done:
+		return j.out, nil
+	}
 	var out *residual.Residual
 	var fenceErr error
 	writeID := rand.Text()
-	landed, err := l.retry(ctx, true, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
+	landed, err := l.retryFrom(ctx, true, j.sh.landed, func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error {
 		if !mayHaveLanded {
 			var watched bool
 			args := []any{p.Namespace, p.Key, p.Holder, int64(p.Token), string(p.Outcome), p.ResponseDigest,
@@ -407,7 +439,8 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 				q = commitSQL[1][l.mode()]
 				args = append(args, nilIfEmpty(p.Result), p.ResultDigest, p.ResultTruncated, p.Handle)
 			}
-			res, err := scanCommitted(c.QueryRow(ctx, q, args...), p, &watched)
+			res, err := scanCommitted(c.QueryRow(ctx, q, args...), &p, &watched)
+			l.commits.release(j) // what follows runs outside the group's slot
 			if err == nil {
 				out, fenceErr = res, nil
 				l.notifyAfter(ctx, c, watched, res.Namespace, res.Key, res.State)

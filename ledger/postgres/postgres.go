@@ -116,6 +116,9 @@ type Ledger struct {
 	ctx               context.Context // ends on Close; watches derive from it
 	cancel            context.CancelFunc
 	watches           sync.WaitGroup
+	// reserves and commits let concurrent Reserves and Commits share a statement (group).
+	reserves *group[*reserveJob]
+	commits  *group[*commitJob]
 }
 
 var (
@@ -154,6 +157,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 		writeTimeout: cmp.Or(opts.WriteTimeout, defaultWriteTimeout), notifyAfterCommit: opts.NotifyAfterCommit,
 		target: target, replication: repl}
 	l.offset.Store(opts.TimeOffset.Microseconds())
+	l.reserves, l.commits = newGroup(l.reserveMany), newGroup(l.commitMany)
 	var schema *string
 	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		pool.Close()

@@ -102,7 +102,15 @@ func (l *Ledger) try(actx, ctx context.Context, deadline time.Time, fn func(cont
 // landed, the caller's ctx still ends the wait for a connection and the waits between
 // tries; afterwards the write timeout does. No try starts once the write timeout has passed.
 func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error) (mayHaveLanded bool, err error) {
-	if err := ctx.Err(); err != nil {
+	return l.retryFrom(ctx, write, false, fn)
+}
+
+// retryFrom is retry for a write whose earlier try, made elsewhere (a shared statement of a
+// group), may have landed: with landed set, fn's first try already gets mayHaveLanded, and
+// the caller's ctx no longer ends anything (the write timeout does), as after a broken try.
+func (l *Ledger) retryFrom(ctx context.Context, write, landed bool, fn func(ctx context.Context, c *pgxpool.Conn, mayHaveLanded bool) error) (mayHaveLanded bool, err error) {
+	landed = landed && write
+	if err := ctx.Err(); err != nil && !landed {
 		return false, err
 	}
 	run, landedWait := ctx, ctx
@@ -110,6 +118,12 @@ func (l *Ledger) retry(ctx context.Context, write bool, fn func(ctx context.Cont
 	if write {
 		run = context.WithoutCancel(ctx)
 		deadline = time.Now().Add(l.writeTimeout)
+	}
+	if landed {
+		var cancel context.CancelFunc
+		landedWait, cancel = context.WithDeadline(run, deadline)
+		defer cancel()
+		mayHaveLanded = true
 	}
 	for n := 0; ; n++ {
 		wait := ctx
