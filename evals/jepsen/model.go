@@ -394,10 +394,20 @@ func stepRenew(s keyState, i Input, o *Output, lo, hi int64) []keyState {
 		n.ExpLo, n.ExpHi = o.Expires, o.Expires
 		return []keyState{n}
 	case RLeaseLost:
-		if !fenceMayFail(s, f, hi) {
-			return nil
+		var out []keyState
+		if fenceMayFail(s, f, hi) {
+			out = append(out, s)
 		}
-		return []keyState{s}
+		// A renew whose connection broke after it was sent is tried again; when the first
+		// try extended the lease and the extended lease ran out before the retry read it,
+		// the answer is lease_lost although the extension took effect: the lease ran until
+		// some point in [lo+ttl, hi].
+		if lo+int64(i.TTL) <= hi && fenceMayHold(s, f, lo) {
+			n := s
+			n.ExpLo, n.ExpHi = lo+int64(i.TTL), hi
+			out = append(out, n)
+		}
+		return out
 	}
 	return nil
 }

@@ -220,3 +220,29 @@ func TestModelRefusedCommitAnswersWithALaterRead(t *testing.T) {
 		})
 	}
 }
+
+// TestModelLostRenewMayHaveExtended: a renew answered lease_lost may still have extended
+// the lease, when its first try landed and the retry read the key after the extended lease
+// ran out (PostgreSQL after a broken connection): a read that saw the lease live past its
+// first expiry is then legal. It is not when the renew's answer came before the extension
+// could have run out, nor when the renew started after the lease had expired.
+func TestModelLostRenewMayHaveExtended(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		renewCall, renewAt float64
+		ok                 bool
+	}{
+		{"the extension ran out before the answer", 2, 60, true},
+		{"the answer came before the extension could run out", 2, 10, false},
+		{"the renew started after the lease ran out", 7, 60, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h hist
+			h.acquired("k", 1, 1, 5) // expires at 6 ms
+			h.add(1, 8, 9, Input{Kind: KGet, Key: "k"}, res(residual.Pending, 1, 1))
+			h.add(0, tc.renewCall, tc.renewAt, Input{Kind: KRenew, Key: "k", Holder: "h", Token: 1, TTL: 20 * time.Millisecond},
+				Output{Result: RLeaseLost})
+			require.Equal(t, tc.ok, h.check(t).Linearizable == "Ok")
+		})
+	}
+}
