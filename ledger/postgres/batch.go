@@ -55,11 +55,10 @@ type job interface {
 // do) or, when not done, whether the statement may have written the job's row (landed).
 type shared struct {
 	ran, done, landed bool
-	// alone: the job runs in a slot of its own (join); left: that slot is free again, set
-	// once by release or by hold, the timer that frees a slot held too long.
-	alone bool
-	left  atomic.Bool
-	hold  *time.Timer
+	// hold is set while the job runs in a slot of its own (join): the timer that frees a
+	// slot held too long. left: that slot is free again, set once by release or by hold.
+	hold *time.Timer
+	left atomic.Bool
 }
 
 const (
@@ -120,7 +119,6 @@ func (g *group[J]) join(ctx context.Context, j J) (alone bool, err error) {
 
 // alone marks sh as running in a slot of its own, which maxHold frees if release has not.
 func (g *group[J]) alone(sh *shared) {
-	sh.alone = true
 	sh.hold = time.AfterFunc(maxHold, func() { g.free(sh) })
 }
 
@@ -136,7 +134,7 @@ func (g *group[J]) free(sh *shared) {
 // path does afterwards (lock waits, retries) never holds up the queue. Later calls, and
 // calls for a job that ran in a shared statement, do nothing.
 func (g *group[J]) release(j J) {
-	if sh := j.share(); sh.alone {
+	if sh := j.share(); sh.hold != nil {
 		sh.hold.Stop()
 		g.free(sh)
 	}
@@ -247,36 +245,21 @@ RETURNING att_reservation, created_at, ` + watched
 //     its calls goes on alone: only the call of that row waits.
 const sharedSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('lock_timeout', '1s', true)`
 
-// queryShared sends sharedSettingsSQL and the shared statement sql in one round trip, in one
-// transaction, and returns the statement's rows. The caller reads them, closes them and
-// then closes sent: the transaction has committed once sent.Close returns no error.
-func queryShared(ctx context.Context, c *pgxpool.Conn, sql string, args ...any) (rows pgx.Rows, sent pgx.BatchResults, err error) {
-	b := &pgx.Batch{}
-	b.Queue(sharedSettingsSQL)
-	b.Queue(sql, args...)
-	sent = c.SendBatch(ctx, b)
-	if _, err := sent.Exec(); err != nil {
-		return nil, nil, errors.Join(err, sent.Close())
-	}
-	rows, err = sent.Query()
-	if err != nil {
-		return nil, nil, errors.Join(err, sent.Close())
-	}
-	return rows, sent, nil
-}
-
 // byID orders jobs by the row they write, so that statements sharing rows lock them in
 // one order and never wait on each other in a cycle.
 func byID[J job](batch []J) {
 	slices.SortFunc(batch, func(a, b J) int { return strings.Compare(a.id(), b.id()) })
 }
 
-// runShared runs fn, the shared statement of batch, as a write of its own: under a
-// context without the callers' cancellation (with the values of first), bounded by the
-// write timeout. fn says whether the statement committed. When the try broke after the
+// runShared runs sql, the shared statement of the jobs of shares, as a write of its own:
+// under a context without the callers' cancellation (with the values of first), bounded by
+// the write timeout, sent after sharedSettingsSQL in one round trip and one transaction.
+// scan reads each row it returns; once the transaction has committed, settle marks the
+// jobs it wrote done (and sends their notifications). When the try broke after the
 // statement was sent, or failed after it committed (a row that could not be read), every
 // job not settled is told that it may have landed.
-func (l *Ledger) runShared(first context.Context, batch []*shared, fn func(context.Context, *pgxpool.Conn) (committed bool, err error)) {
+func (l *Ledger) runShared(first context.Context, shares []*shared, sql string, args []any,
+	scan func(pgx.Rows) error, settle func(context.Context, *pgxpool.Conn)) {
 	run := context.WithoutCancel(first)
 	deadline := time.Now().Add(l.writeTimeout)
 	actx, cancel := context.WithDeadline(run, deadline)
@@ -284,20 +267,35 @@ func (l *Ledger) runShared(first context.Context, batch []*shared, fn func(conte
 	var committed bool
 	f, _ := l.try(actx, run, deadline, func(ctx context.Context, c *pgxpool.Conn) error {
 		var err error
-		committed, err = fn(ctx, c)
-		return err
+		if committed, err = sendShared(ctx, c, sql, args, scan); err != nil {
+			return err
+		}
+		settle(ctx, c)
+		return nil
 	})
 	if f == ambiguous || f != succeeded && committed {
-		for _, sh := range batch {
+		for _, sh := range shares {
 			sh.landed = !sh.done
 		}
 	}
 }
 
-// readShared reads every row of a shared statement with scan, then closes rows and sent:
-// committed says that the statement's transaction committed (sent closed without error),
-// even when scan failed on a row (its error is returned).
-func readShared(rows pgx.Rows, sent pgx.BatchResults, scan func(pgx.Rows) error) (committed bool, err error) {
+// sendShared sends sharedSettingsSQL and sql in one round trip, in one transaction, reads
+// every row of sql with scan and closes the batch: committed says that the transaction
+// committed (the batch closed without error), even when scan failed on a row (its error is
+// returned).
+func sendShared(ctx context.Context, c *pgxpool.Conn, sql string, args []any, scan func(pgx.Rows) error) (committed bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(sharedSettingsSQL)
+	b.Queue(sql, args...)
+	sent := c.SendBatch(ctx, b)
+	if _, err := sent.Exec(); err != nil {
+		return false, errors.Join(err, sent.Close())
+	}
+	rows, err := sent.Query()
+	if err != nil {
+		return false, errors.Join(err, sent.Close())
+	}
 	var scanErr error
 	for rows.Next() {
 		if scanErr == nil {
@@ -327,38 +325,32 @@ func (l *Ledger) reserveMany(batch []*reserveJob) {
 		digests[i], holders[i], res[i], ttls[i] = p.RequestDigest, p.Holder, j.reservation, p.TTL.Microseconds()
 		byRes[j.reservation], shares[i] = j, &j.sh
 	}
-	l.runShared(oldest, shares, func(ctx context.Context, c *pgxpool.Conn) (bool, error) {
-		rows, sent, err := queryShared(ctx, c, reserveManySQL[l.mode()], ns, keys, tasks, ops, targets, digests, holders, res, ttls, l.offset.Load())
-		if err != nil {
-			return false, err
+	type insert struct {
+		j       *reserveJob
+		created time.Time
+		watched bool
+	}
+	var ins []insert
+	scan := func(rows pgx.Rows) error {
+		var r string
+		var in insert
+		if err := rows.Scan(&r, &in.created, &in.watched); err != nil {
+			return err
 		}
-		type insert struct {
-			j       *reserveJob
-			created time.Time
-			watched bool
+		if in.j = byRes[r]; in.j == nil {
+			return fmt.Errorf("postgres: a shared insert returned a reservation it was not given")
 		}
-		var ins []insert
-		committed, err := readShared(rows, sent, func(rows pgx.Rows) error {
-			var r string
-			var in insert
-			if err := rows.Scan(&r, &in.created, &in.watched); err != nil {
-				return err
-			}
-			if in.j = byRes[r]; in.j == nil {
-				return fmt.Errorf("postgres: a shared insert returned a reservation it was not given")
-			}
-			ins = append(ins, in)
-			return nil
-		})
-		if err != nil {
-			return committed, err
-		}
+		ins = append(ins, in)
+		return nil
+	}
+	settle := func(ctx context.Context, c *pgxpool.Conn) {
 		for _, in := range ins {
 			in.j.out, in.j.sh.done = acquired(inserted(in.j.p, in.created)), true
 			l.notifyAfter(ctx, c, in.watched, in.j.p.Namespace, in.j.p.Key, residual.Pending)
 		}
-		return true, nil
-	})
+	}
+	l.runShared(oldest, shares, reserveManySQL[l.mode()],
+		[]any{ns, keys, tasks, ops, targets, digests, holders, res, ttls, l.offset.Load()}, scan, settle)
 }
 
 // commitManySQL is commitSQL for many calls at once, one row per element of its arrays ($1
@@ -429,36 +421,29 @@ func (l *Ledger) commitMany(batch []*commitJob) {
 		}
 		shares[i] = &j.sh
 	}
-	l.runShared(oldest, shares, func(ctx context.Context, c *pgxpool.Conn) (bool, error) {
-		rows, sent, err := queryShared(ctx, c, commitManySQL[l.mode()], idx, ns, keys, holders, tokens, outcomes, resps, errs,
-			margins, store, results, rdigests, truncs, handles, l.offset.Load())
+	type commit struct {
+		j       *commitJob
+		r       *residual.Residual
+		watched bool
+	}
+	var done []commit
+	scan := func(rows pgx.Rows) error {
+		var cm commit
+		var p ledger.CommitParams
+		r, err := scanCommitted(indexed{rows: rows, batch: batch, j: &cm.j, p: &p}, &p, &cm.watched)
 		if err != nil {
-			return false, err
+			return err
 		}
-		type commit struct {
-			j       *commitJob
-			r       *residual.Residual
-			watched bool
-		}
-		var done []commit
-		committed, err := readShared(rows, sent, func(rows pgx.Rows) error {
-			var cm commit
-			var p ledger.CommitParams
-			r, err := scanCommitted(indexed{rows: rows, batch: batch, j: &cm.j, p: &p}, &p, &cm.watched)
-			if err != nil {
-				return err
-			}
-			cm.r = r
-			done = append(done, cm)
-			return nil
-		})
-		if err != nil {
-			return committed, err
-		}
+		cm.r = r
+		done = append(done, cm)
+		return nil
+	}
+	settle := func(ctx context.Context, c *pgxpool.Conn) {
 		for _, cm := range done {
 			cm.j.out, cm.j.sh.done = cm.r, true
 			l.notifyAfter(ctx, c, cm.watched, cm.r.Namespace, cm.r.Key, cm.r.State)
 		}
-		return true, nil
-	})
+	}
+	l.runShared(oldest, shares, commitManySQL[l.mode()], []any{idx, ns, keys, holders, tokens, outcomes, resps, errs,
+		margins, store, results, rdigests, truncs, handles, l.offset.Load()}, scan, settle)
 }
