@@ -6,7 +6,7 @@ BENCHTIME ?= 2s
 COUNT    ?= 6
 export TOOLFENCE_TEST_PG ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: all build demo check test bench lint fuzz jepsen clean
+.PHONY: all build demo check test bench benchvs lint fuzz jepsen clean
 
 all: build
 
@@ -54,6 +54,34 @@ bench:
 	done
 	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out
 	$(GO) run ./internal/checks/benchcheck bench.out
+
+## benchvs: this working tree against an older commit (BASE), on the same machine in one run:
+## BENCHPKGS's test binaries built at BASE (from `git archive`, in a temporary directory) and
+## here, run in COUNT rounds that each run the base's and then this tree's benchmarks matching
+## BENCH, each from its own package directory; then every benchmark's time here ÷ at BASE per
+## round and the median (benchcheck -base). Issue 27's comparison:
+##   make benchvs BASE=ba171e9 BENCHPKGS=ledger/postgres BENCH='^BenchmarkPostgresGuardedCall(Parallel)?$$' COUNT=4
+BASE  ?= ba171e9
+BENCH ?= .
+benchvs:
+	@git rev-parse --verify -q '$(BASE)^{commit}' >/dev/null || { echo 'benchvs: BASE=$(BASE) is not a commit of this repository'; exit 2; }
+	@rm -rf bin/benchvs && mkdir -p bin/benchvs && src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+	  git archive '$(BASE)' | tar -x -C "$$src" && \
+	  for p in $(BENCHPKGS); do n=$$(echo $$p | tr / -); \
+	    echo "benchvs: building $$p at $(BASE) and here" >&2; \
+	    (cd "$$src" && $(GO) test -c -o $(CURDIR)/bin/benchvs/base-$$n.test ./$$p/) || exit 1; \
+	    $(GO) test -c -o bin/benchvs/head-$$n.test ./$$p/ || exit 1; \
+	  done && \
+	  rm -f benchvs-base.out benchvs-head.out && for i in $$(seq $(COUNT)); do \
+	    for p in $(BENCHPKGS); do n=$$(echo $$p | tr / -); \
+	      echo "benchvs: round $$i of $(COUNT): $$p" >&2; \
+	      (cd "$$src/$$p" && $(CURDIR)/bin/benchvs/base-$$n.test -test.run '^$$' -test.bench '$(BENCH)' \
+	        -test.benchtime $(BENCHTIME)) >> benchvs-base.out || exit 1; \
+	      (cd $$p && $(CURDIR)/bin/benchvs/head-$$n.test -test.run '^$$' -test.bench '$(BENCH)' \
+	        -test.benchtime $(BENCHTIME)) >> benchvs-head.out || exit 1; \
+	    done; \
+	  done
+	$(GO) run ./internal/checks/benchcheck -base benchvs-base.out benchvs-head.out
 
 ## lint: formatting and vet.
 lint:

@@ -5,11 +5,18 @@
 // Usage:
 //
 //	go run ./internal/checks/benchcheck bench.out
+//	go run ./internal/checks/benchcheck -base base.out head.out
 //
 // It prints, for every target, the value of each round, their median, how many rounds met
 // it and the verdict (met when the median does). It exits 1 when a target's benchmarks are
 // missing or the input holds no benchmark, 2 on a usage or read error, and 0 otherwise, missed
 // targets included: the verdict is printed, the figures are for people to record.
+//
+// With -base it compares two builds instead (`make benchvs`): base.out and head.out hold the
+// same benchmarks of an older build and of this one, run in interleaved rounds, and it
+// prints for every benchmark in both the time per round, this build's ÷ the base's per
+// round and their median, which says whether this build is slower. It exits 1 when the
+// rounds cannot be paired or no benchmark is in both.
 package main
 
 import (
@@ -257,15 +264,35 @@ func format(t target, v float64) string {
 }
 
 func main() {
+	base := flag.String("base", "", "compare with the benchmarks of an older build in this `file` (same benchmarks, same rounds) instead of judging the targets")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: benchcheck FILE\n\nJudges the performance targets of docs/benchmarks.md on `go test -bench` output (several rounds).")
+		fmt.Fprintln(os.Stderr, "usage: benchcheck FILE\n       benchcheck -base BASEFILE FILE\n\nJudges the performance targets of docs/benchmarks.md on `go test -bench` output (several rounds),\nor, with -base, compares each benchmark of FILE with the same benchmark of BASEFILE round by round.")
+		flag.PrintDefaults()
 	}
 	flag.Parse()
 	if flag.NArg() != 1 {
 		flag.Usage()
 		os.Exit(2)
 	}
-	f, err := os.Open(flag.Arg(0))
+	samples := read(flag.Arg(0))
+	if *base == "" {
+		if err := report(os.Stdout, samples); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	cs, only, err := compare(read(*base), samples)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "benchcheck: %s against %s: %v\n", flag.Arg(0), *base, err)
+		os.Exit(1)
+	}
+	reportComparison(os.Stdout, cs, only)
+}
+
+// read parses the benchmark output in file, and exits the program when it cannot be read
+// (2) or holds no benchmark result (1).
+func read(file string) map[bench][]float64 {
+	f, err := os.Open(file)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchcheck:", err)
 		os.Exit(2)
@@ -273,14 +300,12 @@ func main() {
 	defer f.Close()
 	samples, err := parse(f)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "benchcheck: %s: %v\n", flag.Arg(0), err)
+		fmt.Fprintf(os.Stderr, "benchcheck: %s: %v\n", file, err)
 		os.Exit(2)
 	}
 	if len(samples) == 0 {
-		fmt.Fprintf(os.Stderr, "benchcheck: %s holds no benchmark result\n", flag.Arg(0))
+		fmt.Fprintf(os.Stderr, "benchcheck: %s holds no benchmark result\n", file)
 		os.Exit(1)
 	}
-	if err := report(os.Stdout, samples); err != nil {
-		os.Exit(1)
-	}
+	return samples
 }
