@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/toolfence/toolfence/ledger"
@@ -130,6 +131,50 @@ func TestConcurrentCallsShareOneStatement(t *testing.T) {
 		}
 	}
 	require.Equal(t, committed[0].UpdatedAt, committed[3].UpdatedAt, "the commits ran in one statement")
+}
+
+// While few calls are in flight, a call that finds its step busy runs beside it instead of
+// queueing: with the slots held, 8 Reserves and their Commits finish without waiting. Past
+// 8 calls in flight (the ledger's load, simulated here), a call queues behind the busy step
+// and runs when it frees.
+func TestFewCallsRunBesideABusyStep(t *testing.T) {
+	t.Parallel()
+	l := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // queued calls give up
+	defer cancel()
+	release := postgres.HoldSlots(l)
+	var ps []ledger.ReserveParams
+	for i := range 8 {
+		ps = append(ps, params(fmt.Sprintf("beside:%d", i), fmt.Sprintf("worker-%d", i)))
+	}
+	results, errs := reserveAll(ctx, l, ps)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		require.NoError(t, errs[i])
+		require.Equal(t, ledger.Acquired, results[i].Decision)
+		wg.Go(func() {
+			_, err := l.Commit(ctx, commitOf(p, results[i], residual.Succeeded))
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	r, c := postgres.Queued(l)
+	require.Equal(t, [2]int{0, 0}, [2]int{r, c}, "nothing queued")
+
+	postgres.AddLoad(l, 8) // 8 calls in flight elsewhere: the next one is the 9th
+	busy := params("beside:busy", "worker")
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Reserve(ctx, busy)
+		done <- err
+	}()
+	waitQueued(t, l, 1, 0)
+	postgres.AddLoad(l, -8)
+	release()
+	require.NoError(t, <-done)
+	got, err := l.Get(ctx, ledger.GetParams{Namespace: ns, Key: busy.Key})
+	require.NoError(t, err)
+	require.Equal(t, residual.Pending, got.State)
 }
 
 // A Reserve that waits in the queue when its caller gives up leaves without writing.

@@ -19,8 +19,28 @@ var OpenSQL = openSQL
 
 // HoldGroups takes the slot of l's reserve and commit groups, so that Reserves and Commits
 // started meanwhile queue (Queued counts them); release lets the queue run, as shared
-// statements.
+// statements. From then on l's calls queue behind a busy step however few are in flight
+// (as above the load shareAbove); TestFewCallsRunBesideABusyStep uses HoldSlots instead.
 func HoldGroups(l *Ledger) (release func()) {
+	for _, g := range []interface{ setShareAbove(int64) }{l.reserves, l.commits} {
+		g.setShareAbove(0)
+	}
+	return holdSlots(l)
+}
+
+func (g *group[J]) setShareAbove(n int64) {
+	g.mu.Lock()
+	g.above = n
+	g.mu.Unlock()
+}
+
+// HoldSlots is HoldGroups with l's load rule left as it is.
+func HoldSlots(l *Ledger) (release func()) { return holdSlots(l) }
+
+// AddLoad counts n more (or, negative, fewer) calls in flight in l, as its groups see them.
+func AddLoad(l *Ledger, n int64) { l.calls.Add(n) }
+
+func holdSlots(l *Ledger) (release func()) {
 	r, c := &reserveJob{}, &commitJob{}
 	if alone, _ := l.reserves.join(context.Background(), r); !alone {
 		panic("the reserve group is busy")

@@ -180,8 +180,9 @@ RETURNING r.att_lease_expires`
 // ran out and the key was taken over), it cannot tell whether its own attempt landed: it
 // returns an error wrapping ledger.ErrOutcomeUnknown, and nothing may be dispatched.
 //
-// Concurrent Reserves of one Ledger share their insert: while one runs, those that arrive
-// wait, and then run as one statement, one transaction and one WAL flush (see group). A
+// Concurrent Reserves of one Ledger share their insert when more than 8 Reserves and
+// Commits are in flight: while one runs, those that arrive wait, and then run as one
+// statement, one transaction and one WAL flush (see group). A
 // call the shared insert does not settle (its key has a row, the statement failed or broke)
 // goes on alone exactly as above, told whether the shared statement may have landed.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
@@ -192,6 +193,8 @@ func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.R
 		return nil, err
 	}
 	j := &reserveJob{p: p, reservation: rand.Text(), ctx: ctx}
+	l.calls.Add(1)
+	defer l.calls.Add(-1)
 	alone, err := l.reserves.join(ctx, j)
 	switch {
 	case err != nil:
@@ -417,6 +420,8 @@ func (l *Ledger) Commit(ctx context.Context, p ledger.CommitParams) (*residual.R
 		return nil, err
 	}
 	j := &commitJob{p: p, ctx: ctx}
+	l.calls.Add(1)
+	defer l.calls.Add(-1)
 	alone, err := l.commits.join(ctx, j)
 	switch {
 	case err != nil:

@@ -119,6 +119,7 @@ type Ledger struct {
 	// reserves and commits let concurrent Reserves and Commits share a statement (group).
 	reserves *group[*reserveJob]
 	commits  *group[*commitJob]
+	calls    atomic.Int64 // Reserves and Commits in flight: the groups' load
 }
 
 var (
@@ -157,7 +158,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Ledger, error) {
 		writeTimeout: cmp.Or(opts.WriteTimeout, defaultWriteTimeout), notifyAfterCommit: opts.NotifyAfterCommit,
 		target: target, replication: repl}
 	l.offset.Store(opts.TimeOffset.Microseconds())
-	l.reserves, l.commits = newGroup(l.reserveMany), newGroup(l.commitMany)
+	l.reserves, l.commits = newGroup(l.reserveMany, &l.calls), newGroup(l.commitMany, &l.calls)
 	var schema *string
 	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		pool.Close()
