@@ -20,9 +20,9 @@ import (
 // A group lets concurrent calls of one step (Reserve's insert, Commit's fenced update) share
 // a statement and so a transaction and its WAL flush. A call that finds the step idle runs
 // alone on its own path, exactly as it would without the group; so does a call that finds
-// it busy while at most above calls are in flight in the ledger (it runs beside the
-// run, with no slot: PostgreSQL groups the flushes of a few concurrent commits itself).
-// Under more load, calls that arrive while limit runs are in flight queue, and the first
+// it busy with nothing queued while at most above calls are in flight in the ledger: it
+// runs beside the busy one, with no slot (PostgreSQL groups the flushes of a few
+// concurrent commits itself). Otherwise calls that arrive while limit runs are in flight queue, and the first
 // run to finish takes the whole queue (up to max calls, one per key) into one statement.
 // Under a few callers nothing is shared; under many, one durable commit answers many calls.
 //
@@ -71,7 +71,8 @@ const (
 	// smaller and their flushes more.
 	groupLimit = 1
 	// shareAbove is the load (Reserves and Commits of one ledger in flight, the call's own
-	// included) up to which a call never queues: at 8 callers sharing cost 10–40 % on
+	// included) up to which a call does not queue behind a busy step unless calls are
+	// already queued there (left from a burst above it, which drains as shared statements): at 8 callers sharing cost 10–40 % on
 	// a fast disk (the queued calls wait for the running statement's flush instead of
 	// running beside it), while above it, at 64, it halves the time of a call
 	// (docs/benchmarks.md).
@@ -151,7 +152,7 @@ func (g *group[J]) free(sh *shared) {
 // release frees the slot of a job that runs alone, once: a caller releases it as soon as
 // its first statement (the one the group would share) has answered, so that what its own
 // path does afterwards (lock waits, retries) never holds up the queue. Later calls, and
-// calls for a job that ran in a shared statement, do nothing.
+// calls for a job that ran in a shared statement or beside a busy step, do nothing.
 func (g *group[J]) release(j J) {
 	if sh := j.share(); sh.hold != nil {
 		sh.hold.Stop()

@@ -42,10 +42,10 @@ func AddLoad(l *Ledger, n int64) { l.calls.Add(n) }
 
 func holdSlots(l *Ledger) (release func()) {
 	r, c := &reserveJob{}, &commitJob{}
-	if alone, _ := l.reserves.join(context.Background(), r); !alone {
+	if alone, _ := l.reserves.join(context.Background(), r); !alone || r.sh.hold == nil {
 		panic("the reserve group is busy")
 	}
-	if alone, _ := l.commits.join(context.Background(), c); !alone {
+	if alone, _ := l.commits.join(context.Background(), c); !alone || c.sh.hold == nil {
 		panic("the commit group is busy")
 	}
 	r.sh.hold.Stop() // held until release, however long the test takes

@@ -181,8 +181,8 @@ RETURNING r.att_lease_expires`
 // returns an error wrapping ledger.ErrOutcomeUnknown, and nothing may be dispatched.
 //
 // Concurrent Reserves of one Ledger share their insert when more than 8 Reserves and
-// Commits are in flight: while one runs, those that arrive wait, and then run as one
-// statement, one transaction and one WAL flush (see group). A
+// Commits are in flight (or calls are already queued): while one runs, those that arrive
+// wait, and then run as one statement, one transaction and one WAL flush (see group). A
 // call the shared insert does not settle (its key has a row, the statement failed or broke)
 // goes on alone exactly as above, told whether the shared statement may have landed.
 func (l *Ledger) Reserve(ctx context.Context, p ledger.ReserveParams) (*ledger.ReserveResult, error) {
