@@ -55,33 +55,15 @@ bench:
 	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out
 	$(GO) run ./internal/checks/benchcheck bench.out
 
-## benchvs: this working tree against an older commit (BASE), on the same machine in one run:
-## BENCHPKGS's test binaries built at BASE (from `git archive`, in a temporary directory) and
-## here, run in COUNT rounds that each run the base's and then this tree's benchmarks matching
-## BENCH, each from its own package directory; then every benchmark's time here ÷ at BASE per
-## round and the median (benchcheck -base). Issue 27's comparison:
+## benchvs: this working tree against an older commit (BASE), on the same machine in one run
+## (scripts/benchvs.sh): BENCHPKGS's test binaries built at BASE and here, run in COUNT
+## interleaved rounds (BENCH selects the benchmarks), then every benchmark's time here ÷ at
+## BASE per round and the median (benchcheck -base). Issue 27's comparison:
 ##   make benchvs BASE=ba171e9 BENCHPKGS=ledger/postgres BENCH='^BenchmarkPostgresGuardedCall(Parallel)?$$' COUNT=4
 BASE  ?= ba171e9
 BENCH ?= .
 benchvs:
-	@git rev-parse --verify -q '$(BASE)^{commit}' >/dev/null || { echo 'benchvs: BASE=$(BASE) is not a commit of this repository'; exit 2; }
-	@rm -rf bin/benchvs && mkdir -p bin/benchvs && src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
-	  git archive '$(BASE)' | tar -x -C "$$src" && \
-	  for p in $(BENCHPKGS); do n=$$(echo $$p | tr / -); \
-	    echo "benchvs: building $$p at $(BASE) and here" >&2; \
-	    (cd "$$src" && $(GO) test -c -o $(CURDIR)/bin/benchvs/base-$$n.test ./$$p/) || exit 1; \
-	    $(GO) test -c -o bin/benchvs/head-$$n.test ./$$p/ || exit 1; \
-	  done && \
-	  rm -f benchvs-base.out benchvs-head.out && for i in $$(seq $(COUNT)); do \
-	    for p in $(BENCHPKGS); do n=$$(echo $$p | tr / -); \
-	      echo "benchvs: round $$i of $(COUNT): $$p" >&2; \
-	      (cd "$$src/$$p" && $(CURDIR)/bin/benchvs/base-$$n.test -test.run '^$$' -test.bench '$(BENCH)' \
-	        -test.benchtime $(BENCHTIME)) >> benchvs-base.out || exit 1; \
-	      (cd $$p && $(CURDIR)/bin/benchvs/head-$$n.test -test.run '^$$' -test.bench '$(BENCH)' \
-	        -test.benchtime $(BENCHTIME)) >> benchvs-head.out || exit 1; \
-	    done; \
-	  done
-	$(GO) run ./internal/checks/benchcheck -base benchvs-base.out benchvs-head.out
+	BASE='$(BASE)' BENCHPKGS='$(BENCHPKGS)' BENCH='$(BENCH)' COUNT='$(COUNT)' BENCHTIME='$(BENCHTIME)' GO='$(GO)' scripts/benchvs.sh
 
 ## lint: formatting and vet.
 lint:
@@ -102,4 +84,4 @@ jepsen: build
 	nice -n 10 ./bin/toolfence jepsen --backend $(JEPSEN_BACKENDS) --duration $(JEPSEN_DURATION) --dir jepsen-out
 
 clean:
-	rm -rf bin .toolfence bench.out jepsen-out
+	rm -rf bin .toolfence bench.out benchvs-base.out benchvs-head.out jepsen-out

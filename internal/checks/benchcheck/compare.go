@@ -22,8 +22,9 @@ type comparison struct {
 // (the k-th sample of each file is round k), and returns them ordered by package and name.
 // The figures of b.ReportMetric are left out: they need not mean the same in two builds.
 // It fails when no benchmark is in both, or when a benchmark has a different number of
-// samples in the two (a round is missing, so the rounds cannot be paired; the first such benchmark by name); benchmarks only
-// one build has are returned in only, for the caller to mention.
+// samples in the two (a round is missing, so the rounds cannot be paired: the error names
+// the first such benchmark by name). Benchmarks only one build has are returned in only,
+// for the caller to mention.
 func compare(base, head map[bench][]float64) (cs []comparison, only []string, err error) {
 	names := slices.SortedFunc(maps.Keys(head), func(a, b bench) int { return strings.Compare(a.String(), b.String()) })
 	for _, b := range names {
