@@ -22,9 +22,10 @@ import (
 // alone on its own path, exactly as it would without the group; so does a call that finds
 // it busy with nothing queued while at most above calls are in flight in the ledger: it
 // runs beside the busy one, with no slot (PostgreSQL groups the flushes of a few
-// concurrent commits itself). Otherwise calls that arrive while limit runs are in flight queue, and the first
-// run to finish takes the whole queue (up to max calls, one per key) into one statement.
-// Under a few callers nothing is shared; under many, one durable commit answers many calls.
+// concurrent commits itself). Otherwise calls that arrive while limit runs are in flight
+// queue, and the first run to finish takes the whole queue (up to max calls, one per key)
+// into one statement. Under a few callers nothing is shared; under many, one durable
+// commit answers many calls.
 //
 // Only the first try of a step is shared. Whatever a shared statement cannot settle (a key
 // already taken, a fence that does not hold, a failed or broken statement) goes back to its
@@ -72,10 +73,10 @@ const (
 	groupLimit = 1
 	// shareAbove is the load (Reserves and Commits of one ledger in flight, the call's own
 	// included) up to which a call does not queue behind a busy step unless calls are
-	// already queued there (left from a burst above it, which drains as shared statements): at 8 callers sharing cost 10–40 % on
-	// a fast disk (the queued calls wait for the running statement's flush instead of
-	// running beside it), while above it, at 64, it halves the time of a call
-	// (docs/benchmarks.md).
+	// already queued there (left from a burst above it, which drains as shared
+	// statements). At 8 callers sharing cost 10–40 % on a fast disk (the queued calls
+	// wait for the running statement's flush instead of running beside it), while at 64
+	// it halves the time of a call (docs/benchmarks.md).
 	shareAbove = 8
 	// maxBatch bounds the calls of one shared statement.
 	maxBatch = 128
@@ -95,8 +96,8 @@ func newGroup[J job](many func([]J), load *atomic.Int64) *group[J] {
 
 // join enters j. It returns alone when j may run its own path now (in a slot, or beside
 // the runs in flight when the load is low): the caller then runs it and calls release.
-// Otherwise j has run in a shared statement (j.share() says how that
-// went) and release does nothing for it. It returns ctx's error, with nothing written,
+// Otherwise j has run in a shared statement (j.share() says how that went) and release
+// does nothing for it. It returns ctx's error, with nothing written,
 // when ctx ends while j waits in the queue.
 func (g *group[J]) join(ctx context.Context, j J) (alone bool, err error) {
 	g.mu.Lock()
