@@ -22,13 +22,12 @@ var OpenSQL = openSQL
 // statements. From then on l's calls queue behind a busy step however few are in flight
 // (as above the load shareAbove); TestFewCallsRunBesideABusyStep uses HoldSlots instead.
 func HoldGroups(l *Ledger) (release func()) {
-	for _, g := range []interface{ setShareAbove(int64) }{l.reserves, l.commits} {
-		g.setShareAbove(0)
-	}
+	l.reserves.setAbove(0)
+	l.commits.setAbove(0)
 	return holdSlots(l)
 }
 
-func (g *group[J]) setShareAbove(n int64) {
+func (g *group[J]) setAbove(n int64) {
 	g.mu.Lock()
 	g.above = n
 	g.mu.Unlock()
