@@ -59,11 +59,13 @@ bench:
 ## (scripts/benchvs.sh): BENCHPKGS's test binaries built at BASE and here, run in COUNT
 ## interleaved rounds (BENCH selects the benchmarks), then every benchmark's time here ÷ at
 ## BASE per round and the median (benchcheck -base). Issue 27's comparison:
-##   make benchvs BASE=ba171e9 BENCHPKGS=ledger/postgres BENCH='^BenchmarkPostgresGuardedCall(Parallel)?$$' COUNT=4
+##   make benchvs BASE=ba171e9 BENCHPKGS=ledger/postgres BENCH='^BenchmarkPostgresGuardedCall(Parallel)?$' COUNT=4
+## BENCH reaches the test binaries as written (make expands nothing in it), so a `$` may be
+## followed by a sub-benchmark: BENCH='^BenchmarkPostgresGuardedCallParallel$/^callers=8$'.
 BASE  ?= ba171e9
 BENCH ?= .
 benchvs:
-	BASE='$(BASE)' BENCHPKGS='$(BENCHPKGS)' BENCH='$(BENCH)' COUNT='$(COUNT)' BENCHTIME='$(BENCHTIME)' GO='$(GO)' scripts/benchvs.sh
+	BASE='$(BASE)' BENCHPKGS='$(BENCHPKGS)' BENCH='$(value BENCH)' COUNT='$(COUNT)' BENCHTIME='$(BENCHTIME)' GO='$(GO)' scripts/benchvs.sh
 
 ## lint: formatting and vet.
 lint:
