@@ -79,14 +79,7 @@ func settle(b *testing.B, schema string) {
 func BenchmarkPostgresGuardedCall(b *testing.B) {
 	schema := newSchema(b)
 	l := open(b, schema, postgres.Options{MaxConns: 1})
-	guardedCall(b, l, "warmup") // prepares the statements
-	settle(b, schema)
-	calls := 1
-	for i := 0; b.Loop(); i++ {
-		guardedCall(b, l, "seq:"+strconv.Itoa(i))
-		calls++
-	}
-	reportWrites(b, l, schema, calls)
+	reportWrites(b, l, schema, guardedCalls(b, l, schema, 1))
 }
 
 // reportWrites closes l and reports what the guarded calls (calls of them, warm-up
@@ -233,19 +226,106 @@ func BenchmarkPostgresGuardedCallParallel(b *testing.B) {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
 			schema := newSchema(b)
 			l := open(b, schema, postgres.Options{MaxConns: int32(callers)})
-			warmUp(b, l, callers)
-			settle(b, schema)
-			var n atomic.Int64
-			b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					guardedCall(b, l, "par:"+strconv.FormatInt(n.Add(1), 10))
-				}
-			})
-			reportWrites(b, l, schema, 3*callers+int(n.Load()))
+			reportWrites(b, l, schema, guardedCalls(b, l, schema, callers))
 		})
 	}
+}
+
+// guardedCalls warms l up for callers, checkpoints and times guarded calls on new keys:
+// sequential ones (b.Loop) for one caller, b.RunParallel's for more. It returns the calls
+// made, warm-up included, for reportWrites.
+func guardedCalls(b *testing.B, l *postgres.Ledger, schema string, callers int) int {
+	if callers == 1 {
+		guardedCall(b, l, "warmup") // prepares the statements
+		settle(b, schema)
+		calls := 1
+		for i := 0; b.Loop(); i++ {
+			guardedCall(b, l, "seq:"+strconv.Itoa(i))
+			calls++
+		}
+		return calls
+	}
+	warmUp(b, l, callers)
+	settle(b, schema)
+	var n atomic.Int64
+	b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			guardedCall(b, l, "par:"+strconv.FormatInt(n.Add(1), 10))
+		}
+	})
+	return 3*callers + int(n.Load())
+}
+
+// BenchmarkPostgresIndexCost prices the residual table's secondary indexes in one run
+// (issue 27): the sequential guarded call and 8 callers' on the schema as migrated
+// (indexes=all), with the three filter indexes dropped (indexes=primary-key+open: the
+// primary key and the open residuals' index) and with the primary key alone
+// (indexes=primary-key, the schema of ba171e9). The indexes are dropped from the
+// benchmark's own schema after the migrations, by what they are rather than by name, so an
+// index a later migration adds is priced too; benchcheck prints all ÷ primary-key per
+// round beside the targets.
+func BenchmarkPostgresIndexCost(b *testing.B) {
+	for _, v := range []struct {
+		name string
+		keep string // the secondary index kept besides the primary key, if any
+	}{{"all", "*"}, {"primary-key+open", "toolfence_residuals_open_key"}, {"primary-key", ""}} {
+		for _, callers := range []int{1, 8} {
+			load := "sequential"
+			if callers > 1 {
+				load = fmt.Sprintf("callers=%d", callers)
+			}
+			b.Run("indexes="+v.name+"/"+load, func(b *testing.B) {
+				schema := newSchema(b)
+				l := open(b, schema, postgres.Options{MaxConns: int32(callers)})
+				if v.keep != "*" {
+					keepIndexes(b, schema, v.keep)
+				}
+				reportWrites(b, l, schema, guardedCalls(b, l, schema, callers))
+			})
+		}
+	}
+}
+
+// keepIndexes drops every index of schema's residual table but its primary key and the
+// index named keep (none when empty), and fails unless what is left is exactly that.
+func keepIndexes(b *testing.B, schema, keep string) {
+	b.Helper()
+	ctx := context.Background()
+	admin := adminConn(b, schema)
+	const list = `SELECT c.relname, i.indisprimary FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = 'toolfence_residuals'::regclass ORDER BY c.relname`
+	names := func() (primary, others []string) {
+		r, err := admin.Query(ctx, list)
+		require.NoError(b, err)
+		for r.Next() {
+			var name string
+			var isPrimary bool
+			require.NoError(b, r.Scan(&name, &isPrimary))
+			if isPrimary {
+				primary = append(primary, name)
+			} else {
+				others = append(others, name)
+			}
+		}
+		require.NoError(b, r.Err())
+		return primary, others
+	}
+	_, others := names()
+	for _, name := range others {
+		if name != keep {
+			_, err := admin.Exec(ctx, `DROP INDEX `+pgx.Identifier{name}.Sanitize())
+			require.NoError(b, err)
+		}
+	}
+	primary, others := names()
+	var want []string
+	if keep != "" {
+		want = []string{keep}
+	}
+	require.Len(b, primary, 1, "the residual table's primary key")
+	require.ElementsMatch(b, want, others, "indexes left besides the primary key")
 }
 
 // BenchmarkPostgresGuardedCallWatched: guarded calls while one Watch listens. Writers
