@@ -399,21 +399,28 @@ func indexes(t *testing.T, conn *pgx.Conn, schema string) []string {
 
 // Migration 0005 adds the filter indexes and its down removes exactly them; 0006 drops
 // 0004's index of the open residuals (0005's serves the gauges) and its down brings it
-// back; the listing works at every version.
+// back; 0007 replaces 0005's filter indexes with ones that lead with their field and its
+// down brings 0005's back; the listing works at every version.
 func TestMigrationFilterIndexesUpDown(t *testing.T) {
 	t.Parallel()
 	schema, opts := migrated(t)
 	ctx := context.Background()
 	admin := adminConn(t, schema)
-	latest := []string{"toolfence_residuals_open_key", "toolfence_residuals_operation", "toolfence_residuals_pkey",
-		"toolfence_residuals_target", "toolfence_residuals_task"}
+	latest := []string{"toolfence_residuals_by_operation", "toolfence_residuals_by_target", "toolfence_residuals_by_task",
+		"toolfence_residuals_open_key", "toolfence_residuals_pkey"}
 	require.Equal(t, latest, indexes(t, admin, schema))
+	v6 := []string{"toolfence_residuals_open_key", "toolfence_residuals_operation", "toolfence_residuals_pkey",
+		"toolfence_residuals_target", "toolfence_residuals_task"}
 	before := []string{"toolfence_residuals_open", "toolfence_residuals_pkey"}
 
-	from, to, err := postgres.MigrateDown(ctx, testDSN(), 5, postgres.DownOptions{Options: opts})
+	from, to, err := postgres.MigrateDown(ctx, testDSN(), 6, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
-	require.Equal(t, [2]int{postgres.LatestVersion(), 5}, [2]int{from, to})
-	require.ElementsMatch(t, append([]string{"toolfence_residuals_open"}, latest...), indexes(t, admin, schema),
+	require.Equal(t, [2]int{postgres.LatestVersion(), 6}, [2]int{from, to})
+	require.Equal(t, v6, indexes(t, admin, schema), "down to 6 brings 0005's filter indexes back")
+	from, to, err = postgres.MigrateDown(ctx, testDSN(), 5, postgres.DownOptions{Options: opts})
+	require.NoError(t, err)
+	require.Equal(t, [2]int{6, 5}, [2]int{from, to})
+	require.ElementsMatch(t, append([]string{"toolfence_residuals_open"}, v6...), indexes(t, admin, schema),
 		"down to 5 brings 0004's index back")
 	from, to, err = postgres.MigrateDown(ctx, testDSN(), 4, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
