@@ -73,7 +73,7 @@ var targets = []target{
 		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=8"}, 1, false, 3.2, false, bench{}},
 	{3, "throughput at 64 callers ≥ 4.5 × sequential (PostgresGuardedCall / PostgresGuardedCallParallel/callers=64)",
 		bench{"ledger/postgres", "PostgresGuardedCall"}, bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64"}, 1, false, 4.5, false, bench{}},
-	{3, "reference: write amplification, index entries written per guarded call at 64 callers (PostgreSQL's statistics; 9 at schema version 6)",
+	{3, "reference: write amplification, index entries written per guarded call at 64 callers (PostgreSQL's statistics; 9 since schema version 6)",
 		bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64 index-entries/op"}, bench{}, 1, true, 9, true, bench{}},
 	{3, "reference: HOT updates of the residuals at 64 callers, % of their updates (a commit that settles is not HOT while an index names the state)",
 		bench{"ledger/postgres", "PostgresGuardedCallParallel/callers=64 HOT-%"}, bench{}, 1, false, 0, true, bench{}},
