@@ -351,16 +351,7 @@ func BenchmarkPostgresGuardedCallWatched(b *testing.B) {
 				for range ch { // drain until the watch ends
 				}
 			}()
-			warmUp(b, l, callers)
-			settle(b, schema)
-			var n atomic.Int64
-			b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					guardedCall(b, l, "watched:"+strconv.FormatInt(n.Add(1), 10))
-				}
-			})
+			guardedCalls(b, l, schema, callers)
 		})
 	}
 }
