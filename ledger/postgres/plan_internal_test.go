@@ -24,7 +24,10 @@ func genericPlan(t *testing.T, l *Ledger, settings, sql string, args ...any) map
 	defer c.Release()
 	tx, err := c.Begin(ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	defer func() {
+		_ = tx.Rollback(ctx)
+		_, _ = c.Exec(ctx, `DEALLOCATE planned`) // a prepared statement outlives its transaction
+	}()
 	_, err = tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
 	require.NoError(t, err)
 	if settings != "" {
@@ -41,8 +44,6 @@ func genericPlan(t *testing.T, l *Ledger, settings, sql string, args ...any) map
 	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE planned(`+strings.Join(lits, ", ")+`)`).Scan(&raw))
 	var plan []map[string]any
 	require.NoError(t, json.Unmarshal(raw, &plan))
-	_, err = tx.Exec(ctx, `DEALLOCATE planned`)
-	require.NoError(t, err)
 	return plan[0]["Plan"].(map[string]any)
 }
 
