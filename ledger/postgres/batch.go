@@ -393,9 +393,11 @@ func (l *Ledger) reserveMany(batch []*reserveJob) {
 //
 // Its plan must read each array element's row by key (a nested loop over the arrays, the
 // primary key inside), whatever the table's size when the plan was made: sharedSettingsSQL
-// rules out the other joins and scans, and the pending state is a parameter ($16) rather
-// than a literal, so that the planner cannot read the open residuals' index whole instead
-// (a literal proves that index's predicate). TestSharedCommitReadsRowsByKey holds this.
+// rules out the other joins and scans, the pending state is a parameter ($16) rather than
+// a literal, so that the planner cannot read the open residuals' index whole instead (a
+// literal proves that index's predicate), and since migration 0007 no other index begins
+// with the namespace (at schema 6 the loop read toolfence_residuals_target by namespace).
+// TestSharedCommitReadsRowsByKey holds this.
 var commitManySQL = notifyModes(func(watched string) string {
 	at := statementNow(15)
 	keep := func(col, b string) string {

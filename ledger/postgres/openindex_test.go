@@ -81,10 +81,11 @@ func TestMigrationOneOpenIndexUpgrade(t *testing.T) {
 	}
 	require.Equal(t, 300, listed)
 
-	_, err = admin.Exec(ctx, `DELETE FROM toolfence_schema_migrations WHERE version = 6`)
+	_, err = admin.Exec(ctx, `DELETE FROM toolfence_schema_migrations WHERE version >= 6`)
 	require.NoError(t, err)
-	_, _, err = postgres.Migrate(ctx, testDSN(), opts)
-	require.NoError(t, err, "the up SQL runs again over itself")
+	from, to, err := postgres.Migrate(ctx, testDSN(), opts)
+	require.NoError(t, err, "the up SQL of 0006 and later runs again over itself")
+	require.Equal(t, [2]int{5, postgres.LatestVersion()}, [2]int{from, to})
 	_, _, err = postgres.MigrateDown(ctx, testDSN(), 5, postgres.DownOptions{Options: opts})
 	require.NoError(t, err)
 	require.Equal(t, want, counts(), "at version 5 again")

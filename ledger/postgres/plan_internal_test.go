@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -54,10 +55,19 @@ func literal(t *testing.T, a any) string {
 	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	array := func(items []string) string { return quote("{" + strings.Join(items, ",") + "}") }
 	switch v := a.(type) {
+	case nil:
+		return "NULL"
 	case string:
 		return quote(v)
-	case int32, int64, bool:
+	case int, int32, int64, bool:
 		return fmt.Sprint(v)
+	case time.Time:
+		return quote(v.Format(time.RFC3339Nano))
+	case *time.Time:
+		if v == nil {
+			return "NULL"
+		}
+		return quote(v.Format(time.RFC3339Nano))
 	case []byte:
 		return fmt.Sprintf(`'\x%x'`, v)
 	case []string:
@@ -96,7 +106,8 @@ func scans(node map[string]any) []string {
 	return out
 }
 
-// The reads and writes of one key find its row through the primary key (or the open
+// The reads and writes of one key (get, peek, lock, commit, renew, and the write of the
+// locking paths) find its row through the primary key (or the open
 // residuals' index, which has the same columns), both columns as the index condition, even
 // in the generic plan made on a new, empty table: a connection keeps that plan, and an
 // index that only begins with the namespace would read the whole namespace for each call.
@@ -109,6 +120,10 @@ func TestKeyLookupsReadOneRowOnANewTable(t *testing.T) {
 	t.Cleanup(func() { _ = l.Close() })
 	key := residual.Key("ns", "t", "op", "x")
 	byKey := []string{"toolfence_residuals_pkey", "toolfence_residuals_open_key"}
+	now := time.Now()
+	write, err := writeArgs(&residual.Residual{Namespace: "ns", Key: key, Task: "t", Operation: "op", Target: "x",
+		State: residual.Succeeded, CreatedAt: now, UpdatedAt: now}, "")
+	require.NoError(t, err)
 	for _, tc := range []struct {
 		name string
 		sql  string
@@ -119,6 +134,7 @@ func TestKeyLookupsReadOneRowOnANewTable(t *testing.T) {
 		{"lock", lockSQL, []any{"ns", key, int64(0)}},
 		{"commit", commitSQL[1][1], []any{"ns", key, "h", int64(1), "succeeded", "", "", int64(0), int64(0), []byte("{}"), "", false, ""}},
 		{"renew", renewSQL, []any{"ns", key, "h", int64(1), int64(1000), int64(0)}},
+		{"write", writeSQL[1], write},
 	} {
 		s := scans(genericPlan(t, l, "", tc.sql, tc.args...))
 		require.Len(t, s, 1, "%s: %v", tc.name, s)

@@ -300,7 +300,8 @@ func poolConfig(dsn string, opts Options) (*pgxpool.Config, error) {
 	if _, ok := cc.RuntimeParams["application_name"]; !ok {
 		cc.RuntimeParams["application_name"] = "toolfence"
 	}
-	// Every ledger statement finds its rows by primary key: a generic plan is as good as a
+	// Every write and read by key finds its row by primary key (no other index but the open
+	// residuals' begins with the namespace, migration 0007): a generic plan is as good as a
 	// custom one, and re-planning the multi-statement Reserve on each call costs more than
 	// running it.
 	if _, ok := cc.RuntimeParams["plan_cache_mode"]; !ok {

@@ -53,8 +53,8 @@ const effectiveSQL = `CASE WHEN r.state = 'pending' AND NOT (r.att_outcome = '' 
 
 // listQuery returns the statement that pages one namespace by key with p's filters, and its
 // arguments. Only the filters p sets appear in it, so each shape of filter has its own
-// prepared statement whose plan can use the index of what it filters on (migration 0005): a
-// task, operation or target is an equality on (namespace, field, key); states that are all
+// prepared statement whose plan can use the index of what it filters on (migration 0007): a
+// task, operation or target is an equality on (field, namespace, key); states that are all
 // open read the partial index of the open residuals. States filter on the effective state at
 // the server's clock: the stored states that can read as them narrow the rows first.
 func listQuery(p ledger.ListParams, limit int, offset int64) (string, []any) {
