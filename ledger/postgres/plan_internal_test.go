@@ -107,12 +107,12 @@ func scans(node map[string]any) []string {
 }
 
 // The reads and writes of one key (get, peek, lock, commit, renew, and the write of the
-// locking paths) find its row through the primary key (or the open
-// residuals' index, which has the same columns), both columns as the index condition, even
-// in the generic plan made on a new, empty table: a connection keeps that plan, and an
-// index that only begins with the namespace would read the whole namespace for each call.
-// The filter indexes lead with their field since migration 0007; before, the generic plan
-// of Get read toolfence_residuals_target.
+// locking paths) find its row through the primary key (or the open residuals' index, which
+// has the same columns), both columns as the index condition, even in the generic plan made
+// on a new, empty table: a connection keeps that plan, and an index that only begins with
+// the namespace would read the whole namespace for each call. The filter indexes lead with
+// their field since migration 0007; before, the generic plans of get, peek, lock and the
+// write read toolfence_residuals_target.
 func TestKeyLookupsReadOneRowOnANewTable(t *testing.T) {
 	t.Parallel()
 	l, err := Open(context.Background(), testkit.PostgresDSN(t), Options{Schema: testkit.Schema(t, "toolfence_test_plan_")})
