@@ -622,6 +622,16 @@ func (c *downConn) forget(st *sseStream) {
 // forgetLocked is forget under c.mu.
 func (c *downConn) forgetLocked(st *sseStream) {
 	left := st.leftovers()
+	st.mu.Lock()
+	unanswered := len(st.waiting)
+	st.mu.Unlock()
+	if unanswered > 0 {
+		// The host cancelled its request or closed the connection before the answers came:
+		// when they come they are dropped, and a protected call's does not count as the
+		// host's (a retry of it is answered from the ledger).
+		c.log.Info("toolfence proxy: the host stopped waiting for answers (it cancelled the request or closed the connection); protected calls' outcomes are still recorded in the ledger",
+			"session", c.id, "answers", unanswered)
+	}
 	if n := st.droppedCount(); n > 0 {
 		c.log.Warn("toolfence proxy: a stream to the host ended; notifications were dropped from it while its queue was full", "session", c.id, "dropped", n)
 	}

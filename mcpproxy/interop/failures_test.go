@@ -174,7 +174,7 @@ func TestHostCancelsAfterTheEffect(t *testing.T) {
 			w := setup(t, fx, "")
 			w.fifos()
 			h := w.goSDK(w.proxyArgv(w.store))
-			cancelAfterTheEffect(t, w, h)
+			cancelAfterTheEffect(t, w, h, nil)
 			require.NoError(t, h.close())
 			requireResidual(t, w, residual.Succeeded)
 		})
@@ -182,9 +182,10 @@ func TestHostCancelsAfterTheEffect(t *testing.T) {
 }
 
 // cancelAfterTheEffect has h call append in ModeGate, cancels the call once the fixture
-// acted, retries (refused in_progress while the call runs), releases the fixture, and
-// checks the next retry is answered from the ledger as a retry, with one effect.
-func cancelAfterTheEffect(t *testing.T, w *world, h *goHost) {
+// acted, retries (refused in_progress while the call runs), waits for seen (when not nil)
+// to see that the proxy knows the host stopped waiting, releases the fixture, and checks
+// the next retry is answered from the ledger as a retry, with one effect.
+func cancelAfterTheEffect(t *testing.T, w *world, h *goHost, seen func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -197,6 +198,9 @@ func cancelAfterTheEffect(t *testing.T, w *world, h *goHost) {
 	require.ErrorIs(t, <-done, context.Canceled)
 	busy := h.call(t, mcpfixture.ToolAppend, args, nil)
 	require.Equal(t, kindInProgress, busy.Kind, "the cancelled call still runs upstream: %s", busy.Raw)
+	if seen != nil {
+		seen()
+	}
 	w.release()
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -100,14 +100,18 @@ func TestHTTPNamespacesAreIsolated(t *testing.T) {
 }
 
 // TestHTTPHostCancelsAfterTheEffect: a Go SDK host over HTTP (a stateless 2026-07-28 one)
-// cancels a call the upstream is acting on: it runs to its answer, the retry is refused
-// in_progress meanwhile and then answered from the ledger; one dispatch.
+// cancels a call the upstream is acting on (it closes the request): it runs to its answer,
+// the retry is refused in_progress meanwhile and then answered from the ledger as a retry;
+// one dispatch. The proxy learns of the closed request when its HTTP server does, which
+// can come after the answer under load (the answer would then count as the host's), so
+// the fixture is released once the proxy has logged that the host stopped waiting.
 func TestHTTPHostCancelsAfterTheEffect(t *testing.T) {
 	t.Parallel()
 	w := setup(t, "gosdk", "")
 	w.fifos()
+	w.flags = []string{"--log-level", "info"}
 	h := w.goSDKHTTP(w.httpProxy(w.store), tokenA)
-	cancelAfterTheEffect(t, w, h)
+	cancelAfterTheEffect(t, w, h, func() { w.awaitStderr("the host stopped waiting for answers") })
 }
 
 // TestHTTPUpstreamReplaysAndBlocks: a Go SDK host on stdio, the proxy in front of the

@@ -106,6 +106,17 @@ func (w *world) awaitEntered() {
 	}
 }
 
+// awaitStderr waits (up to 30 s) until the proxies' and fixtures' stderr holds text.
+func (w *world) awaitStderr(text string) {
+	w.t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(w.stderr.String(), text); {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("stderr never said %q:\n%s", text, w.stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // release lets the fixture's call in ModeGate answer.
 func (w *world) release() {
 	w.t.Helper()
