@@ -98,7 +98,7 @@ func (s *session) relayIfBypassed(ctx context.Context, c hostCall) bool {
 	}
 	if resp != nil {
 		endCall(span, resp)
-		s.answerResponse(ctx, resp)
+		s.answerResponse(ctx, resp, nil)
 	}
 	return true
 }
@@ -133,12 +133,14 @@ func (s *session) call(ctx context.Context, c hostCall) {
 			endCall(span, resp) // before the host can see the answer, so its trace is complete
 			// Recorded as delivered before it is written: the host may send its next call as
 			// soon as it reads the answer, and that call must find it delivered (repeat.go).
-			// Undone when the answer did not reach the host.
+			// Over HTTP it is recorded only once the answer has a stream the host reads;
+			// undone when the answer did not reach the host.
 			undo := func() {}
+			var delivered func()
 			if done.key != "" {
-				undo = s.p.seen.deliver(done.key, done.token, s.p.clock().Now())
+				delivered = func() { undo = s.p.seen.deliver(done.key, done.token, s.p.clock().Now()) }
 			}
-			if !s.answerResponse(ctx, resp) {
+			if !s.answerResponse(ctx, resp, delivered) {
 				undo()
 			}
 		}
@@ -333,20 +335,25 @@ func (s *session) relay(ctx context.Context, req *jsonrpc.Request, tool string, 
 }
 
 // answerWriter is a host connection that says whether an answer reached the host (the HTTP
-// front end's); on others an answer written without error did.
+// front end's: downConn.WriteAnswer); on others an answer written without error did.
 type answerWriter interface {
-	WriteAnswer(ctx context.Context, r *jsonrpc.Response) bool
+	WriteAnswer(ctx context.Context, r *jsonrpc.Response, delivered func()) bool
 }
 
 // answerResponse writes the proxy's own answer to a host request (a guarded call's, a
-// refusal, a replay) and reports whether it reached the host. A stateless host gets a
-// result with its resultType (SEP-2322).
-func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response) bool {
+// refusal, a replay) and reports whether it reached the host. delivered, when not nil, is
+// called before the host can read the answer: over HTTP only when the answer has a stream
+// the host reads, on other connections before the write. A stateless host gets a result
+// with its resultType (SEP-2322).
+func (s *session) answerResponse(ctx context.Context, r *jsonrpc.Response, delivered func()) bool {
 	if r.Result != nil && transport.Stateless(s.hostRevision()) {
 		r.Result = withResultType(r.Result)
 	}
 	if aw, ok := s.down.(answerWriter); ok {
-		return aw.WriteAnswer(context.WithoutCancel(ctx), r)
+		return aw.WriteAnswer(context.WithoutCancel(ctx), r, delivered)
+	}
+	if delivered != nil {
+		delivered()
 	}
 	if err := s.down.Write(context.WithoutCancel(ctx), r); err != nil {
 		s.p.log.Warn("toolfence proxy: the host is gone; the outcome is recorded in the ledger", "err", err)

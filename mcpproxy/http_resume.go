@@ -70,11 +70,22 @@ func (c *downConn) detach(st *sseStream, gen int) {
 		st.attached = false
 	}
 	keep := st.num > 0 && !st.ended
+	// A stream without ids ends with its request: when the request ended while answers
+	// were still due (and neither the proxy ended the stream nor the session ended), the
+	// host stopped waiting for them.
+	abandoned := 0
+	if st.num == 0 && !st.ended {
+		abandoned = len(st.waiting)
+	}
 	st.mu.Unlock()
 	switch {
 	case !current:
 		return
 	case !keep || c.isClosed():
+		if abandoned > 0 && !c.isClosed() {
+			c.log.Info("toolfence proxy: the host stopped waiting for answers (it cancelled or closed its request); when they come they are dropped, and a protected call's outcome is still recorded in the ledger",
+				"session", c.id, "answers", abandoned)
+		}
 		c.forgetLocked(st)
 		return
 	}

@@ -103,7 +103,11 @@ func (c *downConn) isClosed() bool {
 // whether it reached a stream the host still reads (false: it was dropped, the host no
 // longer waits for it, the session ended, or the stream's connection dropped: kept for the
 // host to resume, the answer may never be read, so it does not count as the host's).
-func (c *downConn) WriteAnswer(_ context.Context, r *jsonrpc.Response) bool {
+// delivered, when not nil, is called before the answer is queued for a stream the host
+// reads, under the lock that routes answers: so it is never called for a request the proxy
+// already knows the host stopped waiting for, and it is called before the host can read
+// the answer. (The answer may still fail to queue after it; WriteAnswer then returns false.)
+func (c *downConn) WriteAnswer(_ context.Context, r *jsonrpc.Response, delivered func()) bool {
 	if c.isClosed() {
 		return false
 	}
@@ -116,11 +120,15 @@ func (c *downConn) WriteAnswer(_ context.Context, r *jsonrpc.Response) bool {
 	k := hostKey(r.ID)
 	st := c.byRequest[k]
 	delete(c.byRequest, k)
+	live := st != nil && st.live()
+	if live && delivered != nil {
+		delivered()
+	}
 	if st == nil || st.push(data, k, false) != pushed {
 		c.log.Warn("toolfence proxy: an answer for the host was dropped: the host no longer waits for it (its outcome is in the ledger)", "session", c.id)
 		return false
 	}
-	return st.live()
+	return live
 }
 
 // live reports whether a host connection reads s: a stream without ids lives as long as its
@@ -622,16 +630,6 @@ func (c *downConn) forget(st *sseStream) {
 // forgetLocked is forget under c.mu.
 func (c *downConn) forgetLocked(st *sseStream) {
 	left := st.leftovers()
-	st.mu.Lock()
-	unanswered := len(st.waiting)
-	st.mu.Unlock()
-	if unanswered > 0 {
-		// The host cancelled its request or closed the connection before the answers came:
-		// when they come they are dropped, and a protected call's does not count as the
-		// host's (a retry of it is answered from the ledger).
-		c.log.Info("toolfence proxy: the host stopped waiting for answers (it cancelled the request or closed the connection); protected calls' outcomes are still recorded in the ledger",
-			"session", c.id, "answers", unanswered)
-	}
 	if n := st.droppedCount(); n > 0 {
 		c.log.Warn("toolfence proxy: a stream to the host ended; notifications were dropped from it while its queue was full", "session", c.id, "dropped", n)
 	}

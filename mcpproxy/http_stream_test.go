@@ -210,10 +210,49 @@ func TestWriteAnswerToDetachedStreamIsNotDelivered(t *testing.T) {
 		r := newStreamRig(t, false)
 		r.post.num, r.post.attached = 1, attached // resumable; a writer reads it, or none since the drop
 		r.c.streams[1] = r.post
-		require.Equal(t, attached, r.c.WriteAnswer(t.Context(), answer), "attached %v", attached)
+		require.Equal(t, attached, r.c.WriteAnswer(t.Context(), answer, nil), "attached %v", attached)
 		n, _ := held(r.post)
 		require.Equal(t, 1, n, "kept for the host either way (attached %v)", attached)
 	}
 	r := newStreamRig(t, false) // a stream without ids: it lives as long as its request
-	require.True(t, r.c.WriteAnswer(t.Context(), answer))
+	require.True(t, r.c.WriteAnswer(t.Context(), answer, nil))
+}
+
+// A request whose stream ended while its answer was still due (the host cancelled or
+// closed it) is logged once, and its answer, when it comes, is dropped without being
+// counted as the host's: WriteAnswer returns false and never calls delivered. A stream the
+// proxy ended itself (overflow), a session that ended, and a request that was answered are
+// not logged; an answer with a stream the host reads calls delivered before it is queued.
+func TestAbandonedRequestIsLoggedAndItsAnswerNotDelivered(t *testing.T) {
+	const line = "the host stopped waiting for answers"
+	id, _ := jsonrpc.MakeID(float64(1))
+	answer := func() *jsonrpc.Response {
+		return &jsonrpc.Response{ID: id, Result: json.RawMessage(`{"content":[]}`)}
+	}
+
+	r := newStreamRig(t, false)
+	r.c.detach(r.post, 0) // its request returned: the host went away
+	require.Equal(t, 1, strings.Count(r.logs.String(), line), r.logs.String())
+	called := false
+	require.False(t, r.c.WriteAnswer(t.Context(), answer(), func() { called = true }))
+	require.False(t, called, "delivered called for an answer nobody waits for")
+
+	r = newStreamRig(t, false)
+	r.post.ended = true // the proxy ended it (its queue overflowed)
+	r.c.detach(r.post, 0)
+	require.NotContains(t, r.logs.String(), line)
+
+	r = newStreamRig(t, false)
+	require.NoError(t, r.c.Close()) // the session ended
+	r.c.detach(r.post, 0)
+	require.NotContains(t, r.logs.String(), line)
+
+	r = newStreamRig(t, false)
+	var queued int
+	require.True(t, r.c.WriteAnswer(t.Context(), answer(), func() { queued, _ = held(r.post) }))
+	require.Equal(t, 0, queued, "delivered is called before the answer is queued")
+	n, _ := held(r.post)
+	require.Equal(t, 1, n)
+	r.c.detach(r.post, 0)
+	require.NotContains(t, r.logs.String(), line, "an answered request is not abandoned")
 }

@@ -103,8 +103,9 @@ func TestHTTPNamespacesAreIsolated(t *testing.T) {
 // cancels a call the upstream is acting on (it closes the request): it runs to its answer,
 // the retry is refused in_progress meanwhile and then answered from the ledger as a retry;
 // one dispatch. The proxy learns of the closed request when its HTTP server does, which
-// can come after the answer under load (the answer would then count as the host's), so
-// the fixture is released once the proxy has logged that the host stopped waiting.
+// can come after the answer under load (the answer would then count as the host's, and
+// the retry be judged as after a delivered answer), so the fixture is released once the
+// proxy has logged that the host stopped waiting: the race itself is not this test's.
 func TestHTTPHostCancelsAfterTheEffect(t *testing.T) {
 	t.Parallel()
 	w := setup(t, "gosdk", "")
