@@ -266,9 +266,10 @@ func guardedCalls(b *testing.B, l *postgres.Ledger, schema string, callers int) 
 // can be HOT and then writes no index entry: the fewest index writes of any layout that
 // keeps the filter indexes) and with the primary key alone (indexes=primary-key, the schema
 // of ba171e9). The indexes are dropped from the benchmark's own schema after the
-// migrations. primary-key+open and primary-key keep the primary key and the open index and
-// drop the rest, whatever it is, so an index a later migration adds is priced there; the
-// open index is named, so renamed, the benchmark fails rather than price the wrong set.
+// migrations. primary-key+open and primary-key drop every index but the primary key
+// (and, for the first, the open index), whatever it is, so an index a later migration adds
+// is priced there; the open index is named, so renamed, the benchmark fails rather than
+// price the wrong set.
 // benchcheck prints all ÷ primary-key and all ÷ primary-key+open for both loads, and at 8
 // callers all ÷ primary-key+filters and primary-key+filters ÷ primary-key, per round.
 func BenchmarkPostgresIndexCost(b *testing.B) {
