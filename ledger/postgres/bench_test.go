@@ -269,9 +269,9 @@ func guardedCalls(b *testing.B, l *postgres.Ledger, schema string, callers int) 
 // migrations. primary-key+open and primary-key drop every index but the primary key
 // (and, for the first, the open index), whatever it is, so an index a later migration adds
 // is priced there; the open index is named, so renamed, the benchmark fails rather than
-// price the wrong set.
-// benchcheck prints all ÷ primary-key and all ÷ primary-key+open for both loads, and at 8
-// callers all ÷ primary-key+filters and primary-key+filters ÷ primary-key, per round.
+// price the wrong set. benchcheck prints all ÷ primary-key and all ÷ primary-key+open for
+// both loads, and at 8 callers all ÷ primary-key+filters and primary-key+filters ÷
+// primary-key, per round.
 func BenchmarkPostgresIndexCost(b *testing.B) {
 	const openIndex = "toolfence_residuals_open_key"
 	for _, v := range []struct {
@@ -351,8 +351,7 @@ func keepIndexes(b *testing.B, schema, keep string) {
 	_, others := names()
 	for _, name := range others {
 		if name != keep {
-			_, err := admin.Exec(ctx, `DROP INDEX `+pgx.Identifier{name}.Sanitize())
-			require.NoError(b, err)
+			dropIndex(b, schema, name)
 		}
 	}
 	primary, others := names()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,15 @@ func literal(t *testing.T, a any) string {
 	return ""
 }
 
+// newPlanLedger opens a ledger on a new schema of its own, closed when t ends.
+func newPlanLedger(t *testing.T) *Ledger {
+	t.Helper()
+	l, err := Open(context.Background(), testkit.PostgresDSN(t), Options{Schema: testkit.Schema(t, "toolfence_test_plan_")})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
 // scans lists the plan's scans of toolfence_residuals, depth first, as
 // "node type/index name/index condition".
 func scans(node map[string]any) []string {
@@ -115,9 +125,7 @@ func scans(node map[string]any) []string {
 // write read toolfence_residuals_target.
 func TestKeyLookupsReadOneRowOnANewTable(t *testing.T) {
 	t.Parallel()
-	l, err := Open(context.Background(), testkit.PostgresDSN(t), Options{Schema: testkit.Schema(t, "toolfence_test_plan_")})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l := newPlanLedger(t)
 	key := residual.Key("ns", "t", "op", "x")
 	byKey := []string{"toolfence_residuals_pkey", "toolfence_residuals_open_key"}
 	now := time.Now()
@@ -138,12 +146,8 @@ func TestKeyLookupsReadOneRowOnANewTable(t *testing.T) {
 	} {
 		s := scans(genericPlan(t, l, "", tc.sql, tc.args...))
 		require.Len(t, s, 1, "%s: %v", tc.name, s)
-		require.Contains(t, s[0], "Index Scan/", "%s: %v", tc.name, s)
-		ok := false
-		for _, ix := range byKey {
-			ok = ok || strings.HasPrefix(s[0], "Index Scan/"+ix+"/")
-		}
-		require.True(t, ok, "%s reads its row through %v", tc.name, s)
+		require.True(t, slices.ContainsFunc(byKey, func(ix string) bool { return strings.HasPrefix(s[0], "Index Scan/"+ix+"/") }),
+			"%s reads its row through %v", tc.name, s)
 		require.Contains(t, s[0], "namespace = ", tc.name)
 		require.Contains(t, s[0], "key = ", tc.name)
 	}
@@ -156,9 +160,7 @@ func TestKeyLookupsReadOneRowOnANewTable(t *testing.T) {
 // every open residual, dead index entries included, on every shared commit).
 func TestSharedCommitReadsRowsByKey(t *testing.T) {
 	t.Parallel()
-	l, err := Open(context.Background(), testkit.PostgresDSN(t), Options{Schema: testkit.Schema(t, "toolfence_test_plan_")})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l := newPlanLedger(t)
 	k1, k2 := residual.Key("ns", "t", "op", "1"), residual.Key("ns", "t", "op", "2")
 	plan := genericPlan(t, l, sharedSettingsSQL, commitManySQL[1],
 		[]int32{0, 1}, []string{"ns", "ns"}, []string{k1, k2}, []string{"h", "h"}, []int64{1, 1},
